@@ -1,0 +1,91 @@
+// Models of PyTorch's composable-API and FSDP core tests (SCENARIOS.md M10,
+// M15): UnitModule, CompositeModel, CompositeParamModel, NestedWrappedModule.
+#include "models/layers.h"
+#include "models/registry.h"
+
+namespace composer::models {
+namespace {
+
+using nn::Linear;
+
+// l1=Linear(d,d), seq=Sequential(ReLU, Linear(d,d), ReLU), l2=Linear(d,d).
+class UnitModule : public Model {
+ public:
+  explicit UnitModule(int64_t d) : Model("UnitModule"), dim_(d) {
+    l1 = add("l1", std::make_shared<Linear>(d, d));
+    seq = add("seq", std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+                         std::make_shared<nn::ReLU>(), std::make_shared<Linear>(d, d),
+                         std::make_shared<nn::ReLU>()}));
+    l2 = add("l2", std::make_shared<Linear>(d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) override { return (*l2)((*seq)((*l1)(x))); }
+  InputSpec input_spec() const override { return {false, dim_}; }
+  std::shared_ptr<Linear> l1, l2;
+  std::shared_ptr<nn::Sequential> seq;
+
+ private:
+  int64_t dim_;
+};
+
+// l1, u1=UnitModule, u2=UnitModule, l2; or, with a parameter p:
+// l, u1, u2 and mm(u2(u1(l(x))), p).
+class CompositeModel : public Model {
+ public:
+  CompositeModel(int64_t d, bool with_param)
+      : Model(with_param ? "CompositeParamModel" : "CompositeModel"), dim_(d) {
+    if (with_param) p = register_parameter("p", torch::randn({d, d}));
+    first = add(with_param ? "l" : "l1", std::make_shared<Linear>(d, d));
+    u1 = add("u1", std::make_shared<UnitModule>(d));
+    u2 = add("u2", std::make_shared<UnitModule>(d));
+    if (!with_param) last = add("l2", std::make_shared<Linear>(d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    auto h = (*u2)((*u1)((*first)(x)));
+    return p.defined() ? torch::mm(h, param(p)) : (*last)(h);
+  }
+  InputSpec input_spec() const override { return {false, dim_}; }
+  std::shared_ptr<Linear> first, last;
+  std::shared_ptr<UnitModule> u1, u2;
+  torch::Tensor p;
+
+ private:
+  int64_t dim_;
+};
+
+// module = Sequential(Linear(8,4), Sequential(Linear(4,16), Linear(16,16)),
+// Linear(16,4), Linear(4,8)); no activations.
+class NestedWrappedModule : public Model {
+ public:
+  NestedWrappedModule() : Model("NestedWrappedModule") {
+    auto inner = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<Linear>(4, 16), std::make_shared<Linear>(16, 16)});
+    module = add("module", std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+                               std::make_shared<Linear>(8, 4), inner, std::make_shared<Linear>(16, 4),
+                               std::make_shared<Linear>(4, 8)}));
+  }
+  torch::Tensor forward(torch::Tensor x) override { return (*module)(x); }
+  InputSpec input_spec() const override { return {false, 8}; }
+  std::shared_ptr<nn::Sequential> module;
+};
+
+ArgSpec dim_arg() { return {"dim", ArgType::kInt, int64_t{100}, "width of every Linear"}; }
+void check_dim(const ModelArgs& a) { require_arg_positive(a, "dim"); }
+
+}  // namespace
+
+std::vector<ModelSpec> composable_specs() {
+  return {
+      {"unit_module", "UnitModule: l1, seq=(ReLU, Linear, ReLU), l2", {dim_arg()}, check_dim,
+       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<UnitModule>(a.i("dim")); }},
+      {"composite_model", "CompositeModel: l1, u1=UnitModule, u2=UnitModule, l2", {dim_arg()}, check_dim,
+       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<CompositeModel>(a.i("dim"), false); }},
+      {"composite_param_model", "CompositeParamModel: l, u1, u2 and mm(., p) with a parameter p",
+       {dim_arg()}, check_dim,
+       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<CompositeModel>(a.i("dim"), true); }},
+      {"nested_wrapped_module", "NestedWrappedModule: Linear(8,4), (Linear(4,16), Linear(16,16)), "
+                                "Linear(16,4), Linear(4,8)",
+       {}, nullptr, [](const ModelArgs&) -> ModelPtr { return std::make_shared<NestedWrappedModule>(); }},
+  };
+}
+
+}  // namespace composer::models

@@ -1,0 +1,187 @@
+// The Llama-style transformer of torchtitan (SCENARIOS.md M14): RMSNorm, rotary
+// position embeddings, grouped-query attention (n_kv_heads), SwiGLU
+// feed-forward, blocks named layers.0 .. layers.<n-1>, depth-scaled init.
+#include <cmath>
+
+#include "models/layers.h"
+#include "models/registry.h"
+
+namespace composer::models {
+namespace {
+
+using nn::Linear;
+
+struct LlamaArgs {
+  int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len;
+  double ffn_dim_multiplier, norm_eps, rope_theta;
+  bool depth_init;
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t ffn_hidden() const {
+    int64_t hidden = 2 * (4 * dim) / 3;
+    if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * hidden);
+    return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+  }
+};
+
+// Rotates (x0, x1) pairs of the last dim by position-dependent angles: the real
+// form of torchtitan's complex multiply by freqs_cis.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto xf = x.to(torch::kFloat);
+  auto pairs = xf.reshape({x.size(0), x.size(1), x.size(2), -1, 2});
+  auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
+  auto c = cos.view({1, x.size(1), 1, -1}), s = sin.view({1, x.size(1), 1, -1});
+  auto out = torch::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(3);
+  return out.to(x.scalar_type());
+}
+
+class Attention : public nn::Module {
+ public:
+  explicit Attention(const LlamaArgs& a) : Module("Attention"), hd_(a.head_dim()) {
+    wq = add("wq", std::make_shared<Linear>(a.dim, a.n_heads * hd_, false));
+    wk = add("wk", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
+    wv = add("wv", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
+    wo = add("wo", std::make_shared<Linear>(a.n_heads * hd_, a.dim, false));
+  }
+  void set_rope(torch::Tensor cos, torch::Tensor sin) {
+    cos_ = std::move(cos);
+    sin_ = std::move(sin);
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    const int64_t b = x.size(0), s = x.size(1);
+    auto q = (*wq)(x).view({b, s, -1, hd_}), k = (*wk)(x).view({b, s, -1, hd_});
+    auto v = (*wv)(x).view({b, s, -1, hd_});
+    auto cos = cos_.slice(0, 0, s), sin = sin_.slice(0, 0, s);
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+    const int64_t n_rep = q.size(2) / k.size(2);  // grouped-query attention
+    if (n_rep > 1) {
+      k = k.repeat_interleave(n_rep, 2);
+      v = v.repeat_interleave(n_rep, 2);
+    }
+    auto out = nn::attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, 0, false);
+    return (*wo)(out.transpose(1, 2).contiguous().view({b, s, -1}));
+  }
+  std::shared_ptr<Linear> wq, wk, wv, wo;
+
+ private:
+  int64_t hd_;
+  torch::Tensor cos_, sin_;
+};
+
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden) : Module("FeedForward") {
+    w1 = add("w1", std::make_shared<Linear>(dim, hidden, false));
+    w2 = add("w2", std::make_shared<Linear>(hidden, dim, false));
+    w3 = add("w3", std::make_shared<Linear>(dim, hidden, false));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    return (*w2)(torch::silu((*w1)(x)) * (*w3)(x));
+  }
+  std::shared_ptr<Linear> w1, w2, w3;
+};
+
+class TransformerBlock : public nn::Module {
+ public:
+  TransformerBlock(int64_t layer_id, const LlamaArgs& a) : Module("TransformerBlock") {
+    attention = add("attention", std::make_shared<Attention>(a));
+    feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, a.ffn_hidden()));
+    attention_norm = add("attention_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
+    ffn_norm = add("ffn_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
+    double std = a.depth_init ? 0.02 / std::sqrt(2.0 * (layer_id + 1)) : 0.02 / std::sqrt(2.0 * a.n_layers);
+    for (auto* w : {&attention->wq->weight, &attention->wk->weight, &attention->wv->weight}) {
+      nn::trunc_normal_(*w, 0, 0.02, -2, 2);
+    }
+    for (auto* w : {&attention->wo->weight, &feed_forward->w2->weight, &feed_forward->w3->weight}) {
+      nn::trunc_normal_(*w, 0, std, -2, 2);
+    }
+    nn::trunc_normal_(feed_forward->w1->weight, 0, 0.02, -2, 2);
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    auto h = x + (*attention)((*attention_norm)(x));
+    return h + (*feed_forward)((*ffn_norm)(h));
+  }
+  std::shared_ptr<Attention> attention;
+  std::shared_ptr<FeedForward> feed_forward;
+  std::shared_ptr<nn::RMSNorm> attention_norm, ffn_norm;
+};
+
+class Llama : public Model {
+ public:
+  explicit Llama(const LlamaArgs& a) : Model("Transformer"), args_(a) {
+    tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
+    layers = add("layers", std::make_shared<nn::ModuleList>());
+    // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
+    auto inv = 1.0 / torch::pow(a.rope_theta, torch::arange(0, a.head_dim(), 2).to(torch::kFloat) / a.head_dim());
+    auto angles = torch::outer(torch::arange(2 * a.max_seq_len).to(torch::kFloat), inv);
+    auto cos = angles.cos(), sin = angles.sin();
+    for (int64_t i = 0; i < a.n_layers; ++i) {
+      auto block = std::make_shared<TransformerBlock>(i, a);
+      block->attention->set_rope(cos, sin);
+      layers->push_back(block);
+    }
+    norm = add("norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
+    output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false));
+    torch::NoGradGuard g;
+    tok_embeddings->weight.normal_();
+    double cutoff = 3.0 / std::sqrt(static_cast<double>(a.dim));
+    nn::trunc_normal_(output->weight, 0, 1.0 / std::sqrt(static_cast<double>(a.dim)), -cutoff, cutoff);
+  }
+  torch::Tensor forward(torch::Tensor tokens) override {
+    auto h = (*tok_embeddings)(tokens);
+    for (size_t i = 0; i < layers->size(); ++i) h = (*layers->at(i))(h);
+    return (*output)((*norm)(h)).to(torch::kFloat);
+  }
+  InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
+
+  std::shared_ptr<nn::Embedding> tok_embeddings;
+  std::shared_ptr<nn::ModuleList> layers;
+  std::shared_ptr<nn::RMSNorm> norm;
+  std::shared_ptr<Linear> output;
+
+ private:
+  LlamaArgs args_;
+};
+
+}  // namespace
+
+std::vector<ModelSpec> llama_specs() {
+  ModelSpec s;
+  s.name = "llama";
+  s.doc = "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU";
+  s.args = {{"dim", ArgType::kInt, int64_t{256}, "model width"},
+            {"n_layers", ArgType::kInt, int64_t{8}, "number of TransformerBlocks"},
+            {"n_heads", ArgType::kInt, int64_t{16}, "query heads; must divide dim"},
+            {"n_kv_heads", ArgType::kInt, int64_t{0}, "key/value heads; 0 means n_heads"},
+            {"vocab_size", ArgType::kInt, int64_t{256}, "vocabulary size"},
+            {"multiple_of", ArgType::kInt, int64_t{256}, "SwiGLU hidden width rounds up to this"},
+            {"ffn_dim_multiplier", ArgType::kFloat, 0.0, "hidden width multiplier; 0 means none"},
+            {"norm_eps", ArgType::kFloat, 1e-5, "RMSNorm epsilon"},
+            {"rope_theta", ArgType::kFloat, 10000.0, "rotary embedding base"},
+            {"max_seq_len", ArgType::kInt, int64_t{2048}, "longest sequence"},
+            {"depth_init", ArgType::kBool, true, "scale output-projection init by layer depth"}};
+  s.check = [](const ModelArgs& a) {
+    for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
+      require_arg_positive(a, n);
+    }
+    require_arg_divides(a, "n_heads", "dim");
+    if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
+      throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
+    }
+    if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
+      throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) +
+                                       " does not divide n_heads " + std::to_string(a.i("n_heads")) +
+                                       "; use 0 or a divisor of n_heads");
+    }
+  };
+  s.build = [](const ModelArgs& a) -> ModelPtr {
+    LlamaArgs l{a.i("dim"), a.i("n_layers"), a.i("n_heads"),
+                a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"), a.i("vocab_size"),
+                a.i("multiple_of"), a.i("max_seq_len"), a.f("ffn_dim_multiplier"), a.f("norm_eps"),
+                a.f("rope_theta"), a.b("depth_init")};
+    return std::make_shared<Llama>(l);
+  };
+  return {s};
+}
+
+}  // namespace composer::models

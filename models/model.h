@@ -1,0 +1,84 @@
+// What every registered model provides: typed arguments with defaults, an
+// input description for the data pipeline, and a builder.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "models/module.h"
+
+namespace composer::models {
+
+enum class ArgType { kInt, kFloat, kBool, kString };
+
+using ArgValue = std::variant<int64_t, double, bool, std::string>;
+
+// One model argument: its YAML name, type, default and a one-line description.
+struct ArgSpec {
+  std::string name;
+  ArgType type;
+  ArgValue default_value;
+  std::string doc;
+};
+
+// Resolved model arguments (every ArgSpec present, defaults filled in).
+class ModelArgs {
+ public:
+  void set(const std::string& name, ArgValue v) { values_[name] = std::move(v); }
+  int64_t i(const std::string& name) const { return std::get<int64_t>(at(name)); }
+  double f(const std::string& name) const { return std::get<double>(at(name)); }
+  bool b(const std::string& name) const { return std::get<bool>(at(name)); }
+  const std::string& s(const std::string& name) const { return std::get<std::string>(at(name)); }
+  const std::map<std::string, ArgValue>& values() const { return values_; }
+
+ private:
+  const ArgValue& at(const std::string& name) const;
+  std::map<std::string, ArgValue> values_;
+};
+
+// An invalid argument value; the config reader adds the YAML position.
+class ArgError : public std::runtime_error {
+ public:
+  ArgError(std::string arg, const std::string& message)
+      : std::runtime_error(message), arg_(std::move(arg)) {}
+  const std::string& arg() const { return arg_; }
+
+ private:
+  std::string arg_;
+};
+
+// What a model consumes: token ids (batch, seq) or features (batch, features).
+struct InputSpec {
+  bool tokens = false;
+  int64_t features = 0;     // per-sample feature count for float inputs
+  int64_t vocab_size = 0;   // for token inputs
+  int64_t max_seq_len = 0;  // for token inputs
+};
+
+class Model : public nn::Module {
+ public:
+  using nn::Module::Module;
+  virtual InputSpec input_spec() const = 0;
+};
+
+using ModelPtr = std::shared_ptr<Model>;
+
+// A registry entry: the name used in YAML (model.name), its arguments, a
+// validity check (throws ArgError) and the builder.
+struct ModelSpec {
+  std::string name;
+  std::string doc;
+  std::vector<ArgSpec> args;
+  std::function<void(const ModelArgs&)> check;
+  std::function<ModelPtr(const ModelArgs&)> build;
+};
+
+// Helpers for checks.
+void require_arg_positive(const ModelArgs& a, const std::string& name);
+void require_arg_divides(const ModelArgs& a, const std::string& divisor, const std::string& dividend);
+
+}  // namespace composer::models

@@ -1,0 +1,91 @@
+#include "models/module.h"
+
+#include <unordered_set>
+
+namespace composer::nn {
+
+torch::Tensor Module::operator()(torch::Tensor input) {
+  for (auto& [handle, hook] : pre_hooks_) input = hook(*this, std::move(input));
+  torch::Tensor output = forward(input);
+  for (auto& [handle, hook] : post_hooks_) output = hook(*this, input, std::move(output));
+  return output;
+}
+
+int Module::add_pre_hook(PreHook hook) {
+  pre_hooks_.emplace_back(next_handle_, std::move(hook));
+  return next_handle_++;
+}
+
+int Module::add_post_hook(PostHook hook) {
+  post_hooks_.emplace_back(next_handle_, std::move(hook));
+  return next_handle_++;
+}
+
+void Module::remove_hook(int handle) {
+  auto drop = [handle](auto& hooks) {
+    for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+      if (it->first == handle) {
+        hooks.erase(it);
+        return;
+      }
+    }
+  };
+  drop(pre_hooks_);
+  drop(post_hooks_);
+}
+
+const torch::Tensor& Module::param(const torch::Tensor& p) const {
+  if (views_.empty()) return p;
+  auto it = views_.find(p.unsafeGetTensorImpl());
+  return it == views_.end() ? p : it->second;
+}
+
+void Module::set_view(const torch::Tensor& p, torch::Tensor view) {
+  views_[p.unsafeGetTensorImpl()] = std::move(view);
+}
+
+void Module::clear_view(const torch::Tensor& p) { views_.erase(p.unsafeGetTensorImpl()); }
+
+Sequential::Sequential(std::vector<ModulePtr> children) : Module("Sequential") {
+  for (auto& c : children) push_back(std::move(c));
+}
+
+void Sequential::push_back(ModulePtr child) {
+  register_module(std::to_string(items_.size()), child);
+  items_.push_back(std::move(child));
+}
+
+torch::Tensor Sequential::forward(torch::Tensor x) {
+  for (auto& m : items_) x = (*m)(x);
+  return x;
+}
+
+void ModuleList::push_back(ModulePtr child) {
+  register_module(std::to_string(items_.size()), child);
+  items_.push_back(std::move(child));
+}
+
+torch::Tensor ModuleList::forward(torch::Tensor) {
+  TORCH_INTERNAL_ASSERT(false, "ModuleList has no forward; its owner iterates it");
+}
+
+std::vector<std::pair<std::string, Module*>> named_modules(Module& root) {
+  std::vector<std::pair<std::string, Module*>> out;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    if (auto* m = dynamic_cast<Module*>(item.value().get())) out.emplace_back(item.key(), m);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      out.emplace_back(item.key(), item.value());
+    }
+  }
+  return out;
+}
+
+}  // namespace composer::nn

@@ -1,0 +1,96 @@
+// composer's module base: a torch::nn::Module whose call operator runs
+// pre-forward hooks, forward and post-forward hooks, and whose layers read their
+// parameters through param(), so a transform can swap in another view of a
+// parameter (an all-gathered weight, a local shard) without the layer knowing.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace composer::nn {
+
+class Module : public torch::nn::Module {
+ public:
+  // A pre-hook may replace the input; a post-hook may replace the output.
+  using PreHook = std::function<torch::Tensor(Module&, torch::Tensor input)>;
+  using PostHook =
+      std::function<torch::Tensor(Module&, const torch::Tensor& input, torch::Tensor output)>;
+
+  explicit Module(std::string type_name) : torch::nn::Module(type_name), type_(std::move(type_name)) {}
+
+  // Runs pre-hooks, forward, post-hooks.
+  torch::Tensor operator()(torch::Tensor input);
+  virtual torch::Tensor forward(torch::Tensor input) = 0;
+
+  int add_pre_hook(PreHook hook);
+  int add_post_hook(PostHook hook);
+  void remove_hook(int handle);
+
+  // The tensor a layer computes with for its registered parameter `p`: the
+  // view a transform installed, or `p` itself.
+  const torch::Tensor& param(const torch::Tensor& p) const;
+  void set_view(const torch::Tensor& p, torch::Tensor view);
+  void clear_view(const torch::Tensor& p);
+
+  // PyTorch's class name ("Linear", "TransformerBlock"), for plans and errors.
+  const std::string& type() const { return type_; }
+
+ protected:
+  // Registers a child and returns it typed.
+  template <class M>
+  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> child) {
+    register_module(name, child);
+    return child;
+  }
+
+ private:
+  std::string type_;
+  int next_handle_ = 0;
+  std::vector<std::pair<int, PreHook>> pre_hooks_;
+  std::vector<std::pair<int, PostHook>> post_hooks_;
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> views_;
+};
+
+using ModulePtr = std::shared_ptr<Module>;
+
+// Runs its children in registration order (nn.Sequential); children are named "0", "1", ...
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  explicit Sequential(std::vector<ModulePtr> children);
+  void push_back(ModulePtr child);
+  size_t size() const { return items_.size(); }
+  const ModulePtr& at(size_t i) const { return items_.at(i); }
+  torch::Tensor forward(torch::Tensor x) override;
+
+ private:
+  std::vector<ModulePtr> items_;
+};
+
+// Holds children named "0", "1", ... without a forward of its own (nn.ModuleList / ModuleDict).
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  void push_back(ModulePtr child);
+  size_t size() const { return items_.size(); }
+  const ModulePtr& at(size_t i) const { return items_.at(i); }
+  torch::Tensor forward(torch::Tensor x) override;
+
+ private:
+  std::vector<ModulePtr> items_;
+};
+
+// Every composer module below `root` with its fully-qualified name, root first ("").
+std::vector<std::pair<std::string, Module*>> named_modules(Module& root);
+
+// Parameters by fully-qualified name, each tensor once (a tied weight keeps its
+// first name, as PyTorch's named_parameters does), in PyTorch's order.
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(torch::nn::Module& root);
+
+}  // namespace composer::nn

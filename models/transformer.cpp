@@ -1,0 +1,132 @@
+// The Transformer of PyTorch's DTensor tests (SCENARIOS.md M4): token and
+// position embeddings, causal multi-head attention, LayerNorm, GELU
+// feed-forward, optional weight tying between output and tok_embeddings.
+#include "models/layers.h"
+#include "models/registry.h"
+
+namespace composer::models {
+namespace {
+
+using nn::Linear;
+
+struct TransformerArgs {
+  int64_t n_layers, vocab_size, max_seq_len, dim, n_heads;
+  double dropout_p;
+  bool use_attn_mask, weight_tying;
+};
+
+class Attention : public nn::Module {
+ public:
+  explicit Attention(const TransformerArgs& a) : Module("Attention"), args_(a) {
+    wq = add("wq", std::make_shared<Linear>(a.dim, a.dim, false));
+    wk = add("wk", std::make_shared<Linear>(a.dim, a.dim, false));
+    wv = add("wv", std::make_shared<Linear>(a.dim, a.dim, false));
+    wo = add("wo", std::make_shared<Linear>(a.dim, a.dim, false));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    const int64_t b = x.size(0), s = x.size(1), hd = args_.dim / args_.n_heads;
+    // Under tensor parallelism wq/wk/wv produce a slice of the heads: infer the local count.
+    auto split = [&](const torch::Tensor& t) { return t.view({b, s, -1, hd}).transpose(1, 2); };
+    auto q = split((*wq)(x)), k = split((*wk)(x)), v = split((*wv)(x));
+    auto out = nn::attention(q, k, v, args_.use_attn_mask, args_.dropout_p, is_training());
+    out = out.transpose(1, 2).contiguous().view({b, s, -1});
+    return torch::dropout((*wo)(out), args_.dropout_p, is_training());
+  }
+  std::shared_ptr<Linear> wq, wk, wv, wo;
+
+ private:
+  TransformerArgs args_;
+};
+
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden, double dropout_p) : Module("FeedForward"), p_(dropout_p) {
+    w1 = add("w1", std::make_shared<Linear>(dim, hidden));
+    w2 = add("w2", std::make_shared<Linear>(hidden, dim));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    return torch::dropout((*w2)(torch::gelu((*w1)(x))), p_, is_training());
+  }
+  std::shared_ptr<Linear> w1, w2;
+
+ private:
+  double p_;
+};
+
+class TransformerBlock : public nn::Module {
+ public:
+  explicit TransformerBlock(const TransformerArgs& a) : Module("TransformerBlock") {
+    attention_norm = add("attention_norm", std::make_shared<nn::LayerNorm>(a.dim));
+    attention = add("attention", std::make_shared<Attention>(a));
+    ffn_norm = add("ffn_norm", std::make_shared<nn::LayerNorm>(a.dim));
+    feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, 4 * a.dim, a.dropout_p));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    auto h = x + (*attention)((*attention_norm)(x));
+    return h + (*feed_forward)((*ffn_norm)(h));
+  }
+  std::shared_ptr<nn::LayerNorm> attention_norm, ffn_norm;
+  std::shared_ptr<Attention> attention;
+  std::shared_ptr<FeedForward> feed_forward;
+};
+
+class Transformer : public Model {
+ public:
+  explicit Transformer(const TransformerArgs& a) : Model("Transformer"), args_(a) {
+    tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
+    pos_embeddings = add("pos_embeddings", std::make_shared<nn::Embedding>(a.max_seq_len, a.dim));
+    layers = add("layers", std::make_shared<nn::ModuleList>());
+    for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(std::make_shared<TransformerBlock>(a));
+    norm = add("norm", std::make_shared<nn::LayerNorm>(a.dim));
+    output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false,
+                                                    a.weight_tying ? tok_embeddings->weight : torch::Tensor()));
+  }
+  torch::Tensor forward(torch::Tensor tokens) override {
+    const int64_t s = tokens.size(1);
+    auto pos = torch::arange(s, torch::dtype(torch::kLong));
+    auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
+    h = torch::dropout(h, args_.dropout_p, is_training());
+    for (size_t i = 0; i < layers->size(); ++i) h = (*layers->at(i))(h);
+    return (*output)((*norm)(h)).to(torch::kFloat);
+  }
+  InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
+
+  std::shared_ptr<nn::Embedding> tok_embeddings, pos_embeddings;
+  std::shared_ptr<nn::ModuleList> layers;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<Linear> output;
+
+ private:
+  TransformerArgs args_;
+};
+
+}  // namespace
+
+std::vector<ModelSpec> transformer_specs() {
+  ModelSpec s;
+  s.name = "transformer";
+  s.doc = "Transformer(ModelArgs) of PyTorch's DTensor tests: embeddings, causal attention, GELU FFN";
+  s.args = {{"n_layers", ArgType::kInt, int64_t{2}, "number of TransformerBlocks"},
+            {"vocab_size", ArgType::kInt, int64_t{8}, "vocabulary size"},
+            {"max_seq_len", ArgType::kInt, int64_t{16}, "positions in pos_embeddings"},
+            {"dim", ArgType::kInt, int64_t{16}, "model width"},
+            {"n_heads", ArgType::kInt, int64_t{4}, "attention heads; must divide dim"},
+            {"dropout_p", ArgType::kFloat, 0.1, "dropout probability (0 for parity runs)"},
+            {"use_attn_mask", ArgType::kBool, true, "causal attention"},
+            {"weight_tying", ArgType::kBool, true, "output.weight is tok_embeddings.weight"}};
+  s.check = [](const ModelArgs& a) {
+    for (auto n : {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads"}) require_arg_positive(a, n);
+    require_arg_divides(a, "n_heads", "dim");
+    if (a.f("dropout_p") < 0 || a.f("dropout_p") >= 1) {
+      throw ArgError("dropout_p", "dropout_p must be in [0, 1), got " + std::to_string(a.f("dropout_p")));
+    }
+  };
+  s.build = [](const ModelArgs& a) -> ModelPtr {
+    TransformerArgs t{a.i("n_layers"), a.i("vocab_size"), a.i("max_seq_len"), a.i("dim"),
+                      a.i("n_heads"), a.f("dropout_p"), a.b("use_attn_mask"), a.b("weight_tying")};
+    return std::make_shared<Transformer>(t);
+  };
+  return {s};
+}
+
+}  // namespace composer::models

@@ -1,0 +1,133 @@
+#include "runner/cli.h"
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "runner/golden.h"
+#include "runner/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace composer {
+namespace {
+
+const char kUsage[] =
+    "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR]\n"
+    "\n"
+    "commands:\n"
+    "  run     train the experiment (default)\n"
+    "  check   train and compare with the golden file; exit 1 on mismatch\n"
+    "  golden  train on one device and write the golden file (check.golden)\n"
+    "  plan    validate the config, print it resolved and summarise the plan\n"
+    "\n"
+    "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
+
+const std::pair<const char*, Command> kCommands[] = {
+    {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan}};
+
+std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
+  std::string dir = o.out.empty() ? "runs/" + c.name : o.out;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UserError("--out " + dir + ": cannot create the output directory: " + ec.message());
+  return dir;
+}
+
+void print_train_summary(const TrainResult& r, const std::string& dir) {
+  if (r.steps.empty()) return;
+  std::cout << "loss " << r.steps.front().loss << " -> " << r.steps.back().loss << " over " << r.steps.size()
+            << " steps; outputs in " << dir << "\n";
+}
+
+int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
+  Golden g = read_golden(golden_path(c));  // fail before training when it is missing
+  std::string dir = prepare_out_dir(o, c);
+  TrainResult r = train(c, p, dir);
+  CompareReport rep = compare(g, c, r.steps, r.final_params);
+  std::cout.precision(3);
+  std::cout << "check " << c.name << " against " << golden_path(c) << " (" << g.header["generator"].get<std::string>()
+            << "): max loss rel err " << rep.max_loss_rel_err << ", max param abs err " << rep.max_param_abs_err
+            << " (" << rep.worst_param << "), max param rel err " << rep.max_param_rel_err << "\n";
+  if (!rep.ok) {
+    throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es); first divergence: " +
+                      rep.first_failure);
+  }
+  std::cout << "check passed\n";
+  return 0;
+}
+
+}  // namespace
+
+CliOptions parse_cli(int argc, char** argv) {
+  CliOptions o;
+  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
+  po::options_description desc("options");
+  desc.add_options()("help,h", "print this help")("version", "print the version")(
+      "config,c", po::value<std::string>(&o.config), "experiment YAML file")(
+      "set", po::value<std::vector<std::string>>(&o.sets)->composing(),
+      "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)")(
+      "out", po::value<std::string>(&o.out), "output directory (default runs/<name>)")(
+      "command", po::value<std::string>(), "run, check, golden or plan");
+  po::positional_options_description pos;
+  pos.add("command", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string(e.what()) + "\n" + kUsage);
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << desc;
+    o.exit_now = true;
+    return o;
+  }
+  if (vm.count("version")) {
+    std::cout << "composer " << COMPOSER_VERSION << " (libtorch " << TORCH_VERSION << ")\n";
+    o.exit_now = true;
+    return o;
+  }
+  if (vm.count("command")) {
+    std::string name = vm["command"].as<std::string>();
+    bool found = false;
+    for (const auto& [n, cmd] : kCommands) {
+      if (name == n) {
+        o.command = cmd;
+        found = true;
+      }
+    }
+    if (!found) throw UserError("unknown command '" + name + "'; use run, check, golden or plan\n" + kUsage);
+  }
+  if (o.config.empty()) throw UserError(std::string("missing --config FILE\n") + kUsage);
+  return o;
+}
+
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
+  switch (o.command) {
+    case Command::kPlan:
+      std::cout << to_json(c).dump(2) << "\n";
+      for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
+      std::cout << "config hash " << config_hash(c) << "\n";
+      return 0;
+    case Command::kRun: {
+      std::string dir = prepare_out_dir(o, c);
+      print_train_summary(train(c, p, dir), dir);
+      return 0;
+    }
+    case Command::kGolden: {
+      if (!c.parallelize.empty() || p.world_size != 1) {
+        throw UserError("composer golden trains on one device; drop parallelize and mesh, or use composer check");
+      }
+      std::string dir = prepare_out_dir(o, c);
+      TrainResult r = train(c, p, dir);
+      write_golden(golden_path(c), make_golden(c, r.steps, r.final_params, o.command_line));
+      std::cout << "wrote " << golden_path(c) << "\n";
+      return 0;
+    }
+    case Command::kCheck: return do_check(o, c, p);
+  }
+  return 0;
+}
+
+}  // namespace composer

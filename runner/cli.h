@@ -1,0 +1,29 @@
+// The command line: `composer [run|check|golden|plan] --config FILE
+// [--set a.b=v ...] [--out DIR]`, and the commands themselves.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runner/config.h"
+#include "runner/planner.h"
+
+namespace composer {
+
+enum class Command { kRun, kCheck, kGolden, kPlan };
+
+struct CliOptions {
+  Command command = Command::kRun;
+  std::string config;             // --config
+  std::vector<std::string> sets;  // --set a.b=value, in order
+  std::string out;                // --out; "" = runs/<name>
+  std::string command_line;       // the whole invocation, for golden headers
+  bool exit_now = false;          // --help or --version was printed
+};
+
+// Throws UserError for bad arguments.
+CliOptions parse_cli(int argc, char** argv);
+
+// Runs the command; returns the exit code (0, or 1 for a failed check).
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p);
+
+}  // namespace composer

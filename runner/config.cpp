@@ -1,0 +1,514 @@
+#include "runner/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "models/registry.h"
+#include "runner/yaml_reader.h"
+
+namespace composer {
+namespace {
+
+const EnumName<DType> kDTypes[] = {
+    {DType::kFloat32, "float32"}, {DType::kFloat64, "float64"}, {DType::kBFloat16, "bfloat16"}};
+const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+const EnumName<TransformKind> kTransforms[] = {
+    {TransformKind::kTensorParallel, "tensor_parallel"},
+    {TransformKind::kActivationCheckpointing, "activation_checkpointing"},
+    {TransformKind::kFullyShard, "fully_shard"},
+    {TransformKind::kReplicate, "replicate"},
+    {TransformKind::kPipeline, "pipeline"}};
+const EnumName<OptimizerKind> kOptimizers[] = {
+    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}};
+const EnumName<Decay> kDecays[] = {{Decay::kNone, "none"}, {Decay::kLinear, "linear"}, {Decay::kCosine, "cosine"}};
+const EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
+                                      {LossKind::kMean, "mean"},
+                                      {LossKind::kMse, "mse"},
+                                      {LossKind::kCrossEntropy, "cross_entropy"},
+                                      {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
+const EnumName<DataSource> kSources[] = {{DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}};
+const EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
+                                       {InputKind::kNormal, "normal"},
+                                       {InputKind::kUniform, "uniform"},
+                                       {InputKind::kTokens, "tokens"}};
+const EnumName<TargetKind> kTargets[] = {{TargetKind::kAuto, "auto"},       {TargetKind::kNone, "none"},
+                                         {TargetKind::kNormal, "normal"},   {TargetKind::kUniform, "uniform"},
+                                         {TargetKind::kTokens, "tokens"},   {TargetKind::kNextTokens, "next_tokens"}};
+const EnumName<Schedule> kSchedules[] = {{Schedule::kGpipe, "gpipe"},
+                                         {Schedule::k1f1b, "1f1b"},
+                                         {Schedule::kInterleaved1f1b, "interleaved_1f1b"},
+                                         {Schedule::kLoopedBfs, "looped_bfs"},
+                                         {Schedule::kInterleavedZeroBubble, "interleaved_zero_bubble"},
+                                         {Schedule::kZbv, "zbv"}};
+
+template <class E, size_t N>
+const char* lookup(const EnumName<E> (&table)[N], E v) {
+  for (const auto& e : table) {
+    if (e.value == v) return e.name;
+  }
+  return "?";
+}
+
+// ---- model ---------------------------------------------------------------
+
+models::ArgValue read_arg(YamlMap& m, const models::ArgSpec& spec) {
+  switch (spec.type) {
+    case models::ArgType::kInt: return m.convert<int64_t>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kFloat: return m.convert<double>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kBool: return m.convert<bool>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kString: return m.convert<std::string>(m.node(spec.name), m.child_path(spec.name));
+  }
+  return int64_t{0};
+}
+
+ModelConfig read_model(YamlMap& root) {
+  if (!root.has("model")) throw ConfigError(root.self_ref(), "missing required key 'model'");
+  YamlMap m(root.node("model"), "model", root.context());
+  ModelConfig c;
+  c.ref = m.self_ref();
+  m.require("name", c.name);
+  const models::ModelSpec* spec = models::find_model(c.name);
+  if (!spec) {
+    auto names = models::model_names();
+    std::string hint = nearest(c.name, names);
+    throw ConfigError(m.ref("name"), "unknown model '" + c.name + "'" +
+                                         (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                                         " known models: " + YamlMap::join(names));
+  }
+  m.get("init_from", c.init_from);
+  YamlMap args(m.has("args") ? m.node("args") : YAML::Node(), "model.args", root.context());
+  for (const auto& a : spec->args) {
+    c.args.set(a.name, args.has(a.name) ? read_arg(args, a) : a.default_value);
+  }
+  args.finish();
+  m.finish();
+  if (spec->check) {
+    try {
+      spec->check(c.args);
+    } catch (const models::ArgError& e) {
+      throw ConfigError(args.has(e.arg()) ? args.ref(e.arg()) : args.self_ref(), e.what());
+    }
+  }
+  return c;
+}
+
+// ---- mesh and parallelize ------------------------------------------------
+
+MeshConfig read_mesh(YamlMap& root) {
+  YamlMap m(root.has("mesh") ? root.node("mesh") : YAML::Node(), "mesh", root.context());
+  MeshConfig c;
+  c.ref = m.self_ref();
+  m.get("shape", c.shape);
+  m.get("names", c.names);
+  m.get_enum("backend", c.backend, kBackends);
+  m.finish();
+  if (c.shape.size() != c.names.size()) {
+    throw ConfigError(m.ref("names"), "mesh has " + std::to_string(c.shape.size()) + " dims in shape but " +
+                                          std::to_string(c.names.size()) + " names; give one name per dim");
+  }
+  for (size_t i = 0; i < c.shape.size(); ++i) {
+    require_positive(m.ref("shape"), static_cast<double>(c.shape[i]), "mesh.shape[" + std::to_string(i) + "]");
+    for (size_t j = 0; j < i; ++j) {
+      if (c.names[i] == c.names[j]) throw ConfigError(m.ref("names"), "mesh dim name '" + c.names[i] + "' repeats");
+    }
+  }
+  return c;
+}
+
+std::vector<std::string> read_dims(YamlMap& m, const std::string& key, std::vector<std::string> def) {
+  if (!m.has(key)) return def;
+  YAML::Node n = m.node(key);
+  if (n.IsSequence()) return m.convert<std::vector<std::string>>(n, m.child_path(key));
+  return {m.convert<std::string>(n, m.child_path(key))};
+}
+
+TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
+  if (!node.IsMap() || node.size() != 1) {
+    std::vector<std::string> kinds;
+    for (const auto& k : kTransforms) kinds.push_back(k.name);
+    throw ConfigError(ref_of(node, path, ctx),
+                      "each parallelize entry is a mapping with one key naming the transform: " +
+                          YamlMap::join(kinds));
+  }
+  YamlMap outer(node, path, ctx);
+  std::string kind_name = node.begin()->first.as<std::string>();
+  TransformConfig t;
+  t.ref = ref_of(node.begin()->first, path, ctx);
+  bool known = false;
+  for (const auto& k : kTransforms) {
+    if (kind_name == k.name) {
+      t.kind = k.value;
+      known = true;
+    }
+  }
+  if (!known) {
+    std::vector<std::string> kinds;
+    for (const auto& k : kTransforms) kinds.push_back(k.name);
+    std::string hint = nearest(kind_name, kinds);
+    throw ConfigError(t.ref, "unknown transform '" + kind_name + "'" +
+                                 (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                                 " valid transforms: " + YamlMap::join(kinds));
+  }
+  YamlMap m(outer.node(kind_name), path + "." + kind_name, ctx);
+  switch (t.kind) {
+    case TransformKind::kTensorParallel:
+      t.mesh_dim = read_dims(m, "mesh_dim", {"tp"});
+      m.get("plan", t.plan);
+      m.get("sequence_parallel", t.sequence_parallel);
+      break;
+    case TransformKind::kActivationCheckpointing:
+      m.get("units", t.units);
+      break;
+    case TransformKind::kFullyShard:
+      t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});
+      m.get("units", t.units);
+      m.get("reshard_after_forward", t.reshard_after_forward);
+      for (auto key : {"param_dtype", "reduce_dtype"}) {
+        std::string& out = std::string(key) == "param_dtype" ? t.param_dtype : t.reduce_dtype;
+        DType d = DType::kFloat32;
+        if (m.has(key)) {
+          m.get_enum(key, d, kDTypes);
+          out = name_of(d);
+        }
+      }
+      break;
+    case TransformKind::kReplicate:
+      t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});
+      m.get("bucket_mb", t.bucket_mb);
+      require_positive(m.ref("bucket_mb"), t.bucket_mb, "bucket_mb");
+      break;
+    case TransformKind::kPipeline:
+      t.mesh_dim = read_dims(m, "mesh_dim", {"pp"});
+      m.get_enum("schedule", t.schedule, kSchedules);
+      m.get("microbatches", t.microbatches);
+      require_non_negative(m.ref("microbatches"), static_cast<double>(t.microbatches), "microbatches");
+      m.get("virtual_stages", t.virtual_stages);
+      require_positive(m.ref("virtual_stages"), static_cast<double>(t.virtual_stages), "virtual_stages");
+      m.get("split_points", t.split_points);
+      m.get("scale_grads", t.scale_grads);
+      break;
+  }
+  m.finish();
+  return t;
+}
+
+std::vector<TransformConfig> read_parallelize(YamlMap& root) {
+  std::vector<TransformConfig> out;
+  if (!root.has("parallelize")) return out;
+  YAML::Node list = root.node("parallelize");
+  if (!list.IsSequence()) {
+    throw ConfigError(root.ref("parallelize"), "expected a list of transforms, e.g. - fully_shard: {}");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(read_transform(list[i], "parallelize[" + std::to_string(i) + "]", root.context()));
+  }
+  return out;
+}
+
+// ---- train, data, check --------------------------------------------------
+
+OptimizerConfig read_optimizer(YamlMap& train) {
+  YamlMap m(train.has("optimizer") ? train.node("optimizer") : YAML::Node(), "train.optimizer",
+            train.context());
+  OptimizerConfig c;
+  m.get_enum("name", c.name, kOptimizers);
+  m.get("lr", c.lr);
+  require_non_negative(m.ref("lr"), c.lr, "lr");
+  m.get("momentum", c.momentum);
+  require_non_negative(m.ref("momentum"), c.momentum, "momentum");
+  m.get("dampening", c.dampening);
+  m.get("nesterov", c.nesterov);
+  m.get("weight_decay", c.weight_decay);
+  require_non_negative(m.ref("weight_decay"), c.weight_decay, "weight_decay");
+  m.get("betas", c.betas);
+  if (c.betas.size() != 2 || c.betas[0] < 0 || c.betas[0] >= 1 || c.betas[1] < 0 || c.betas[1] >= 1) {
+    throw ConfigError(m.ref("betas"), "betas must be two numbers in [0, 1), e.g. [0.9, 0.999]");
+  }
+  m.get("eps", c.eps);
+  require_positive(m.ref("eps"), c.eps, "eps");
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0)) {
+    throw ConfigError(m.ref("nesterov"), "nesterov needs momentum > 0 and dampening 0");
+  }
+  m.finish();
+  return c;
+}
+
+TrainConfig read_train(YamlMap& root) {
+  YamlMap m(root.has("train") ? root.node("train") : YAML::Node(), "train", root.context());
+  TrainConfig c;
+  m.get("steps", c.steps);
+  require_positive(m.ref("steps"), static_cast<double>(c.steps), "steps");
+  m.get("global_batch", c.global_batch);
+  require_positive(m.ref("global_batch"), static_cast<double>(c.global_batch), "global_batch");
+  m.get("microbatches", c.microbatches);
+  require_positive(m.ref("microbatches"), static_cast<double>(c.microbatches), "microbatches");
+  m.get_enum("dtype", c.dtype, kDTypes);
+  c.optimizer = read_optimizer(m);
+  {
+    YamlMap s(m.has("lr_schedule") ? m.node("lr_schedule") : YAML::Node(), "train.lr_schedule", root.context());
+    s.get("warmup_steps", c.lr_schedule.warmup_steps);
+    require_non_negative(s.ref("warmup_steps"), static_cast<double>(c.lr_schedule.warmup_steps), "warmup_steps");
+    s.get_enum("decay", c.lr_schedule.decay, kDecays);
+    s.get("min_lr", c.lr_schedule.min_lr);
+    require_non_negative(s.ref("min_lr"), c.lr_schedule.min_lr, "min_lr");
+    s.finish();
+  }
+  {
+    YamlMap l(m.has("loss") ? m.node("loss") : YAML::Node(), "train.loss", root.context());
+    l.get_enum("name", c.loss.name, kLosses);
+    l.get("scale", c.loss.scale);
+    l.finish();
+  }
+  m.get("grad_clip", c.grad_clip);
+  require_non_negative(m.ref("grad_clip"), c.grad_clip, "grad_clip");
+  m.get("log_every", c.log_every);
+  require_positive(m.ref("log_every"), static_cast<double>(c.log_every), "log_every");
+  m.get("threads", c.threads);
+  require_non_negative(m.ref("threads"), static_cast<double>(c.threads), "threads");
+  m.finish();
+  if (c.global_batch % c.microbatches != 0) {
+    throw ConfigError(m.ref("microbatches"), "microbatches " + std::to_string(c.microbatches) +
+                                                 " does not divide global_batch " +
+                                                 std::to_string(c.global_batch) +
+                                                 "; use a divisor of global_batch");
+  }
+  return c;
+}
+
+DataConfig read_data(YamlMap& root) {
+  YamlMap m(root.has("data") ? root.node("data") : YAML::Node(), "data", root.context());
+  DataConfig c;
+  m.get_enum("source", c.source, kSources);
+  m.get_enum("inputs", c.inputs, kInputs);
+  m.get_enum("targets", c.targets, kTargets);
+  m.get("seq_len", c.seq_len);
+  require_non_negative(m.ref("seq_len"), static_cast<double>(c.seq_len), "seq_len");
+  m.get("path", c.path);
+  if (c.source == DataSource::kFile && c.path.empty()) {
+    throw ConfigError(m.self_ref(), "data.source file needs data.path (a safetensors file with inputs and targets)");
+  }
+  if (c.source == DataSource::kSynthetic && !c.path.empty()) {
+    throw ConfigError(m.ref("path"), "data.path is only read with data.source: file; set source: file or remove path");
+  }
+  m.finish();
+  return c;
+}
+
+CheckConfig read_check(YamlMap& root) {
+  YamlMap m(root.has("check") ? root.node("check") : YAML::Node(), "check", root.context());
+  CheckConfig c;
+  m.get("golden", c.golden);
+  for (auto [key, field] : {std::pair<const char*, double*>{"loss_rtol", &c.loss_rtol},
+                            {"loss_atol", &c.loss_atol},
+                            {"param_rtol", &c.param_rtol},
+                            {"param_atol", &c.param_atol}}) {
+    m.get(key, *field);
+    require_non_negative(m.ref(key), *field, key);
+  }
+  m.finish();
+  return c;
+}
+
+// ---- --set overrides -----------------------------------------------------
+
+void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw UserError("--set " + text + ": expected path=value, e.g. --set train.steps=20");
+  }
+  std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  YAML::Node value_node;
+  try {
+    value_node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
+  }
+  YAML::Node cur;
+  cur.reset(root);
+  std::stringstream ss(path);
+  std::string token, walked;
+  std::vector<std::string> tokens;
+  while (std::getline(ss, token, '.')) tokens.push_back(token);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    std::string key = tokens[t];
+    long index = -1;
+    auto br = key.find('[');
+    if (br != std::string::npos) {
+      index = std::strtol(key.c_str() + br + 1, nullptr, 10);
+      key = key.substr(0, br);
+    }
+    walked += (walked.empty() ? "" : ".") + key;
+    if (key.empty() || (!cur.IsMap() && !cur.IsNull())) {
+      throw UserError("--set " + text + ": '" + walked + "' is not a mapping");
+    }
+    bool last = t + 1 == tokens.size();
+    if (index < 0) {
+      if (last) {
+        cur[key] = value_node;
+      } else {
+        YAML::Node next = cur[key];
+        cur.reset(next);
+      }
+      continue;
+    }
+    YAML::Node seq = cur[key];
+    if (!seq.IsSequence() || index >= static_cast<long>(seq.size())) {
+      throw UserError("--set " + text + ": " + walked + " has no entry [" + std::to_string(index) + "]");
+    }
+    walked += "[" + std::to_string(index) + "]";
+    if (last) {
+      seq[index] = value_node;
+    } else {
+      YAML::Node next = seq[index];
+      cur.reset(next);
+    }
+  }
+  ctx.overrides.emplace_back(path, text);
+}
+
+}  // namespace
+
+const char* name_of(DType v) { return lookup(kDTypes, v); }
+const char* name_of(Backend v) { return lookup(kBackends, v); }
+const char* name_of(TransformKind v) { return lookup(kTransforms, v); }
+const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }
+const char* name_of(Decay v) { return lookup(kDecays, v); }
+const char* name_of(LossKind v) { return lookup(kLosses, v); }
+const char* name_of(DataSource v) { return lookup(kSources, v); }
+const char* name_of(InputKind v) { return lookup(kInputs, v); }
+const char* name_of(TargetKind v) { return lookup(kTargets, v); }
+const char* name_of(Schedule v) { return lookup(kSchedules, v); }
+
+int64_t MeshConfig::world_size() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+ExperimentConfig parse_config(const std::string& text, const std::string& file,
+                              const std::vector<std::string>& overrides) {
+  ReadContext ctx{file, {}};
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    SourceRef r{file, e.mark.line + 1, e.mark.column + 1, "", ""};
+    throw ConfigError(r, "malformed YAML: " + e.msg);
+  }
+  if (!doc.IsMap()) {
+    throw ConfigError(SourceRef{file, 1, 1, "", ""},
+                      "expected a mapping with the sections name, seed, model, mesh, parallelize, train, data, check");
+  }
+  for (const auto& o : overrides) apply_override(doc, o, ctx);
+
+  YamlMap root(doc, "", ctx);
+  ExperimentConfig c;
+  c.file = file;
+  root.require("name", c.name);
+  if (c.name.empty() || c.name.find('/') != std::string::npos) {
+    throw ConfigError(root.ref("name"), "name must be a non-empty file name without '/'");
+  }
+  root.get("seed", c.seed);
+  c.model = read_model(root);
+  c.mesh = read_mesh(root);
+  c.parallelize = read_parallelize(root);
+  c.train = read_train(root);
+  c.data = read_data(root);
+  c.check = read_check(root);
+  root.finish();
+  return c;
+}
+
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw FileError(path, "cannot read the config file; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+namespace {
+nlohmann::json args_json(const models::ModelArgs& args) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : args.values()) std::visit([&](const auto& x) { j[k] = x; }, v);
+  return j;
+}
+nlohmann::json transform_json(const TransformConfig& t) {
+  nlohmann::json j;
+  switch (t.kind) {
+    case TransformKind::kTensorParallel:
+      j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel}};
+      break;
+    case TransformKind::kActivationCheckpointing: j = {{"units", t.units}}; break;
+    case TransformKind::kFullyShard:
+      j = {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", t.reshard_after_forward},
+           {"param_dtype", t.param_dtype}, {"reduce_dtype", t.reduce_dtype}};
+      break;
+    case TransformKind::kReplicate: j = {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}}; break;
+    case TransformKind::kPipeline:
+      j = {{"mesh_dim", t.mesh_dim},         {"schedule", name_of(t.schedule)},
+           {"microbatches", t.microbatches}, {"virtual_stages", t.virtual_stages},
+           {"split_points", t.split_points}, {"scale_grads", t.scale_grads}};
+      break;
+  }
+  return {{name_of(t.kind), j}};
+}
+}  // namespace
+
+nlohmann::json to_json(const ExperimentConfig& c) {
+  const auto& t = c.train;
+  nlohmann::json j;
+  j["name"] = c.name;
+  j["seed"] = c.seed;
+  j["model"] = {{"name", c.model.name}, {"args", args_json(c.model.args)}, {"init_from", c.model.init_from}};
+  j["mesh"] = {{"shape", c.mesh.shape}, {"names", c.mesh.names}, {"backend", name_of(c.mesh.backend)}};
+  j["parallelize"] = nlohmann::json::array();
+  for (const auto& p : c.parallelize) j["parallelize"].push_back(transform_json(p));
+  j["train"] = {
+      {"steps", t.steps},
+      {"global_batch", t.global_batch},
+      {"microbatches", t.microbatches},
+      {"dtype", name_of(t.dtype)},
+      {"optimizer",
+       {{"name", name_of(t.optimizer.name)}, {"lr", t.optimizer.lr}, {"momentum", t.optimizer.momentum},
+        {"dampening", t.optimizer.dampening}, {"nesterov", t.optimizer.nesterov},
+        {"weight_decay", t.optimizer.weight_decay}, {"betas", t.optimizer.betas}, {"eps", t.optimizer.eps}}},
+      {"lr_schedule",
+       {{"warmup_steps", t.lr_schedule.warmup_steps}, {"decay", name_of(t.lr_schedule.decay)},
+        {"min_lr", t.lr_schedule.min_lr}}},
+      {"loss", {{"name", name_of(t.loss.name)}, {"scale", t.loss.scale}}},
+      {"grad_clip", t.grad_clip},
+      {"log_every", t.log_every},
+      {"threads", t.threads}};
+  j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
+               {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
+  j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
+                {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
+  return j;
+}
+
+std::string config_hash(const ExperimentConfig& c) {
+  nlohmann::json j = to_json(c);
+  nlohmann::json part = {{"seed", j["seed"]}, {"model", j["model"]}, {"train", j["train"]}, {"data", j["data"]}};
+  // Logging and threading do not change what is computed.
+  part["train"].erase("log_every");
+  part["train"].erase("threads");
+  std::string s = part.dump();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  std::ostringstream os;
+  os << std::hex;
+  os.width(16);
+  os.fill('0');
+  os << h;
+  return os.str();
+}
+
+std::string golden_path(const ExperimentConfig& c) {
+  return c.check.golden.empty() ? "tests/golden/" + c.name + ".json" : c.check.golden;
+}
+
+}  // namespace composer

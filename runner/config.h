@@ -1,0 +1,152 @@
+// The typed experiment config: one struct per YAML section, defaults in the
+// struct, one line per field. Keys, fields and --set paths share one name.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "runner/errors.h"
+
+namespace composer {
+
+enum class DType { kFloat32, kFloat64, kBFloat16 };
+enum class Backend { kGloo, kNccl };
+enum class TransformKind { kTensorParallel, kActivationCheckpointing, kFullyShard, kReplicate, kPipeline };
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class Decay { kNone, kLinear, kCosine };
+enum class LossKind { kSum, kMean, kMse, kCrossEntropy, kSoftCrossEntropy };
+enum class DataSource { kSynthetic, kFile };
+enum class InputKind { kAuto, kNormal, kUniform, kTokens };
+enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
+enum class Schedule { kGpipe, k1f1b, kInterleaved1f1b, kLoopedBfs, kInterleavedZeroBubble, kZbv };
+
+const char* name_of(DType v);
+const char* name_of(Backend v);
+const char* name_of(TransformKind v);
+const char* name_of(OptimizerKind v);
+const char* name_of(Decay v);
+const char* name_of(LossKind v);
+const char* name_of(DataSource v);
+const char* name_of(InputKind v);
+const char* name_of(TargetKind v);
+const char* name_of(Schedule v);
+
+struct ModelConfig {
+  std::string name;             // registry name, e.g. transformer (required)
+  models::ModelArgs args;       // the model's arguments, defaults filled in
+  std::string init_from;        // safetensors file with initial weights by FQN ("" = seeded init)
+  SourceRef ref;                // where the model section is, for errors
+};
+
+struct MeshConfig {
+  std::vector<int64_t> shape;        // ranks per dim, row-major; [] means one device
+  std::vector<std::string> names;    // one unique name per dim, e.g. [dp, tp]
+  Backend backend = Backend::kGloo;  // gloo (CPU) or nccl (CUDA builds only)
+  SourceRef ref;
+  int64_t world_size() const;
+};
+
+// One entry of `parallelize`; only the fields of its kind are meaningful.
+struct TransformConfig {
+  TransformKind kind = TransformKind::kReplicate;
+  std::vector<std::string> mesh_dim;   // mesh dims it spans (fully_shard: [replicate, shard] for HSDP)
+  std::vector<std::string> units;      // fully_shard / activation_checkpointing: module FQN patterns
+  std::string plan = "default";        // tensor_parallel: the model's named plan
+  bool sequence_parallel = false;      // tensor_parallel: shard norms and residuals on the sequence dim
+  bool reshard_after_forward = true;   // fully_shard: free unsharded params after forward
+  std::string param_dtype;             // fully_shard: compute dtype ("" = parameter dtype)
+  std::string reduce_dtype;            // fully_shard: gradient reduction dtype ("" = param_dtype)
+  double bucket_mb = 25;               // replicate: gradient bucket size
+  Schedule schedule = Schedule::k1f1b; // pipeline: schedule name
+  int64_t microbatches = 0;            // pipeline: microbatches per step (0 = pp size)
+  int64_t virtual_stages = 1;          // pipeline: stages per rank
+  std::vector<std::string> split_points;  // pipeline: FQNs where a stage starts
+  bool scale_grads = true;             // pipeline: divide gradients by the microbatch count
+  SourceRef ref;                       // the entry's position
+};
+
+struct OptimizerConfig {
+  OptimizerKind name = OptimizerKind::kAdam;  // sgd, adam or adamw
+  double lr = 1e-3;                           // peak learning rate
+  double momentum = 0;                        // sgd momentum
+  double dampening = 0;                       // sgd dampening
+  bool nesterov = false;                      // sgd Nesterov momentum
+  double weight_decay = 0;                    // L2 (sgd, adam) or decoupled (adamw)
+  std::vector<double> betas{0.9, 0.999};      // adam/adamw moment decay
+  double eps = 1e-8;                          // adam/adamw denominator epsilon
+};
+
+struct LrScheduleConfig {
+  int64_t warmup_steps = 0;   // linear warmup from lr/warmup_steps to lr
+  Decay decay = Decay::kNone; // after warmup: none, linear or cosine down to min_lr
+  double min_lr = 0;          // learning rate at the end of the decay
+};
+
+struct LossConfig {
+  LossKind name = LossKind::kMse;  // sum, mean, mse, cross_entropy, soft_cross_entropy
+  double scale = 1.0;              // the loss is multiplied by this
+};
+
+struct TrainConfig {
+  int64_t steps = 10;              // optimizer steps
+  int64_t global_batch = 8;        // samples per step over all data-parallel ranks
+  int64_t microbatches = 1;        // gradient accumulation: microbatches per step
+  DType dtype = DType::kFloat32;   // parameter and compute dtype
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  LossConfig loss;
+  double grad_clip = 0;            // clip gradients to this global L2 norm; 0 = off
+  int64_t log_every = 1;           // a log line every N steps (the last step always logs)
+  int64_t threads = 0;             // intra-op threads per rank; 0 = cores / local ranks
+};
+
+struct DataConfig {
+  DataSource source = DataSource::kSynthetic;  // synthetic or file
+  InputKind inputs = InputKind::kAuto;         // auto: tokens for token models, else normal
+  TargetKind targets = TargetKind::kAuto;      // auto: chosen by the loss
+  int64_t seq_len = 0;                         // tokens per sample; 0 = the model's max_seq_len
+  std::string path;                            // file source: safetensors with inputs and targets
+};
+
+struct CheckConfig {
+  std::string golden;        // golden file; "" = tests/golden/<name>.json
+  double loss_rtol = 1e-5;   // per-step loss and grad-norm relative tolerance
+  double loss_atol = 1e-6;   // per-step loss and grad-norm absolute tolerance
+  double param_rtol = 1e-4;  // final parameter relative tolerance
+  double param_atol = 1e-5;  // final parameter absolute tolerance
+};
+
+struct ExperimentConfig {
+  std::string file;       // the YAML file it came from
+  std::string name;       // experiment name (required): output and golden file names
+  uint64_t seed = 0;      // model init and synthetic data
+  ModelConfig model;
+  MeshConfig mesh;
+  std::vector<TransformConfig> parallelize;  // applied in this order
+  TrainConfig train;
+  DataConfig data;
+  CheckConfig check;
+};
+
+// Reads and validates a config file; `overrides` are "a.b.c=value" strings.
+// Throws ConfigError (or FileError) naming the file, line, column and path.
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text (tests); `file` names it in errors.
+ExperimentConfig parse_config(const std::string& yaml_text, const std::string& file,
+                              const std::vector<std::string>& overrides = {});
+
+// The resolved config as JSON (every default filled in).
+nlohmann::json to_json(const ExperimentConfig& c);
+
+// A hash of the parallelism-independent sections (seed, model, train, data):
+// a golden file is valid for every parallel plan with the same hash.
+std::string config_hash(const ExperimentConfig& c);
+
+// The default golden path: check.golden, else tests/golden/<name>.json.
+std::string golden_path(const ExperimentConfig& c);
+
+}  // namespace composer

@@ -1,0 +1,187 @@
+#include "runner/data.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "runner/safetensors.h"
+
+namespace composer {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+torch::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::kFloat64: return torch::kDouble;
+    case DType::kBFloat16: return torch::kBFloat16;
+    default: return torch::kFloat;
+  }
+}
+
+SourceRef data_ref(const ExperimentConfig& c, const std::string& key) {
+  return SourceRef{c.file, 0, 0, "data." + key, ""};
+}
+
+TargetKind default_targets(LossKind loss, bool tokens) {
+  switch (loss) {
+    case LossKind::kSum:
+    case LossKind::kMean: return TargetKind::kNone;
+    case LossKind::kMse: return TargetKind::kNormal;
+    case LossKind::kCrossEntropy: return tokens ? TargetKind::kNextTokens : TargetKind::kTokens;
+    case LossKind::kSoftCrossEntropy: return TargetKind::kUniform;
+  }
+  return TargetKind::kNone;
+}
+
+void check_targets(const ExperimentConfig& c, const DataPlan& p) {
+  LossKind loss = c.train.loss.name;
+  bool ids = p.targets == TargetKind::kTokens || p.targets == TargetKind::kNextTokens;
+  bool floats = p.targets == TargetKind::kNormal || p.targets == TargetKind::kUniform;
+  std::string name = name_of(loss);
+  if ((loss == LossKind::kSum || loss == LossKind::kMean) && p.targets != TargetKind::kNone) {
+    throw ConfigError(data_ref(c, "targets"), "loss " + name + " uses no targets; set data.targets: none or auto");
+  }
+  if (loss == LossKind::kCrossEntropy && !ids) {
+    throw ConfigError(data_ref(c, "targets"), "loss cross_entropy needs class ids; set data.targets: tokens or next_tokens");
+  }
+  if ((loss == LossKind::kMse || loss == LossKind::kSoftCrossEntropy) && !floats) {
+    throw ConfigError(data_ref(c, "targets"), "loss " + name + " needs float targets; set data.targets: normal or uniform");
+  }
+  if (p.targets == TargetKind::kNextTokens && p.inputs != InputKind::kTokens) {
+    throw ConfigError(data_ref(c, "targets"), "next_tokens targets need token inputs");
+  }
+}
+
+class SyntheticData : public DataSet {
+ public:
+  SyntheticData(uint64_t seed, DataPlan plan) : seed_(seed), p_(std::move(plan)) {}
+
+  Batch batch(int64_t step, int64_t begin, int64_t end) const override {
+    std::vector<torch::Tensor> xs, ys;
+    for (int64_t i = begin; i < end; ++i) {
+      auto [x, y] = sample(step, i);
+      xs.push_back(x);
+      if (y.defined()) ys.push_back(y);
+    }
+    Batch b{torch::stack(xs), ys.empty() ? torch::Tensor() : torch::stack(ys)};
+    return b;
+  }
+
+ private:
+  std::pair<torch::Tensor, torch::Tensor> sample(int64_t step, int64_t index) const {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(sample_seed(seed_, step, index));
+    const auto& out = p_.output_shape;
+    if (p_.targets == TargetKind::kNextTokens) {
+      auto seq = torch::randint(0, p_.input.vocab_size, {p_.seq_len + 1}, gen);
+      return {seq.slice(0, 0, p_.seq_len), seq.slice(0, 1, p_.seq_len + 1)};
+    }
+    torch::Tensor x, y;
+    switch (p_.inputs) {
+      case InputKind::kTokens: x = torch::randint(0, p_.input.vocab_size, {p_.seq_len}, gen); break;
+      case InputKind::kUniform: x = torch::rand({p_.input.features}, gen).to(p_.dtype); break;
+      default: x = torch::randn({p_.input.features}, gen).to(p_.dtype); break;
+    }
+    switch (p_.targets) {
+      case TargetKind::kNormal: y = torch::randn(out, gen); break;
+      case TargetKind::kUniform: y = torch::rand(out, gen); break;
+      case TargetKind::kTokens:
+        y = torch::randint(0, out.back(), std::vector<int64_t>(out.begin(), out.end() - 1), gen);
+        break;
+      default: break;
+    }
+    return {x, y};
+  }
+
+  uint64_t seed_;
+  DataPlan p_;
+};
+
+class FileData : public DataSet {
+ public:
+  FileData(const ExperimentConfig& c, const DataPlan& p) : global_batch_(c.train.global_batch) {
+    for (auto& [name, t] : read_safetensors(c.data.path)) {
+      if (name == "inputs") inputs_ = t;
+      else if (name == "targets") targets_ = t;
+    }
+    const std::string& path = c.data.path;
+    if (!inputs_.defined() || inputs_.dim() < 1 || inputs_.size(0) == 0) {
+      throw FileError(path, "needs a tensor named 'inputs' with samples on dim 0");
+    }
+    std::vector<int64_t> want = p.inputs == InputKind::kTokens ? std::vector<int64_t>{p.seq_len}
+                                                                : std::vector<int64_t>{p.input.features};
+    if (inputs_.sizes().slice(1).vec() != want) {
+      throw FileError(path, "'inputs' samples have shape " + c10::str(inputs_.sizes().slice(1)) +
+                                " but the model takes " + c10::str(c10::IntArrayRef(want)));
+    }
+    if (p.inputs == InputKind::kTokens) {
+      if (inputs_.scalar_type() != torch::kLong) throw FileError(path, "token 'inputs' must be I64");
+    } else {
+      inputs_ = inputs_.to(p.dtype);
+    }
+    if (p.targets == TargetKind::kNone) return;
+    if (!targets_.defined() || targets_.dim() < 1 || targets_.size(0) != inputs_.size(0)) {
+      throw FileError(path, "needs a tensor named 'targets' with as many samples as 'inputs'");
+    }
+    bool ids = p.targets == TargetKind::kTokens || p.targets == TargetKind::kNextTokens;
+    if (ids && targets_.scalar_type() != torch::kLong) throw FileError(path, "class-id 'targets' must be I64");
+    if (!ids) targets_ = targets_.to(torch::kFloat);
+  }
+
+  Batch batch(int64_t step, int64_t begin, int64_t end) const override {
+    const int64_t n = inputs_.size(0);
+    auto idx = (torch::arange(begin, end, torch::kLong) + (step - 1) * global_batch_).remainder(n);
+    return {inputs_.index_select(0, idx), targets_.defined() ? targets_.index_select(0, idx) : torch::Tensor()};
+  }
+
+ private:
+  int64_t global_batch_;
+  torch::Tensor inputs_, targets_;
+};
+
+}  // namespace
+
+uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index) {
+  uint64_t h = splitmix64(seed);
+  h = splitmix64(h ^ static_cast<uint64_t>(step));
+  h = splitmix64(h ^ static_cast<uint64_t>(index));
+  return h & 0x7fffffffffffffffull;
+}
+
+DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
+  DataPlan p;
+  p.input = model.input_spec();
+  p.dtype = scalar_type(c.train.dtype);
+  p.inputs = c.data.inputs == InputKind::kAuto ? (p.input.tokens ? InputKind::kTokens : InputKind::kNormal)
+                                               : c.data.inputs;
+  if ((p.inputs == InputKind::kTokens) != p.input.tokens) {
+    throw ConfigError(data_ref(c, "inputs"), std::string("model ") + c.model.name + " takes " +
+                                                 (p.input.tokens ? "token ids; use inputs: tokens or auto"
+                                                                 : "float features; use inputs: normal, uniform or auto"));
+  }
+  p.seq_len = c.data.seq_len ? c.data.seq_len : p.input.max_seq_len;
+  if (p.input.tokens && p.seq_len > p.input.max_seq_len) {
+    throw ConfigError(data_ref(c, "seq_len"), "seq_len " + std::to_string(p.seq_len) +
+                                                  " exceeds the model's max_seq_len " +
+                                                  std::to_string(p.input.max_seq_len));
+  }
+  p.targets = c.data.targets == TargetKind::kAuto ? default_targets(c.train.loss.name, p.input.tokens)
+                                                  : c.data.targets;
+  check_targets(c, p);
+  torch::NoGradGuard no_grad;
+  auto probe = p.input.tokens ? torch::zeros({1, p.seq_len}, torch::kLong)
+                              : torch::zeros({1, p.input.features}, p.dtype);
+  auto out = model(probe);
+  p.output_shape = out.sizes().slice(1).vec();
+  return p;
+}
+
+std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan) {
+  if (c.data.source == DataSource::kFile) return std::make_unique<FileData>(c, plan);
+  return std::make_unique<SyntheticData>(c.seed, plan);
+}
+
+}  // namespace composer

@@ -1,0 +1,83 @@
+// The error channels of composer. User errors (bad config, bad plan, bad files)
+// exit 2; a failed golden comparison exits 1; a failure while running exits 3.
+// Only main() turns these into exit codes.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace composer {
+
+// Where a value came from: a YAML position, or a --set override.
+struct SourceRef {
+  std::string file;      // config file path ("" when unknown)
+  int line = 0;          // 1-based; 0 when unknown
+  int col = 0;           // 1-based
+  std::string path;      // YAML path, e.g. "parallelize[1].fully_shard.units"
+  std::string override;  // non-empty when the value came from --set
+
+  // "configs/x.yaml:14:5: train.steps" or "--set train.steps=0: train.steps".
+  std::string where() const;
+};
+
+// Any error caused by the user's input; exit code 2.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Malformed YAML, unknown key, wrong type, out-of-range value.
+class ConfigError : public UserError {
+ public:
+  ConfigError(const SourceRef& ref, const std::string& message)
+      : UserError(ref.where() + ": " + message), ref_(ref) {}
+  const SourceRef& ref() const { return ref_; }
+
+ private:
+  SourceRef ref_;
+};
+
+// A plan that cannot run: divisibility, order, unsupported composition.
+class PlanError : public UserError {
+ public:
+  PlanError(const SourceRef& ref, const std::string& message)
+      : UserError(ref.where() + ": " + message) {}
+};
+
+// A missing, unreadable or corrupt input file (safetensors, golden, data).
+class FileError : public UserError {
+ public:
+  FileError(const std::string& path, const std::string& message)
+      : UserError(path + ": " + message) {}
+};
+
+// The parallel run does not match its golden file; exit code 1.
+class CheckFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Something failed while running (a rank, a collective, I/O); exit code 3.
+class RuntimeFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Levenshtein distance, for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// The closest candidate to `word`, or "" when none is close enough.
+template <class Range>
+std::string nearest(const std::string& word, const Range& candidates) {
+  std::string best;
+  size_t best_d = word.size() / 3 + 2;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, std::string(c));
+    if (d < best_d) {
+      best_d = d;
+      best = std::string(c);
+    }
+  }
+  return best;
+}
+
+}  // namespace composer

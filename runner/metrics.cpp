@@ -1,0 +1,56 @@
+#include "runner/metrics.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "runner/errors.h"
+
+namespace composer {
+
+double peak_rss_mb() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix)
+    : jsonl_(path), total_(total), every_(every), prefix_(std::move(prefix)), tty_(isatty(STDOUT_FILENO)) {
+  if (!jsonl_) throw RuntimeFailure("cannot write metrics file " + path);
+}
+
+Metrics::~Metrics() {
+  if (tty_) std::printf("\n");
+}
+
+void Metrics::record(const StepRecord& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"grad_norm", r.grad_norm},
+                      {"lr", r.lr},
+                      {"step_ms", r.step_ms},
+                      {"samples_per_s", r.samples_per_s},
+                      {"peak_rss_mb", r.peak_rss_mb}};
+  if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+
+  char line[256];
+  std::snprintf(line, sizeof line, "step %lld/%lld  loss %.6g  grad_norm %.4g  lr %.3g  %.1f ms  %.0f samples/s",
+                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm, r.lr,
+                r.step_ms, r.samples_per_s);
+  if (tty_) {
+    const int width = 24;
+    int done = static_cast<int>(width * r.step / std::max<int64_t>(1, total_));
+    std::printf("\r%s[%s%s] %s", prefix_.c_str(), std::string(done, '#').c_str(),
+                std::string(width - done, '.').c_str(), line);
+    std::fflush(stdout);
+  } else if (r.step % every_ == 0 || r.step == total_ || r.step == 1) {
+    std::printf("%s%s\n", prefix_.c_str(), line);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace composer

@@ -1,0 +1,37 @@
+// Per-step metrics: one JSON line per step in <out>/metrics.jsonl, a readable
+// log line, and a progress bar when stdout is a terminal.
+#pragma once
+#include <fstream>
+#include <string>
+
+namespace composer {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double step_ms = 0;
+  double samples_per_s = 0;
+  double tokens_per_s = 0;  // 0 for non-token models
+  double peak_rss_mb = 0;
+};
+
+// Peak resident set size of this process, in MiB.
+double peak_rss_mb();
+
+class Metrics {
+ public:
+  // `log_prefix` starts every log line (e.g. "[rank 0/1] ").
+  Metrics(const std::string& jsonl_path, int64_t total_steps, int64_t log_every, std::string log_prefix);
+  ~Metrics();
+  void record(const StepRecord& r);
+
+ private:
+  std::ofstream jsonl_;
+  int64_t total_, every_;
+  std::string prefix_;
+  bool tty_;
+};
+
+}  // namespace composer

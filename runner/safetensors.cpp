@@ -1,0 +1,142 @@
+#include "runner/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "runner/errors.h"
+
+namespace composer {
+namespace {
+
+struct DTypeName {
+  torch::ScalarType type;
+  const char* name;
+};
+const DTypeName kDTypes[] = {{torch::kFloat, "F32"}, {torch::kDouble, "F64"}, {torch::kBFloat16, "BF16"},
+                             {torch::kHalf, "F16"},  {torch::kLong, "I64"},   {torch::kInt, "I32"},
+                             {torch::kShort, "I16"}, {torch::kChar, "I8"},    {torch::kByte, "U8"},
+                             {torch::kBool, "BOOL"}};
+
+const char* dtype_name(torch::ScalarType t) {
+  for (const auto& d : kDTypes) {
+    if (d.type == t) return d.name;
+  }
+  throw UserError(std::string("safetensors cannot store dtype ") + c10::toString(t));
+}
+
+constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
+
+}  // namespace
+
+NamedTensors parse_safetensors(const std::string& bytes, const std::string& path) {
+  if (bytes.size() < 8) {
+    throw FileError(path, "not a safetensors file: " + std::to_string(bytes.size()) +
+                              " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  if (header_len > kMaxHeader || header_len > bytes.size() - 8) {
+    throw FileError(path, "safetensors header claims " + std::to_string(header_len) + " bytes but the file has " +
+                              std::to_string(bytes.size() - 8) + " after the length; the file is truncated or not safetensors");
+  }
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(8, header_len));
+  } catch (const nlohmann::json::exception& e) {
+    throw FileError(path, std::string("safetensors header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw FileError(path, "safetensors header must be a JSON object");
+  const uint64_t data_start = 8 + header_len, data_len = bytes.size() - data_start;
+  NamedTensors out;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& why) { return FileError(path, "tensor '" + name + "': " + why); };
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      throw bad("header entry needs dtype, shape and data_offsets");
+    }
+    const auto& dt = entry["dtype"];
+    const DTypeName* d = nullptr;
+    for (const auto& cand : kDTypes) {
+      if (dt.is_string() && dt.get<std::string>() == cand.name) d = &cand;
+    }
+    if (!d) throw bad("unsupported dtype " + dt.dump());
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    if (!entry["shape"].is_array()) throw bad("shape must be a list of sizes");
+    for (const auto& s : entry["shape"]) {
+      if (!s.is_number_unsigned()) throw bad("shape has a negative or non-integer size");
+      shape.push_back(s.get<int64_t>());
+      if (__builtin_mul_overflow(numel, s.get<uint64_t>(), &numel) || numel > data_len) {
+        if (s.get<uint64_t>() != 0) throw bad("shape is larger than the file's data section");
+      }
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      throw bad("data_offsets must be [begin, end]");
+    }
+    uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    uint64_t elem = c10::elementSize(d->type);
+    if (end < begin || end > data_len) {
+      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] lie outside the " +
+                std::to_string(data_len) + "-byte data section; the file is truncated or its header lies");
+    }
+    if (end - begin != numel * elem) {
+      throw bad("shape and dtype need " + std::to_string(numel * elem) + " bytes but data_offsets give " +
+                std::to_string(end - begin));
+    }
+    auto t = torch::empty(shape, torch::dtype(d->type));
+    if (numel) std::memcpy(t.data_ptr(), bytes.data() + data_start + begin, end - begin);
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+NamedTensors read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FileError(path, "cannot open the safetensors file; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_safetensors(ss.str(), path);
+}
+
+std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    auto c = t.detach().to(torch::kCPU).contiguous();
+    uint64_t n = c.numel() * c.element_size();
+    header[name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    data.push_back(c);
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  std::string out(8, '\0');
+  uint64_t len = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  out += h;
+  for (const auto& c : data) out.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  return out;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::string bytes = serialize_safetensors(tensors, metadata);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) throw RuntimeFailure("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path);
+}
+
+}  // namespace composer

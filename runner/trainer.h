@@ -1,0 +1,31 @@
+// The training loop: builds the model, runs the configured steps over the
+// data, records metrics and returns what a golden comparison needs.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runner/config.h"
+#include "runner/data.h"
+#include "runner/metrics.h"
+#include "runner/planner.h"
+#include "runner/safetensors.h"
+
+namespace composer {
+
+struct TrainResult {
+  std::vector<StepRecord> steps;
+  NamedTensors final_params;  // full tensors by FQN, in the training dtype
+};
+
+// Builds the model of `c`: seeded init, then model.init_from when set.
+models::ModelPtr build_model(const ExperimentConfig& c);
+
+// Trains per `plan`, writing config.resolved.json, init.safetensors,
+// metrics.jsonl and final.safetensors into `out_dir`.
+TrainResult train(const ExperimentConfig& c, const Plan& plan, const std::string& out_dir);
+
+// The resolved config plus the decided data plan and the config hash: what
+// the PyTorch reference reads to reproduce a run.
+nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data);
+
+}  // namespace composer

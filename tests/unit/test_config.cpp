@@ -1,0 +1,181 @@
+// Config parsing: defaults, strictness, error positions, overrides, hashing.
+#include <gtest/gtest.h>
+
+#include "runner/config.h"
+#include "runner/planner.h"
+
+namespace composer {
+namespace {
+
+const char kMinimal[] = "name: t\nmodel: {name: mlp_module}\n";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(yaml, "x.yaml", sets);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Config, MinimalConfigGetsDefaults) {
+  auto c = parse_config(kMinimal, "x.yaml");
+  EXPECT_EQ(c.name, "t");
+  EXPECT_EQ(c.model.args.i("dim"), 10);
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.optimizer.name, OptimizerKind::kAdam);
+  EXPECT_EQ(c.mesh.world_size(), 1);
+  EXPECT_EQ(golden_path(c), "tests/golden/t.json");
+}
+
+TEST(Config, UnknownKeyNamesLineColumnPathAndSuggestion) {
+  std::string e = error_of("name: t\nmodel: {name: mlp_module}\ntrain:\n  stepz: 3\n");
+  EXPECT_EQ(e, "x.yaml:4:3: train.stepz: unknown key; did you mean steps?");
+}
+
+TEST(Config, UnknownTopLevelSection) {
+  EXPECT_NE(error_of("name: t\nmodel: {name: mlp_module}\ntrian: {}\n").find("x.yaml:3:1: trian: unknown key; did you mean train?"),
+            std::string::npos);
+}
+
+TEST(Config, WrongTypeNamesExpectedType) {
+  std::string e = error_of("name: t\nmodel: {name: mlp_module}\ntrain: {steps: many}\n");
+  EXPECT_NE(e.find("x.yaml:3:16: train.steps: expected an integer, got 'many'"), std::string::npos) << e;
+}
+
+TEST(Config, OutOfRangeValue) {
+  std::string e = error_of("name: t\nmodel: {name: mlp_module}\ntrain: {steps: 0}\n");
+  EXPECT_NE(e.find("train.steps: steps must be positive, got 0"), std::string::npos) << e;
+}
+
+TEST(Config, MalformedYamlHasPosition) {
+  std::string e = error_of("name: t\nmodel: {name: mlp_module\ntrain: [\n");
+  EXPECT_NE(e.find("x.yaml:"), std::string::npos);
+  EXPECT_NE(e.find("malformed YAML"), std::string::npos) << e;
+}
+
+TEST(Config, MissingFileIsAFileError) {
+  EXPECT_THROW(load_config("/nonexistent/config.yaml"), FileError);
+}
+
+TEST(Config, UnknownModelSuggestsNearest) {
+  std::string e = error_of("name: t\nmodel: {name: transfomer}\n");
+  EXPECT_NE(e.find("unknown model 'transfomer'; did you mean transformer?"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownModelArgument) {
+  std::string e = error_of("name: t\nmodel: {name: transformer, args: {n_head: 4}}\n");
+  EXPECT_NE(e.find("model.args.n_head: unknown key; did you mean n_heads?"), std::string::npos) << e;
+}
+
+TEST(Config, ModelArgumentCheckPointsAtTheArgument) {
+  std::string e = error_of("name: t\nmodel:\n  name: transformer\n  args: {dim: 16, n_heads: 3}\n");
+  EXPECT_NE(e.find("x.yaml:4:27: model.args.n_heads: n_heads 3 does not divide dim 16"), std::string::npos) << e;
+}
+
+TEST(Config, EnumValueListsValidValues) {
+  std::string e = error_of("name: t\nmodel: {name: mlp_module}\ntrain: {optimizer: {name: lamb}}\n");
+  EXPECT_NE(e.find("unknown value 'lamb'; valid values: sgd, adam, adamw"), std::string::npos) << e;
+}
+
+TEST(Config, SetOverridesUseYamlPaths) {
+  auto c = parse_config(kMinimal, "x.yaml", {"train.steps=3", "model.args.dim=4", "train.optimizer.betas=[0.5, 0.6]"});
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_EQ(c.model.args.i("dim"), 4);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.betas[1], 0.6);
+}
+
+TEST(Config, SetErrorsPointAtTheOverride) {
+  std::string e = error_of(kMinimal, {"train.steps=-1"});
+  EXPECT_NE(e.find("--set train.steps=-1: train.steps: steps must be positive"), std::string::npos) << e;
+  e = error_of(kMinimal, {"train.stpes=4"});
+  EXPECT_NE(e.find("--set train.stpes=4: train.stpes: unknown key; did you mean steps?"), std::string::npos) << e;
+  EXPECT_NE(error_of(kMinimal, {"train.steps"}).find("expected path=value"), std::string::npos);
+}
+
+TEST(Config, ParallelizeEntriesAreParsedStrictly) {
+  auto c = parse_config(std::string(kMinimal) +
+                            "mesh: {shape: [2, 2], names: [dp, tp]}\n"
+                            "parallelize:\n  - tensor_parallel: {}\n  - fully_shard: {units: ['layers.*'], "
+                            "reshard_after_forward: false}\n",
+                        "x.yaml");
+  ASSERT_EQ(c.parallelize.size(), 2u);
+  EXPECT_EQ(c.parallelize[0].kind, TransformKind::kTensorParallel);
+  EXPECT_EQ(c.parallelize[0].mesh_dim, std::vector<std::string>{"tp"});
+  EXPECT_FALSE(c.parallelize[1].reshard_after_forward);
+  std::string e = error_of(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forwrd: false}\n");
+  EXPECT_NE(e.find("x.yaml:4:18: parallelize[0].fully_shard.reshard_after_forwrd: unknown key; did you mean "
+                   "reshard_after_forward?"),
+            std::string::npos)
+      << e;
+  e = error_of(std::string(kMinimal) + "parallelize:\n  - fsdp: {}\n");
+  EXPECT_NE(e.find("unknown transform 'fsdp'"), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "parallelize:\n  - pipeline: {schedule: zb}\n");
+  EXPECT_NE(e.find("valid values: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble, zbv"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Config, MicrobatchesMustDivideTheBatch) {
+  std::string e = error_of(std::string(kMinimal) + "train: {global_batch: 6, microbatches: 4}\n");
+  EXPECT_NE(e.find("microbatches 4 does not divide global_batch 6"), std::string::npos) << e;
+}
+
+TEST(Config, FileDataNeedsAPath) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "data: {source: file}\n").find("needs data.path"), std::string::npos);
+}
+
+TEST(Config, HashIgnoresParallelismAndLogging) {
+  auto a = parse_config(kMinimal, "x.yaml");
+  auto b = parse_config(std::string(kMinimal) + "mesh: {shape: [2], names: [dp]}\ncheck: {loss_rtol: 0.1}\n",
+                        "y.yaml", {"train.log_every=3"});
+  auto c = parse_config(kMinimal, "x.yaml", {"train.optimizer.lr=0.5"});
+  EXPECT_EQ(config_hash(a), config_hash(b));
+  EXPECT_NE(config_hash(a), config_hash(c));
+}
+
+TEST(Planner, MeshProductMustEqualWorldSize) {
+  auto c = parse_config(std::string(kMinimal) + "mesh: {shape: [2, 3], names: [dp, tp]}\n", "x.yaml");
+  try {
+    make_plan(c, 4);
+    FAIL() << "expected a PlanError";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh.shape [2, 3] has 6 ranks but the job has 4"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Planner, TransformMeshDimMustExist) {
+  auto c = parse_config(std::string(kMinimal) + "mesh: {shape: [2], names: [dp]}\nparallelize:\n  - replicate: {mesh_dim: ddp}\n",
+                        "x.yaml");
+  try {
+    make_plan(c, 2);
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.yaml:5:5: parallelize[0]: replicate uses mesh dim 'ddp' but mesh.names is [dp]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Planner, TransformOrderIsEnforced) {
+  auto c = parse_config(std::string(kMinimal) +
+                            "mesh: {shape: [1, 1], names: [dp, tp]}\nparallelize:\n  - fully_shard: {}\n  - tensor_parallel: {}\n",
+                        "x.yaml");
+  try {
+    make_plan(c, 1);
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor_parallel comes after fully_shard"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, SingleDevicePlan) {
+  auto p = make_plan(parse_config(kMinimal, "x.yaml"), 1);
+  EXPECT_EQ(p.world_size, 1);
+  EXPECT_EQ(p.log_prefix, "[rank 0/1] ");
+  EXPECT_FALSE(p.summary.empty());
+}
+
+}  // namespace
+}  // namespace composer

@@ -1,0 +1,129 @@
+// Golden files: format round trip and a comparator that finds the first divergence.
+#include <gtest/gtest.h>
+
+#include "runner/config.h"
+#include "runner/golden.h"
+
+namespace composer {
+namespace {
+
+class GoldenTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = parse_config("name: g\nmodel: {name: simple_model}\ncheck: {loss_rtol: 1.0e-5, loss_atol: 0, "
+                           "param_rtol: 1.0e-5, param_atol: 1.0e-7}\n",
+                           "x.yaml");
+    for (int s = 1; s <= 3; ++s) {
+      StepRecord r;
+      r.step = s;
+      r.loss = 1.0 / s;
+      r.grad_norm = 2.0 / s;
+      r.lr = 0.1;
+      steps_.push_back(r);
+    }
+    params_ = {{"a", torch::randn({4, 3})}, {"b", torch::randn({5})}};
+    golden_ = make_golden(config_, steps_, params_, "test");
+  }
+  ExperimentConfig config_;
+  std::vector<StepRecord> steps_;
+  NamedTensors params_;
+  Golden golden_;
+};
+
+TEST(Base64, RoundTripsEveryLength) {
+  for (int n = 0; n < 10; ++n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += static_cast<char>(i * 37 + 200);
+    EXPECT_EQ(base64_decode(base64_encode(s)), s);
+  }
+  EXPECT_EQ(base64_encode("Man"), "TWFu");
+  EXPECT_EQ(base64_encode("Ma"), "TWE=");
+  EXPECT_THROW(base64_decode("abc"), std::invalid_argument);
+}
+
+TEST_F(GoldenTest, FileRoundTripPreservesEverything) {
+  std::string path = ::testing::TempDir() + "/g.json";
+  write_golden(path, golden_);
+  Golden g = read_golden(path);
+  EXPECT_EQ(g.header["config_hash"], config_hash(config_));
+  ASSERT_EQ(g.steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(g.steps[2].loss, 1.0 / 3);
+  ASSERT_EQ(g.params.size(), 2u);
+  EXPECT_TRUE(g.params[0].values.equal(params_[0].second.to(torch::kDouble).flatten()));
+  EXPECT_TRUE(compare(g, config_, steps_, params_).ok);
+}
+
+TEST_F(GoldenTest, IdenticalRunPasses) {
+  auto r = compare(golden_, config_, steps_, params_);
+  EXPECT_TRUE(r.ok) << r.first_failure;
+  EXPECT_EQ(r.max_param_abs_err, 0.0);
+}
+
+TEST_F(GoldenTest, ReportsTheFirstDivergingStep) {
+  auto steps = steps_;
+  steps[1].loss *= 1.001;
+  steps[2].loss *= 1.001;
+  auto r = compare(golden_, config_, steps, params_);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failures, 2);
+  EXPECT_EQ(r.first_failure.rfind("step 2 loss: expected 0.5, actual 0.5005", 0), 0u) << r.first_failure;
+}
+
+TEST_F(GoldenTest, ToleranceIsRespected) {
+  auto steps = steps_;
+  steps[0].loss *= 1 + 5e-6;  // inside rtol 1e-5
+  EXPECT_TRUE(compare(golden_, config_, steps, params_).ok);
+}
+
+TEST_F(GoldenTest, ReportsTheParameterAndElement) {
+  auto params = params_;
+  params[1].second = params[1].second.clone();
+  params[1].second[3] += 0.01;
+  auto r = compare(golden_, config_, steps_, params);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.first_failure.rfind("parameter b element 3: expected", 0), 0u) << r.first_failure;
+  EXPECT_EQ(r.worst_param, "b");
+  EXPECT_NEAR(r.max_param_abs_err, 0.01, 1e-6);
+}
+
+TEST_F(GoldenTest, NaNNeverPasses) {
+  auto steps = steps_;
+  steps[0].grad_norm = std::nan("");
+  EXPECT_FALSE(compare(golden_, config_, steps, params_).ok);
+}
+
+TEST_F(GoldenTest, MissingAndExtraParametersFail) {
+  NamedTensors fewer = {params_[0]};
+  EXPECT_NE(compare(golden_, config_, steps_, fewer).first_failure.find("b is in the golden but not in the run"),
+            std::string::npos);
+  auto more = params_;
+  more.emplace_back("c", torch::ones({1}));
+  EXPECT_NE(compare(golden_, config_, steps_, more).first_failure.find("c is in the run but not in the golden"),
+            std::string::npos);
+}
+
+TEST_F(GoldenTest, StaleGoldenIsRejected) {
+  auto other = parse_config("name: g\nseed: 9\nmodel: {name: simple_model}\n", "x.yaml");
+  EXPECT_THROW(compare(golden_, other, steps_, params_), CheckFailed);
+}
+
+TEST_F(GoldenTest, LargeTensorsKeepASampleAndTheirNorm) {
+  NamedTensors big = {{"w", torch::randn({kGoldenFullLimit + 7})}};
+  Golden g = make_golden(config_, steps_, big, "test");
+  ASSERT_TRUE(g.params[0].sampled);
+  EXPECT_EQ(g.params[0].values.numel(), kGoldenSamples);
+  EXPECT_TRUE(compare(g, config_, steps_, big).ok);
+  auto shifted = big;
+  shifted[0].second = big[0].second * 1.01;
+  EXPECT_FALSE(compare(g, config_, steps_, shifted).ok);
+}
+
+TEST(GoldenFile, MissingAndMalformedFilesAreFileErrors) {
+  EXPECT_THROW(read_golden("/nonexistent/golden.json"), FileError);
+  std::string path = ::testing::TempDir() + "/bad.json";
+  std::ofstream(path) << "{\"format_version\": 1, \"steps\": 3}";
+  EXPECT_THROW(read_golden(path), FileError);
+}
+
+}  // namespace
+}  // namespace composer

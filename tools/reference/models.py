@@ -1,0 +1,357 @@
+"""The seed models in plain PyTorch, with the fully-qualified names and math of
+PyTorch's composability tests (see SCENARIOS.md section 0). Written from the
+test sources, independently of composer's C++ models."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLPModule(nn.Module):  # M1 / M3
+    def __init__(self, dim=10, hidden=0, kaiming_init=False):
+        super().__init__()
+        hidden = hidden or dim
+        self.net1 = nn.Linear(dim, hidden)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+class MLPModuleEven(nn.Module):  # M2
+    def __init__(self, dim=8):
+        super().__init__()
+        self.net1 = nn.Linear(dim, dim)
+        self.net2 = nn.Linear(dim, dim)
+        self.net3 = nn.Linear(dim, dim * 2)
+
+    def forward(self, x):
+        return F.relu(self.net3(F.relu(self.net2(F.relu(self.net1(x))))))
+
+
+class MLPModuleLayers(nn.Module):
+    def __init__(self, n_layers=8, dim=10, kaiming_init=False):
+        super().__init__()
+        self.layers = nn.ModuleList([MLPModule(dim) for _ in range(n_layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class MLP(nn.Module):  # M5 (common_fsdp)
+    def __init__(self, dim=8, bias=True, dim_multiplier=4):
+        super().__init__()
+        self.in_proj = nn.Linear(dim, dim_multiplier * dim, bias=bias)
+        self.out_proj = nn.Linear(dim_multiplier * dim, dim, bias=bias)
+
+    def forward(self, x):
+        z = F.relu(self.in_proj(x))
+        return F.relu(self.out_proj(z))
+
+
+class LayerNormNoBias(nn.Module):
+    """nn.LayerNorm(dim, bias=False) for PyTorch versions without the bias flag."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, (self.weight.numel(),), self.weight, None, self.eps)
+
+
+def mlp_stack(mlp_dim=16, with_seq_parallel=False):  # M6
+    modules = [MLP(mlp_dim, dim_multiplier=3), MLP(mlp_dim), MLP(mlp_dim, dim_multiplier=3)]
+    if with_seq_parallel:
+        modules.append(LayerNormNoBias(mlp_dim))
+    return nn.Sequential(*modules)
+
+
+class SimpleModel(nn.Module):  # M7
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(5, 8)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(8, 4)
+        self.net3 = nn.Linear(4, 12)
+
+    def forward(self, x):
+        return F.relu(self.net3(F.relu(self.net2(F.relu(self.net1(x))))))
+
+
+class SimpleModelUneven(nn.Module):  # M8
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(5, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 15)
+        self.net3 = nn.Linear(15, 30)
+        self.net4 = nn.Linear(30, 5)
+
+    def forward(self, x):
+        x = F.relu(self.net1(x))
+        x = F.relu(self.net2(x))
+        x = F.relu(self.net3(x))
+        return self.net4(x)
+
+
+# ---- M4: the DTensor tests' Transformer ------------------------------------
+
+def causal_attention(q, k, v, dropout_p, training):
+    # scaled_dot_product_attention(is_causal=True), spelled out: 1.13 has no SDPA.
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training)
+    return probs @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.head_dim = a["dim"] // a["n_heads"]
+        self.n_heads = a["n_heads"]
+        self.dropout_p = a["dropout_p"]
+        self.use_attn_mask = a["use_attn_mask"]
+        self.resid_dropout = nn.Dropout(a["dropout_p"])
+        self.wq = nn.Linear(a["dim"], a["dim"], bias=False)
+        self.wk = nn.Linear(a["dim"], a["dim"], bias=False)
+        self.wv = nn.Linear(a["dim"], a["dim"], bias=False)
+        self.wo = nn.Linear(a["dim"], a["dim"], bias=False)
+
+    def forward(self, x):
+        bsz, seq_len, _ = x.size()
+        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        if self.use_attn_mask:
+            out = causal_attention(q, k, v, self.dropout_p, self.training)
+        else:
+            probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim), dim=-1)
+            out = F.dropout(probs, self.dropout_p, self.training) @ v
+        out = out.transpose(1, 2).contiguous().view(bsz, seq_len, -1)
+        return self.resid_dropout(self.wo(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, dropout_p):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim)
+        self.gelu = nn.GELU()
+        self.w2 = nn.Linear(hidden_dim, dim)
+        self.resid_dropout = nn.Dropout(dropout_p)
+
+    def forward(self, x):
+        return self.resid_dropout(self.w2(self.gelu(self.w1(x))))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(a["dim"])
+        self.attention = Attention(a)
+        self.ffn_norm = nn.LayerNorm(a["dim"])
+        self.feed_forward = FeedForward(a["dim"], 4 * a["dim"], a["dropout_p"])
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, **a):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(a["vocab_size"], a["dim"])
+        self.pos_embeddings = nn.Embedding(a["max_seq_len"], a["dim"])
+        self.dropout = nn.Dropout(p=a["dropout_p"])
+        self.layers = nn.ModuleList([TransformerBlock(a) for _ in range(a["n_layers"])])
+        self.norm = nn.LayerNorm(a["dim"])
+        self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
+        if a["weight_tying"]:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens):
+        _bsz, seq_len = tokens.size()
+        h = self.tok_embeddings(tokens)
+        h = h + self.pos_embeddings(torch.arange(0, seq_len))
+        h = self.dropout(h)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h)).float()
+
+
+# ---- M14: torchtitan's Llama ------------------------------------------------
+
+def precompute_freqs_cis(dim, end, theta):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(end, device=freqs.device)
+    freqs = torch.outer(t, freqs).float()
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        return out * self.weight
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.n_heads = a["n_heads"]
+        self.n_kv_heads = a["n_kv_heads"] or a["n_heads"]
+        self.head_dim = a["dim"] // a["n_heads"]
+        self.wq = nn.Linear(a["dim"], self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, a["dim"], bias=False)
+
+    def forward(self, x, freqs_cis):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        n_rep = self.n_heads // self.n_kv_heads
+        if n_rep > 1:  # repeat_kv
+            xk = xk[:, :, :, None, :].expand(bs, seqlen, self.n_kv_heads, n_rep, self.head_dim)
+            xk = xk.reshape(bs, seqlen, self.n_heads, self.head_dim)
+            xv = xv[:, :, :, None, :].expand(bs, seqlen, self.n_kv_heads, n_rep, self.head_dim)
+            xv = xv.reshape(bs, seqlen, self.n_heads, self.head_dim)
+        out = causal_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), 0.0, False)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class LlamaFeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, multiple_of, ffn_dim_multiplier):
+        super().__init__()
+        hidden_dim = int(2 * hidden_dim / 3)
+        if ffn_dim_multiplier:
+            hidden_dim = int(ffn_dim_multiplier * hidden_dim)
+        hidden_dim = multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.attention = LlamaAttention(a)
+        self.feed_forward = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"])
+        self.attention_norm = RMSNorm(a["dim"], a["norm_eps"])
+        self.ffn_norm = RMSNorm(a["dim"], a["norm_eps"])
+
+    def forward(self, x, freqs_cis):
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, **a):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(a["vocab_size"], a["dim"])
+        self.register_buffer("freqs_cis", precompute_freqs_cis(
+            a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"]), persistent=True)
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(a) for i in range(a["n_layers"])})
+        self.norm = RMSNorm(a["dim"], a["norm_eps"])
+        self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        freqs_cis = self.freqs_cis[0:tokens.size(1)]
+        for layer in self.layers.values():
+            h = layer(h, freqs_cis)
+        return self.output(self.norm(h)).float()
+
+
+# ---- M15 / M10: composable and FSDP-core models -----------------------------
+
+class UnitModule(nn.Module):
+    def __init__(self, dim=100):
+        super().__init__()
+        self.l1 = nn.Linear(dim, dim)
+        self.seq = nn.Sequential(nn.ReLU(), nn.Linear(dim, dim), nn.ReLU())
+        self.l2 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.l2(self.seq(self.l1(x)))
+
+
+class CompositeModel(nn.Module):
+    def __init__(self, dim=100):
+        super().__init__()
+        self.l1 = nn.Linear(dim, dim)
+        self.u1 = UnitModule(dim)
+        self.u2 = UnitModule(dim)
+        self.l2 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.l2(self.u2(self.u1(self.l1(x))))
+
+
+class CompositeParamModel(nn.Module):
+    def __init__(self, dim=100):
+        super().__init__()
+        self.l = nn.Linear(dim, dim)
+        self.u1 = UnitModule(dim)
+        self.u2 = UnitModule(dim)
+        self.p = nn.Parameter(torch.randn((dim, dim)))
+
+    def forward(self, x):
+        return torch.mm(self.u2(self.u1(self.l(x))), self.p)
+
+
+class NestedWrappedModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.module = nn.Sequential(
+            nn.Linear(8, 4), nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
+            nn.Linear(16, 4), nn.Linear(4, 8))
+
+    def forward(self, x):
+        return self.module(x)
+
+
+REGISTRY = {
+    "mlp_module": MLPModule,
+    "mlp_module_even": MLPModuleEven,
+    "mlp_module_layers": MLPModuleLayers,
+    "mlp": MLP,
+    "mlp_stack": mlp_stack,
+    "simple_model": SimpleModel,
+    "simple_model_uneven": SimpleModelUneven,
+    "transformer": Transformer,
+    "llama": Llama,
+    "unit_module": UnitModule,
+    "composite_model": CompositeModel,
+    "composite_param_model": CompositeParamModel,
+    "nested_wrapped_module": NestedWrappedModule,
+}
+
+
+def build(name, args):
+    return REGISTRY[name](**args)

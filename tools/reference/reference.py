@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Independent reference for composer's single-device training.
+
+Given a composer run directory (config.resolved.json and init.safetensors,
+written by `composer run`), trains the same model in plain PyTorch with the
+same initial weights, data, loss, optimizer, schedule and clipping, and writes
+a golden file in composer's format. Run with Debian's python3-torch:
+
+    /usr/bin/python3 tools/reference/reference.py --run-dir runs/x --golden tests/golden/x.json
+"""
+import argparse
+import base64
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+GOLDEN_FORMAT = 1
+FULL_LIMIT = 1 << 20
+SAMPLES = 512
+MASK64 = (1 << 64) - 1
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+ST_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        buf = bytearray(data[begin:end])
+        t = torch.frombuffer(buf, dtype=ST_DTYPES[e["dtype"]]) if buf else torch.empty(0, dtype=ST_DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"]).clone()
+    return out
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed, step, index):
+    h = splitmix64(seed)
+    h = splitmix64(h ^ step)
+    h = splitmix64(h ^ index)
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+class Data:
+    """Samples as a pure function of (seed, step, index), as composer draws them."""
+
+    def __init__(self, cfg, dtype):
+        d = cfg["data"]
+        self.seed = cfg["seed"]
+        self.inputs, self.targets, self.seq_len = d["inputs"], d["targets"], d["seq_len"]
+        self.out_shape = d["output_shape"]
+        self.vocab, self.features = d["vocab_size"], d["features"]
+        self.dtype = dtype
+        self.global_batch = cfg["train"]["global_batch"]
+        self.file = None
+        if d["source"] == "file":
+            self.file = read_safetensors(d["path"])
+
+    def sample(self, step, index):
+        g = torch.Generator()
+        g.manual_seed(sample_seed(self.seed, step, index))
+        if self.targets == "next_tokens":
+            seq = torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
+            return seq[:-1], seq[1:]
+        if self.inputs == "tokens":
+            x = torch.randint(0, self.vocab, (self.seq_len,), generator=g)
+        elif self.inputs == "uniform":
+            x = torch.rand(self.features, generator=g).to(self.dtype)
+        else:
+            x = torch.randn(self.features, generator=g).to(self.dtype)
+        y = None
+        if self.targets == "normal":
+            y = torch.randn(self.out_shape, generator=g)
+        elif self.targets == "uniform":
+            y = torch.rand(self.out_shape, generator=g)
+        elif self.targets == "tokens":
+            y = torch.randint(0, self.out_shape[-1], tuple(self.out_shape[:-1]), generator=g)
+        return x, y
+
+    def batch(self, step, begin, end):
+        if self.file is not None:
+            n = self.file["inputs"].shape[0]
+            idx = (torch.arange(begin, end) + (step - 1) * self.global_batch) % n
+            x = self.file["inputs"][idx]
+            if self.inputs != "tokens":
+                x = x.to(self.dtype)
+            y = None
+            if self.targets != "none":
+                y = self.file["targets"][idx]
+                if self.targets not in ("tokens", "next_tokens"):
+                    y = y.float()
+            return x, y
+        xs, ys = zip(*(self.sample(step, i) for i in range(begin, end)))
+        return torch.stack(xs), (None if ys[0] is None else torch.stack(ys))
+
+
+def loss_fn(cfg, out, target, n, global_batch):
+    name, scale = cfg["name"], cfg["scale"]
+    y = out.float() if out.dtype == torch.bfloat16 else out
+    if name == "sum":
+        return y.sum() * scale
+    if name == "mean":
+        l = y.mean()
+    elif name == "mse":
+        l = F.mse_loss(y, target.to(y.dtype))
+    elif name == "cross_entropy":
+        l = F.cross_entropy(y.reshape(-1, y.size(-1)), target.reshape(-1))
+    elif name == "soft_cross_entropy":
+        l = F.cross_entropy(y.reshape(-1, y.size(-1)), target.to(y.dtype).reshape(-1, y.size(-1)))
+    else:
+        raise ValueError(name)
+    return l * (n / global_batch * scale)
+
+
+def make_optimizer(o, params):
+    if o["name"] == "sgd":
+        return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
+                               nesterov=o["nesterov"], weight_decay=o["weight_decay"], foreach=False)
+    cls = torch.optim.Adam if o["name"] == "adam" else torch.optim.AdamW
+    return cls(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"],
+               foreach=False)
+
+
+def lr_at(o, s, step, steps):
+    lr, w = o["lr"], s["warmup_steps"]
+    if step <= w:
+        return lr * step / w
+    if s["decay"] == "none":
+        return lr
+    progress = (step - w - 1) / max(1, steps - w)
+    if s["decay"] == "linear":
+        return lr + (s["min_lr"] - lr) * progress
+    return s["min_lr"] + (lr - s["min_lr"]) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def golden_param(name, t):
+    flat = t.detach().double().flatten()
+    n = flat.numel()
+    sampled = n > FULL_LIMIT
+    values = flat[torch.arange(SAMPLES) * n // SAMPLES] if sampled else flat
+    raw = values.contiguous().numpy().astype("<f8").tobytes()
+    return {"name": name, "shape": list(t.shape), "l2": flat.norm().item(), "sampled": sampled,
+            "float64_base64": base64.b64encode(raw).decode()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, help="composer output directory of a single-device run")
+    ap.add_argument("--golden", required=True, help="golden file to write")
+    args = ap.parse_args()
+
+    with open(os.path.join(args.run_dir, "config.resolved.json")) as f:
+        cfg = json.load(f)
+    t = cfg["train"]
+    dtype = DTYPES[t["dtype"]]
+    torch.set_num_threads(max(1, t["threads"] or os.cpu_count()))
+
+    model = models.build(cfg["model"]["name"], cfg["model"]["args"])
+    init = read_safetensors(os.path.join(args.run_dir, "init.safetensors"))
+    named = dict(model.named_parameters())  # each tensor once, as composer saves them
+    missing = [n for n in named if n not in init]
+    unexpected = [n for n in init if n not in named]
+    if missing or unexpected:
+        sys.exit(f"reference: weights do not match the model: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for n, p in named.items():
+            if tuple(p.shape) != tuple(init[n].shape):
+                sys.exit(f"reference: {n} has shape {tuple(init[n].shape)}, the model {tuple(p.shape)}")
+            p.copy_(init[n])
+    # Cast parameters only: Module.to(dtype) would also turn Llama's complex
+    # freqs_cis buffer real.
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    model.train()
+
+    data = Data(cfg, dtype)
+
+    params = list(model.parameters())
+    opt = make_optimizer(t["optimizer"], params)
+    steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
+    mb = B // M
+    records = []
+    for step in range(1, steps + 1):
+        lr = lr_at(t["optimizer"], t["lr_schedule"], step, steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for m in range(M):
+            x, y = data.batch(step, m * mb, (m + 1) * mb)
+            loss = loss_fn(t["loss"], model(x), y, mb, B)
+            loss.backward()
+            total += loss.item()
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.stack([g.detach().float().norm(2) for g in grads]).norm(2).item() if grads else 0.0
+        if t["grad_clip"] > 0:
+            coef = min(1.0, t["grad_clip"] / (norm + 1e-6))
+            with torch.no_grad():
+                for g in grads:
+                    g.mul_(coef)
+        opt.step()
+        records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
+        print(f"reference step {step}/{steps} loss {total:.6g} grad_norm {norm:.4g}")
+
+    golden = {
+        "format_version": GOLDEN_FORMAT,
+        "generator": "pytorch-reference",
+        "name": cfg["name"],
+        "command": "tools/reference/reference.py --run-dir " + args.run_dir,
+        "config_hash": cfg["config_hash"],
+        "libtorch_version": torch.__version__.split("a")[0].split("+")[0],
+        "dtype": t["dtype"],
+        "steps": records,
+        "params": [golden_param(n, p) for n, p in model.named_parameters()],
+    }
+    tmp = args.golden + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(golden, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, args.golden)
+    print(f"wrote {args.golden}")
+
+
+if __name__ == "__main__":
+    main()
