@@ -76,7 +76,7 @@ CliOptions parse_cli(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UserError(std::string(e.what()) + "\n" + kUsage);
+    throw UserError(std::string(e.what()) + "; see composer --help");
   }
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << desc;
@@ -97,9 +97,9 @@ CliOptions parse_cli(int argc, char** argv) {
         found = true;
       }
     }
-    if (!found) throw UserError("unknown command '" + name + "'; use run, check, golden or plan\n" + kUsage);
+    if (!found) throw UserError("unknown command '" + name + "'; use run, check, golden or plan (composer --help)");
   }
-  if (o.config.empty()) throw UserError(std::string("missing --config FILE\n") + kUsage);
+  if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
   return o;
 }
 

@@ -343,6 +343,7 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
     }
     bool last = t + 1 == tokens.size();
     if (index < 0) {
+      if (!last && (!cur[key].IsDefined() || cur[key].IsNull())) cur[key] = YAML::Node(YAML::NodeType::Map);
       if (last) {
         cur[key] = value_node;
       } else {

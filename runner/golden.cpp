@@ -27,7 +27,7 @@ GoldenParam to_golden(const std::string& name, const torch::Tensor& t) {
   const int64_t n = flat.numel();
   if (n > kGoldenFullLimit) {
     p.sampled = true;
-    auto idx = torch::arange(kGoldenSamples, torch::kLong) * n / kGoldenSamples;
+    auto idx = (torch::arange(kGoldenSamples, torch::kLong) * n).div(kGoldenSamples, "floor");
     p.values = flat.index_select(0, idx);
   } else {
     p.values = flat;

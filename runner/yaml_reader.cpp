@@ -62,10 +62,12 @@ YamlMap::YamlMap(const YAML::Node& node, std::string path, const ReadContext& ct
 }
 
 bool YamlMap::has(const std::string& key) const {
+  known_.insert(key);
   return node_.IsMap() && node_[key].IsDefined() && !node_[key].IsNull();
 }
 
 YAML::Node YamlMap::node(const std::string& key) {
+  known_.insert(key);
   read_.insert(key);
   return node_[key];
 }
@@ -83,8 +85,7 @@ void YamlMap::finish() const {
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     std::string key = it->first.as<std::string>();
     if (read_.count(key)) continue;
-    // Null-valued keys that were not read are still unknown keys.
-    std::vector<std::string> known(read_.begin(), read_.end());
+    std::vector<std::string> known(known_.begin(), known_.end());
     std::string hint = nearest(key, known);
     SourceRef r = ref_of(it->first, child_path(key), ctx_);
     throw ConfigError(r, "unknown key" + (hint.empty() ? std::string("") : "; did you mean " + hint + "?"));

@@ -79,6 +79,7 @@ class YamlMap {
   std::string path_;
   const ReadContext& ctx_;
   std::set<std::string> read_;
+  mutable std::set<std::string> known_;  // every key asked for: the "did you mean" candidates
 };
 
 template <> int64_t YamlMap::convert<int64_t>(const YAML::Node&, const std::string&) const;

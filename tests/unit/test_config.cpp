@@ -70,7 +70,7 @@ TEST(Config, UnknownModelArgument) {
 
 TEST(Config, ModelArgumentCheckPointsAtTheArgument) {
   std::string e = error_of("name: t\nmodel:\n  name: transformer\n  args: {dim: 16, n_heads: 3}\n");
-  EXPECT_NE(e.find("x.yaml:4:27: model.args.n_heads: n_heads 3 does not divide dim 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("x.yaml:4:28: model.args.n_heads: n_heads 3 does not divide dim 16"), std::string::npos) << e;
 }
 
 TEST(Config, EnumValueListsValidValues) {
@@ -104,7 +104,7 @@ TEST(Config, ParallelizeEntriesAreParsedStrictly) {
   EXPECT_EQ(c.parallelize[0].mesh_dim, std::vector<std::string>{"tp"});
   EXPECT_FALSE(c.parallelize[1].reshard_after_forward);
   std::string e = error_of(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forwrd: false}\n");
-  EXPECT_NE(e.find("x.yaml:4:18: parallelize[0].fully_shard.reshard_after_forwrd: unknown key; did you mean "
+  EXPECT_NE(e.find("x.yaml:4:19: parallelize[0].fully_shard.reshard_after_forwrd: unknown key; did you mean "
                    "reshard_after_forward?"),
             std::string::npos)
       << e;
