@@ -40,10 +40,11 @@ void print_train_summary(const TrainResult& r, const std::string& dir) {
             << " steps; outputs in " << dir << "\n";
 }
 
-int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
+int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
   Golden g = read_golden(golden_path(c));  // fail before training when it is missing
   std::string dir = prepare_out_dir(o, c);
-  TrainResult r = train(c, p, dir);
+  TrainResult r = train(c, p, rank, dir);
+  if (!rank.is_main()) return 0;
   CompareReport rep = compare(g, c, r.steps, r.final_params);
   std::cout.precision(3);
   std::cout << "check " << c.name << " against " << golden_path(c) << " (" << g.header["generator"].get<std::string>()
@@ -61,13 +62,20 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
 
 CliOptions parse_cli(int argc, char** argv) {
   CliOptions o;
-  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    o.command_line += (i ? " " : "") + std::string(argv[i]);
+    o.argv.push_back(argv[i]);
+  }
   po::options_description desc("options");
   desc.add_options()("help,h", "print this help")("version", "print the version")(
       "config,c", po::value<std::string>(&o.config), "experiment YAML file")(
       "set", po::value<std::vector<std::string>>(&o.sets)->composing(),
       "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)")(
       "out", po::value<std::string>(&o.out), "output directory (default runs/<name>)")(
+      "nnodes", po::value<int>(&o.node.nnodes), "invocations (nodes) that form the job (default 1)")(
+      "node-rank", po::value<int>(&o.node.node_rank), "this node's index, 0 .. nnodes-1 (default 0)")(
+      "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
+      "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
       "command", po::value<std::string>(), "run, check, golden or plan");
   po::positional_options_description pos;
   pos.add("command", 1);
@@ -103,7 +111,7 @@ CliOptions parse_cli(int argc, char** argv) {
   return o;
 }
 
-int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
   switch (o.command) {
     case Command::kPlan:
       std::cout << to_json(c).dump(2) << "\n";
@@ -112,7 +120,8 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
       return 0;
     case Command::kRun: {
       std::string dir = prepare_out_dir(o, c);
-      print_train_summary(train(c, p, dir), dir);
+      TrainResult r = train(c, p, rank, dir);
+      if (rank.is_main()) print_train_summary(r, dir);
       return 0;
     }
     case Command::kGolden: {
@@ -120,12 +129,12 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p) {
         throw UserError("composer golden trains on one device; drop parallelize and mesh, or use composer check");
       }
       std::string dir = prepare_out_dir(o, c);
-      TrainResult r = train(c, p, dir);
+      TrainResult r = train(c, p, rank, dir);
       write_golden(golden_path(c), make_golden(c, r.steps, r.final_params, o.command_line));
       std::cout << "wrote " << golden_path(c) << "\n";
       return 0;
     }
-    case Command::kCheck: return do_check(o, c, p);
+    case Command::kCheck: return do_check(o, c, p, rank);
   }
   return 0;
 }

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "runner/config.h"
+#include "runner/launcher.h"
 #include "runner/planner.h"
+#include "runner/rank.h"
 
 namespace composer {
 
@@ -16,6 +18,8 @@ struct CliOptions {
   std::string config;             // --config
   std::vector<std::string> sets;  // --set a.b=value, in order
   std::string out;                // --out; "" = runs/<name>
+  NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
+  std::vector<std::string> argv;  // the invocation, to start ranks with
   std::string command_line;       // the whole invocation, for golden headers
   bool exit_now = false;          // --help or --version was printed
 };
@@ -23,7 +27,7 @@ struct CliOptions {
 // Throws UserError for bad arguments.
 CliOptions parse_cli(int argc, char** argv);
 
-// Runs the command; returns the exit code (0, or 1 for a failed check).
-int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p);
+// Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 
 }  // namespace composer

@@ -101,6 +101,8 @@ MeshConfig read_mesh(YamlMap& root) {
   m.get("shape", c.shape);
   m.get("names", c.names);
   m.get_enum("backend", c.backend, kBackends);
+  m.get("timeout_s", c.timeout_s);
+  require_positive(m.ref("timeout_s"), c.timeout_s, "timeout_s");
   m.finish();
   if (c.shape.size() != c.names.size()) {
     throw ConfigError(m.ref("names"), "mesh has " + std::to_string(c.shape.size()) + " dims in shape but " +
@@ -309,6 +311,16 @@ CheckConfig read_check(YamlMap& root) {
   return c;
 }
 
+DebugConfig read_debug(YamlMap& root) {
+  YamlMap m(root.has("debug") ? root.node("debug") : YAML::Node(), "debug", root.context());
+  DebugConfig c;
+  m.get("fail_rank", c.fail_rank);
+  m.get("fail_step", c.fail_step);
+  require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
+  m.finish();
+  return c;
+}
+
 // ---- --set overrides -----------------------------------------------------
 
 void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx) {
@@ -416,6 +428,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.train = read_train(root);
   c.data = read_data(root);
   c.check = read_check(root);
+  c.debug = read_debug(root);
   root.finish();
   return c;
 }
@@ -462,7 +475,10 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["name"] = c.name;
   j["seed"] = c.seed;
   j["model"] = {{"name", c.model.name}, {"args", args_json(c.model.args)}, {"init_from", c.model.init_from}};
-  j["mesh"] = {{"shape", c.mesh.shape}, {"names", c.mesh.names}, {"backend", name_of(c.mesh.backend)}};
+  j["mesh"] = {{"shape", c.mesh.shape},
+               {"names", c.mesh.names},
+               {"backend", name_of(c.mesh.backend)},
+               {"timeout_s", c.mesh.timeout_s}};
   j["parallelize"] = nlohmann::json::array();
   for (const auto& p : c.parallelize) j["parallelize"].push_back(transform_json(p));
   j["train"] = {
@@ -485,6 +501,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
+  j["debug"] = {{"fail_rank", c.debug.fail_rank}, {"fail_step", c.debug.fail_step}};
   return j;
 }
 

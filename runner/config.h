@@ -45,6 +45,7 @@ struct MeshConfig {
   std::vector<int64_t> shape;        // ranks per dim, row-major; [] means one device
   std::vector<std::string> names;    // one unique name per dim, e.g. [dp, tp]
   Backend backend = Backend::kGloo;  // gloo (CPU) or nccl (CUDA builds only)
+  double timeout_s = 300;            // rendezvous and collective timeout; a dead peer fails the job after this
   SourceRef ref;
   int64_t world_size() const;
 };
@@ -119,6 +120,13 @@ struct CheckConfig {
   double param_atol = 1e-5;  // final parameter absolute tolerance
 };
 
+// Fault injection for testing the launcher: rank fail_rank raises an error at
+// step fail_step. Off by default.
+struct DebugConfig {
+  int64_t fail_rank = -1;  // the rank that fails; -1 = none
+  int64_t fail_step = 1;   // the step at which it fails
+};
+
 struct ExperimentConfig {
   std::string file;       // the YAML file it came from
   std::string name;       // experiment name (required): output and golden file names
@@ -129,6 +137,7 @@ struct ExperimentConfig {
   TrainConfig train;
   DataConfig data;
   CheckConfig check;
+  DebugConfig debug;
 };
 
 // Reads and validates a config file; `overrides` are "a.b.c=value" strings.

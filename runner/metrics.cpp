@@ -16,6 +16,24 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+double loopback_tx_bytes() {
+  std::FILE* f = std::fopen("/proc/net/dev", "r");
+  if (!f) return -1;
+  char line[512];
+  double tx = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    char name[64];
+    unsigned long long v[16];
+    if (std::sscanf(line, " %63[^:]: %llu %llu %llu %llu %llu %llu %llu %llu %llu", name, &v[0], &v[1], &v[2], &v[3],
+                    &v[4], &v[5], &v[6], &v[7], &v[8]) == 10 &&
+        std::string(name) == "lo") {
+      tx = static_cast<double>(v[8]);
+    }
+  }
+  std::fclose(f);
+  return tx;
+}
+
 Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix)
     : jsonl_(path), total_(total), every_(every), prefix_(std::move(prefix)), tty_(isatty(STDOUT_FILENO)) {
   if (!jsonl_) throw RuntimeFailure("cannot write metrics file " + path);
@@ -34,6 +52,12 @@ void Metrics::record(const StepRecord& r) {
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
+  if (r.parallel) {
+    j["comm_calls"] = r.comm_calls;
+    j["comm_bytes"] = r.comm_bytes;
+    j["comm_ring_bytes"] = r.comm_ring_bytes;
+    if (r.net_tx_bytes >= 0) j["net_tx_bytes"] = r.net_tx_bytes;
+  }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
 

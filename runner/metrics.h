@@ -15,7 +15,16 @@ struct StepRecord {
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;
+  // Communication this step, as seen by the logging rank (multi-rank runs only).
+  bool parallel = false;
+  int64_t comm_calls = 0;
+  int64_t comm_bytes = 0;       // payload handed to collectives
+  int64_t comm_ring_bytes = 0;  // bytes a rank sends under the ring algorithms
+  double net_tx_bytes = -1;     // measured loopback bytes sent per rank (single-node runs), -1 unknown
 };
+
+// Bytes sent on the loopback interface so far (all processes of the machine), or -1.
+double loopback_tx_bytes();
 
 // Peak resident set size of this process, in MiB.
 double peak_rss_mb();

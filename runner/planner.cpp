@@ -1,5 +1,6 @@
 #include "runner/planner.h"
 
+#include <set>
 #include <sstream>
 
 namespace composer {
@@ -25,6 +26,13 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+int64_t dim_size(const MeshConfig& m, const std::string& name) {
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    if (m.names[i] == name) return m.shape[i];
+  }
+  return 0;
+}
+
 void check_mesh(const ExperimentConfig& c, int64_t world_size) {
   const int64_t product = c.mesh.world_size();
   if (product != world_size) {
@@ -35,17 +43,18 @@ void check_mesh(const ExperimentConfig& c, int64_t world_size) {
   }
 }
 
-void check_transforms(const ExperimentConfig& c) {
+void check_order_and_dims(const ExperimentConfig& c) {
   int last_order = -1;
   std::string last_name;
+  std::set<std::string> used;
   for (const auto& t : c.parallelize) {
     for (const auto& d : t.mesh_dim) {
-      bool found = false;
-      for (const auto& n : c.mesh.names) found = found || n == d;
-      if (!found) {
-        throw PlanError(t.ref, std::string(name_of(t.kind)) + " uses mesh dim '" + d +
-                                   "' but mesh.names is [" + join(c.mesh.names) +
-                                   "]; name one of those in mesh_dim or add the dim to the mesh");
+      if (dim_size(c.mesh, d) == 0) {
+        throw PlanError(t.ref, std::string(name_of(t.kind)) + " uses mesh dim '" + d + "' but mesh.names is [" +
+                                   join(c.mesh.names) + "]; name one of those in mesh_dim or add the dim to the mesh");
+      }
+      if (!used.insert(d).second) {
+        throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one");
       }
     }
     if (order_of(t.kind) < last_order) {
@@ -56,31 +65,72 @@ void check_transforms(const ExperimentConfig& c) {
     last_order = order_of(t.kind);
     last_name = name_of(t.kind);
   }
+  for (size_t i = 0; i < c.mesh.names.size(); ++i) {
+    if (c.mesh.shape[i] > 1 && !used.count(c.mesh.names[i])) {
+      throw PlanError(c.mesh.ref, "mesh dim '" + c.mesh.names[i] + "' has " + std::to_string(c.mesh.shape[i]) +
+                                      " ranks but no transform uses it; add a transform over it (e.g. replicate: "
+                                      "{mesh_dim: " + c.mesh.names[i] + "}) or make it 1");
+    }
+  }
+}
+
+void check_supported(const ExperimentConfig& c) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kReplicate) {
+      throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
+                                 " transform is not supported yet in this version; use replicate, or remove it");
+    }
+  }
+}
+
+void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind == TransformKind::kReplicate || t.kind == TransformKind::kFullyShard) {
+      for (const auto& d : t.mesh_dim) {
+        p.dp_dims.push_back(d);
+        p.dp_size *= dim_size(c.mesh, d);
+      }
+      if (t.mesh_dim.size() > 1) p.flat_groups.push_back(t.mesh_dim);
+    }
+  }
+  const int64_t per_step = p.dp_size * c.train.microbatches;
+  if (c.train.global_batch % per_step != 0) {
+    std::ostringstream os;
+    os << "global_batch " << c.train.global_batch << " does not split over " << p.dp_size
+       << " data-parallel ranks x " << c.train.microbatches << " microbatches (" << per_step
+       << "); use a multiple of " << per_step;
+    throw PlanError(SourceRef{c.file, 0, 0, "train.global_batch", ""}, os.str());
+  }
+  p.local_batch = c.train.global_batch / p.dp_size;
+  p.local_microbatch = p.local_batch / c.train.microbatches;
 }
 
 }  // namespace
 
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   check_mesh(c, world_size);
-  check_transforms(c);
-  for (const auto& t : c.parallelize) {
-    throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
-                               " transform is not supported yet in this version; remove it to train on one device");
-  }
-  if (world_size > 1) {
-    throw PlanError(c.mesh.ref, "multi-rank runs (" + std::to_string(world_size) +
-                                    " ranks) are not supported yet in this version; use a mesh of one device");
-  }
+  check_order_and_dims(c);
+  check_supported(c);
   Plan p;
   p.world_size = world_size;
-  p.local_ranks = world_size;
-  p.log_prefix = "[rank 0/" + std::to_string(world_size) + "] ";
+  p.transforms = c.parallelize;
+  plan_data_parallel(c, p);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "
      << name_of(c.train.dtype) << ", optimizer " << name_of(c.train.optimizer.name) << " lr " << c.train.optimizer.lr;
   p.summary.push_back(os.str());
-  p.summary.push_back("world size " + std::to_string(world_size) + ", no parallel transforms (single device)");
+  if (c.parallelize.empty()) {
+    p.summary.push_back("world size 1, no parallel transforms (single device)");
+  } else {
+    p.summary.push_back("world size " + std::to_string(world_size) + ", data parallel over [" + join(p.dp_dims) +
+                        "] (" + std::to_string(p.dp_size) + " ranks, " + std::to_string(p.local_batch) +
+                        " samples each)");
+    for (size_t i = 0; i < c.parallelize.size(); ++i) {
+      p.summary.push_back("transform " + std::to_string(i) + ": " + name_of(c.parallelize[i].kind) + " over [" +
+                          join(c.parallelize[i].mesh_dim) + "]");
+    }
+  }
   return p;
 }
 

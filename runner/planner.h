@@ -10,10 +10,14 @@
 namespace composer {
 
 struct Plan {
-  int64_t world_size = 1;    // ranks in the job (the mesh's product)
-  int64_t local_ranks = 1;   // ranks on this machine (threads are split among them)
-  std::string log_prefix;    // "[rank r/N] "
-  std::vector<std::string> summary;  // what will run, one line each
+  int64_t world_size = 1;                 // ranks in the job (the mesh's product)
+  std::vector<std::string> dp_dims;       // mesh dims that data parallelism spans
+  int64_t dp_size = 1;                    // ranks that split the global batch
+  int64_t local_batch = 0;                // samples per data-parallel rank per step
+  int64_t local_microbatch = 0;           // samples per microbatch on a rank
+  std::vector<TransformConfig> transforms;           // validated, in application order
+  std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
+  std::vector<std::string> summary;       // what will run, one line each
 };
 
 // Validates `c` for `world_size` ranks; throws PlanError.

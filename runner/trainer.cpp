@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "models/registry.h"
+#include "parallelisms/replicate.h"
 #include "runner/checkpoint.h"
 #include "runner/optim.h"
 
@@ -25,9 +26,37 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   if (!out) throw RuntimeFailure("cannot write " + path);
 }
 
-int64_t default_threads(const Plan& plan) {
-  int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
-  return std::max<int64_t>(1, cores / std::max<int64_t>(1, plan.local_ranks));
+// The transforms applied to this rank's model; for now data parallelism.
+struct Parallel {
+  parallel::Group* dp = nullptr;
+  std::unique_ptr<parallel::Replicate> replicate;
+};
+
+Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank) {
+  Parallel p;
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kReplicate) {
+      p.dp = &rank.mesh->group(t.mesh_dim);
+      p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
+    }
+  }
+  return p;
+}
+
+void reset_counters(RankContext& rank) {
+  if (!rank.mesh) return;
+  for (auto* g : rank.mesh->all_groups()) g->counter->reset();
+}
+
+void add_comm(RankContext& rank, StepRecord& r) {
+  if (!rank.mesh) return;
+  r.parallel = true;
+  for (auto* g : rank.mesh->all_groups()) {
+    auto t = g->counter->total();
+    r.comm_calls += t.calls;
+    r.comm_bytes += t.bytes;
+    r.comm_ring_bytes += t.ring_bytes;
+  }
 }
 
 }  // namespace
@@ -54,37 +83,60 @@ nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
   return j;
 }
 
-TrainResult train(const ExperimentConfig& c, const Plan& plan, const std::string& out_dir) {
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
   const auto& t = c.train;
-  torch::set_num_threads(static_cast<int>(t.threads ? t.threads : default_threads(plan)));
+  const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
   models::ModelPtr model = build_model(c);
-  save_weights(*model, out_dir + "/init.safetensors");
+  if (rank.is_main()) save_weights(*model, out_dir + "/init.safetensors");
   model->to(scalar_type(t.dtype));
   model->train();
 
   DataPlan data = plan_data(c, *model);
-  write_json(out_dir + "/config.resolved.json", resolved_json(c, data));
+  if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, data));
   auto dataset = make_dataset(c, data);
+  Parallel par = apply_transforms(*model, plan, rank);
 
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) params.push_back(p);
   auto optimizer = make_optimizer(t.optimizer, params);
 
-  Metrics metrics(out_dir + "/metrics.jsonl", t.steps, t.log_every, plan.log_prefix);
+  std::unique_ptr<Metrics> metrics;
+  if (rank.is_main()) metrics = std::make_unique<Metrics>(out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix);
   TrainResult result;
-  const int64_t mb_size = t.global_batch / t.microbatches;
+  const int64_t dp_rank = par.dp ? par.dp->rank : 0;
+  const int64_t mb = plan.local_microbatch;
+  // Each rank's loss is its share of the global-batch loss; averaging gradients
+  // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
+  const double grad_scale = static_cast<double>(plan.dp_size);
   for (int64_t step = 1; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
+    const double net_start = rank.mesh ? loopback_tx_bytes() : -1;
+    reset_counters(rank);
+    if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step) {
+      throw RuntimeFailure("injected failure at step " + std::to_string(step) + " (debug.fail_rank " +
+                           std::to_string(rank.rank) + ")");
+    }
     StepRecord r;
     r.step = step;
     r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
     set_lr(*optimizer, r.lr);
     for (auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
-    for (int64_t mb = 0; mb < t.microbatches; ++mb) {
-      Batch b = dataset->batch(step, mb * mb_size, (mb + 1) * mb_size);
-      auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb_size, t.global_batch);
-      loss.backward();
-      r.loss += loss.item<double>();
+    double local_loss = 0;
+    for (int64_t m = 0; m < t.microbatches; ++m) {
+      if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
+      const int64_t begin = dp_rank * plan.local_batch + m * mb;
+      Batch b = dataset->batch(step, begin, begin + mb);
+      auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);
+      (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
+      local_loss += loss.item<double>();
+    }
+    if (par.replicate) par.replicate->finish();
+    r.loss = local_loss;
+    if (par.dp) {
+      auto l = torch::tensor({local_loss}, torch::kDouble);
+      parallel::all_reduce(*par.dp, l);
+      r.loss = l.item<double>();
     }
     r.grad_norm = grad_norm(params);
     if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
@@ -93,11 +145,17 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, const std::string
     r.samples_per_s = static_cast<double>(t.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);
     r.peak_rss_mb = peak_rss_mb();
-    metrics.record(r);
+    add_comm(rank, r);
+    if (net_start >= 0 && rank.world_size == rank.local_world_size) {
+      r.net_tx_bytes = (loopback_tx_bytes() - net_start) / rank.world_size;
+    }
+    if (metrics) metrics->record(r);
     result.steps.push_back(r);
   }
-  result.final_params = snapshot_params(*model);
-  write_safetensors(out_dir + "/final.safetensors", result.final_params, {{"format", "pt"}});
+  if (rank.is_main()) {
+    result.final_params = snapshot_params(*model);
+    write_safetensors(out_dir + "/final.safetensors", result.final_params, {{"format", "pt"}});
+  }
   return result;
 }
 

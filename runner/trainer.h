@@ -1,5 +1,6 @@
-// The training loop: builds the model, runs the configured steps over the
-// data, records metrics and returns what a golden comparison needs.
+// The training loop: builds the model, applies the plan's transforms, runs
+// the configured steps over this rank's share of the data, records metrics
+// and returns what a golden comparison needs.
 #pragma once
 #include <string>
 #include <vector>
@@ -8,21 +9,22 @@
 #include "runner/data.h"
 #include "runner/metrics.h"
 #include "runner/planner.h"
+#include "runner/rank.h"
 #include "runner/safetensors.h"
 
 namespace composer {
 
 struct TrainResult {
   std::vector<StepRecord> steps;
-  NamedTensors final_params;  // full tensors by FQN, in the training dtype
+  NamedTensors final_params;  // full tensors by FQN (on the main rank)
 };
 
 // Builds the model of `c`: seeded init, then model.init_from when set.
 models::ModelPtr build_model(const ExperimentConfig& c);
 
-// Trains per `plan`, writing config.resolved.json, init.safetensors,
-// metrics.jsonl and final.safetensors into `out_dir`.
-TrainResult train(const ExperimentConfig& c, const Plan& plan, const std::string& out_dir);
+// Trains per `plan` on this rank. The main rank writes config.resolved.json,
+// init.safetensors, metrics.jsonl and final.safetensors into `out_dir`.
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir);
 
 // The resolved config plus the decided data plan and the config hash: what
 // the PyTorch reference reads to reproduce a run.

@@ -173,8 +173,58 @@ TEST(Planner, TransformOrderIsEnforced) {
 TEST(Planner, SingleDevicePlan) {
   auto p = make_plan(parse_config(kMinimal, "x.yaml"), 1);
   EXPECT_EQ(p.world_size, 1);
-  EXPECT_EQ(p.log_prefix, "[rank 0/1] ");
+  EXPECT_EQ(p.dp_size, 1);
+  EXPECT_EQ(p.local_batch, 8);
   EXPECT_FALSE(p.summary.empty());
+}
+
+std::string plan_error(const std::string& yaml, int64_t world) {
+  try {
+    make_plan(parse_config(yaml, "x.yaml"), world);
+  } catch (const PlanError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Planner, ReplicateSplitsTheGlobalBatch) {
+  auto p = make_plan(parse_config(std::string(kMinimal) +
+                                      "mesh: {shape: [2, 2], names: [a, b]}\nparallelize:\n  - replicate: {mesh_dim: [a, b]}\n"
+                                      "train: {global_batch: 16, microbatches: 2}\n",
+                                  "x.yaml"),
+                     4);
+  EXPECT_EQ(p.dp_size, 4);
+  EXPECT_EQ(p.local_batch, 4);
+  EXPECT_EQ(p.local_microbatch, 2);
+  ASSERT_EQ(p.flat_groups.size(), 1u);
+  EXPECT_EQ(p.flat_groups[0], (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(Planner, GlobalBatchMustSplitOverDataParallelRanks) {
+  std::string e = plan_error(std::string(kMinimal) + "mesh: {shape: [3], names: [dp]}\nparallelize:\n  - replicate: {}\n", 3);
+  EXPECT_NE(e.find("train.global_batch: global_batch 8 does not split over 3 data-parallel ranks x 1 microbatches (3); "
+                   "use a multiple of 3"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Planner, EveryMeshDimNeedsATransform) {
+  std::string e = plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [dp]}\n", 2);
+  EXPECT_NE(e.find("mesh dim 'dp' has 2 ranks but no transform uses it"), std::string::npos) << e;
+}
+
+TEST(Planner, ADimServesOneTransform) {
+  std::string e = plan_error(std::string(kMinimal) +
+                                 "mesh: {shape: [2], names: [dp]}\nparallelize:\n  - replicate: {}\n  - replicate: {}\n",
+                             2);
+  EXPECT_NE(e.find("mesh dim 'dp' is already used"), std::string::npos) << e;
+}
+
+TEST(Planner, UnexecutedTransformsAreRejectedBeforeAnyRankStarts) {
+  std::string e =
+      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [tp]}\nparallelize:\n  - tensor_parallel: {}\n", 2);
+  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the tensor_parallel transform is not supported yet"), std::string::npos)
+      << e;
 }
 
 }  // namespace

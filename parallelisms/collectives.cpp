@@ -1,0 +1,236 @@
+#include "parallelisms/collectives.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace composer::parallel {
+
+void CommCounter::add(const std::string& op, int64_t bytes, int64_t ring_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& e = by_op_[op];
+  ++e.calls;
+  e.bytes += bytes;
+  e.ring_bytes += ring_bytes;
+}
+
+CommCounter::Entry CommCounter::get(const std::string& op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_op_.find(op);
+  return it == by_op_.end() ? Entry{} : it->second;
+}
+
+CommCounter::Entry CommCounter::total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry t;
+  for (const auto& [op, e] : by_op_) {
+    t.calls += e.calls;
+    t.bytes += e.bytes;
+    t.ring_bytes += e.ring_bytes;
+  }
+  return t;
+}
+
+std::map<std::string, CommCounter::Entry> CommCounter::all() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_op_;
+}
+
+void CommCounter::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_op_.clear();
+}
+
+Handle::Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
+    : work_(std::move(work)), then_(std::move(then)) {}
+
+void Handle::wait() {
+  if (work_) work_->wait();
+  work_.reset();
+  if (then_) {
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
+}
+
+namespace {
+
+int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  return op == Reduce::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// Ring reduce-scatter over equal-size flat chunks with send/recv, for
+// backends without a native reduce_scatter (Gloo): N-1 steps, each rank sends
+// one chunk per step, the (N-1)/N volume of the ring algorithm.
+torch::Tensor ring_reduce_scatter(Group& g, const torch::Tensor& padded, int64_t chunk) {
+  const int n = g.size, r = g.rank;
+  auto acc = padded.clone();
+  auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
+  auto incoming = torch::empty_like(piece(0));
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
+    std::vector<torch::Tensor> out{piece(send_idx).contiguous()}, in{incoming};
+    auto sw = g.pg->send(out, next, s);
+    auto rw = g.pg->recv(in, prev, s);
+    rw->wait();
+    sw->wait();
+    piece(recv_idx).add_(incoming);
+  }
+  return piece(r).clone();
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
+  const int64_t c = (n + parts - 1) / parts;
+  std::vector<int64_t> s;
+  for (int64_t i = 0; i < parts; ++i) s.push_back(std::max<int64_t>(0, std::min(c, n - i * c)));
+  return s;
+}
+
+Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
+  if (g.size == 1) return {};
+  g.counter->add("all_reduce", nbytes(t), 2 * (g.size - 1) * nbytes(t) / g.size);
+  std::vector<torch::Tensor> ts{t};
+  auto work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
+  std::function<void()> then;
+  if (op == Reduce::kAvg) {
+    auto target = t;
+    const double inv = 1.0 / g.size;
+    then = [target, inv]() mutable { target.mul_(inv); };
+  }
+  Handle h(work, then);
+  if (!async) h.wait();
+  return h;
+}
+
+void broadcast(Group& g, torch::Tensor& t, int root) {
+  if (g.size == 1) return;
+  g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
+  std::vector<torch::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  g.pg->broadcast(ts, o)->wait();
+}
+
+torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
+  TORCH_INTERNAL_ASSERT(static_cast<int>(sizes.size()) == g.size);
+  if (g.size == 1) return shard;
+  const int64_t max = *std::max_element(sizes.begin(), sizes.end());
+  auto rest = shard.sizes().slice(1).vec();
+  std::vector<int64_t> padded_shape{max};
+  padded_shape.insert(padded_shape.end(), rest.begin(), rest.end());
+  auto padded = torch::zeros(padded_shape, shard.options());
+  if (shard.size(0) > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard);
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(padded));
+  std::vector<torch::Tensor> ins{padded};
+  g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
+  g.pg->allgather(outs, ins)->wait();
+  std::vector<torch::Tensor> parts;
+  for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
+  return torch::cat(parts, 0);
+}
+
+torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
+  if (g.size == 1) return full.clone();
+  TORCH_INTERNAL_ASSERT(op != Reduce::kMax, "reduce_scatter supports sum and avg");
+  auto sizes = chunk_sizes(full.size(0), g.size);
+  const int64_t max = sizes.front();
+  const int64_t row = full.numel() / std::max<int64_t>(1, full.size(0));
+  // Flat buffer of N equal chunks, each a padded dim-0 piece.
+  auto flat = torch::zeros({g.size * max * row}, full.options());
+  auto src = full.contiguous().view({-1});
+  int64_t offset = 0;
+  for (int i = 0; i < g.size; ++i) {
+    flat.narrow(0, i * max * row, sizes[i] * row).copy_(src.narrow(0, offset, sizes[i] * row));
+    offset += sizes[i] * row;
+  }
+  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row);
+  if (op == Reduce::kAvg) mine.div_(g.size);
+  auto shape = full.sizes().vec();
+  shape[0] = sizes[g.rank];
+  return mine.view(shape);
+}
+
+void send(Group& g, const torch::Tensor& t, int dst, int tag) {
+  g.counter->add("send", nbytes(t), nbytes(t));
+  std::vector<torch::Tensor> ts{t.contiguous()};
+  g.pg->send(ts, dst, tag)->wait();
+}
+
+void recv(Group& g, torch::Tensor& t, int src, int tag) {
+  std::vector<torch::Tensor> ts{t};
+  g.pg->recv(ts, src, tag)->wait();
+}
+
+// ---- autograd ----------------------------------------------------------------
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Group pointers travel through the context as an integer (saved_data holds IValues).
+int64_t as_id(Group& g) { return reinterpret_cast<int64_t>(&g); }
+Group& from_id(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
+
+struct AllReduceFn : torch::autograd::Function<AllReduceFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
+    auto out = t.clone();
+    all_reduce(*reinterpret_cast<Group*>(group), out);
+    return out;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
+};
+
+struct ReduceGradFn : torch::autograd::Function<ReduceGradFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return t.view_as(t);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = grads[0].clone();
+    all_reduce(from_id(ctx), g);
+    return {g, torch::Tensor()};
+  }
+};
+
+struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor shard, int64_t group, std::vector<int64_t> sizes) {
+    ctx->saved_data["group"] = group;
+    return all_gather(*reinterpret_cast<Group*>(group), shard, sizes);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {reduce_scatter(from_id(ctx), grads[0]), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor full, int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["rows"] = full.size(0);
+    return reduce_scatter(*reinterpret_cast<Group*>(group), full);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = from_id(ctx);
+    auto sizes = chunk_sizes(ctx->saved_data["rows"].toInt(), g.size);
+    return {all_gather(g, grads[0].contiguous(), sizes), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) { return AllReduceFn::apply(t, as_id(g)); }
+torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) { return ReduceGradFn::apply(t, as_id(g)); }
+torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
+  return AllGatherFn::apply(shard, as_id(g), sizes);
+}
+torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full) {
+  return ReduceScatterFn::apply(full, as_id(g));
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,79 @@
+// A thin layer over c10d process groups: blocking and async collectives with
+// uneven-size support (torch.chunk semantics, padded buffers), autograd-aware
+// variants, and a counter of calls and bytes per group so tests can assert
+// communication and benchmarks can report volume against theory.
+#pragma once
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "parallelisms/mesh.h"
+
+namespace composer::parallel {
+
+// Calls and payload bytes issued on one group, per collective kind.
+class CommCounter {
+ public:
+  struct Entry {
+    int64_t calls = 0;
+    int64_t bytes = 0;       // payload handed to the collective (input tensor bytes)
+    int64_t ring_bytes = 0;  // bytes each rank sends under a ring algorithm
+  };
+  void add(const std::string& op, int64_t bytes, int64_t ring_bytes);
+  Entry get(const std::string& op) const;
+  Entry total() const;
+  std::map<std::string, Entry> all() const;
+  void reset();
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> by_op_;
+};
+
+// An in-flight collective; wait() finishes it (including any post-processing).
+class Handle {
+ public:
+  Handle() = default;
+  Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then);
+  void wait();
+  bool pending() const { return work_ || then_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> then_;
+};
+
+enum class Reduce { kSum, kAvg, kMax };
+
+// In place. A size-1 group issues nothing.
+Handle all_reduce(Group& g, torch::Tensor& t, Reduce op = Reduce::kSum, bool async = false);
+void broadcast(Group& g, torch::Tensor& t, int root);  // root is a group rank
+
+// The shards of every rank concatenated on dim 0. Shards may differ in size
+// on dim 0 (torch.chunk: ceil-sized, the tail smaller or empty); `sizes`
+// gives every rank's dim-0 size, and buffers are padded to the largest.
+torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
+
+// Sums `full` over the group and returns this rank's torch.chunk piece of dim 0.
+torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Reduce::kSum);
+
+void send(Group& g, const torch::Tensor& t, int dst, int tag = 0);
+void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
+
+// Dim-0 sizes of torch.chunk(n, parts): ceil-sized chunks, the tail smaller or empty.
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts);
+
+// Autograd-aware: forward all-reduce (sum), backward identity.
+torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t);
+// Forward identity, backward all-reduce (sum) of the gradient.
+torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t);
+// Forward all-gather on dim 0 (uneven allowed), backward reduce-scatter (sum).
+torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
+// Forward reduce-scatter (sum) on dim 0, backward all-gather.
+torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full);
+
+}  // namespace composer::parallel

@@ -1,0 +1,102 @@
+#include "parallelisms/mesh.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "parallelisms/collectives.h"
+
+namespace composer::parallel {
+
+std::vector<int64_t> coords_of(int rank, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> c(shape.size());
+  int64_t r = rank;
+  for (size_t i = shape.size(); i-- > 0;) {
+    c[i] = r % shape[i];
+    r /= shape[i];
+  }
+  return c;
+}
+
+std::vector<int> group_ranks(int rank, const std::vector<int64_t>& shape, const std::vector<size_t>& dims) {
+  auto base = coords_of(rank, shape);
+  int64_t count = 1;
+  for (auto d : dims) count *= shape[d];
+  std::vector<int> out;
+  for (int64_t i = 0; i < count; ++i) {
+    auto c = base;
+    int64_t rem = i;
+    for (size_t k = dims.size(); k-- > 0;) {
+      c[dims[k]] = rem % shape[dims[k]];
+      rem /= shape[dims[k]];
+    }
+    int64_t r = 0;
+    for (size_t d = 0; d < shape.size(); ++d) r = r * shape[d] + c[d];
+    out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+DeviceMesh::DeviceMesh(std::vector<std::string> names, std::vector<int64_t> shape, int rank,
+                       c10::intrusive_ptr<c10d::Store> store, const MeshOptions& options,
+                       const std::vector<std::vector<std::string>>& flattened)
+    : names_(std::move(names)), shape_(std::move(shape)), rank_(rank), world_(1) {
+  for (auto s : shape_) world_ *= static_cast<int>(s);
+  create({}, store, options);
+  for (const auto& n : names_) create({n}, store, options);
+  for (const auto& dims : flattened) create(dims, store, options);
+}
+
+std::string DeviceMesh::key(const std::vector<std::string>& dims) const {
+  if (dims.empty()) return "world";
+  std::string k;
+  for (const auto& d : dims) k += (k.empty() ? "" : "+") + d;
+  return k;
+}
+
+void DeviceMesh::create(const std::vector<std::string>& dims, c10::intrusive_ptr<c10d::Store> store,
+                        const MeshOptions& options) {
+  const std::string k = key(dims);
+  if (groups_.count(k)) return;
+  std::vector<size_t> idx;
+  if (dims.empty()) {
+    for (size_t i = 0; i < names_.size(); ++i) idx.push_back(i);
+  }
+  for (const auto& d : dims) {
+    auto it = std::find(names_.begin(), names_.end(), d);
+    TORCH_INTERNAL_ASSERT(it != names_.end(), "mesh has no dim ", d, " (the planner checks this)");
+    idx.push_back(static_cast<size_t>(it - names_.begin()));
+  }
+  Group g;
+  g.name = k;
+  g.ranks = idx.empty() ? std::vector<int>{rank_} : group_ranks(rank_, shape_, idx);
+  g.size = static_cast<int>(g.ranks.size());
+  g.rank = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank_) - g.ranks.begin());
+  g.counter = std::make_shared<CommCounter>();
+  if (g.size > 1) {
+    // Every slice gets its own key space in the store: its name and first rank.
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>("mesh/" + k + "/" + std::to_string(g.ranks.front()), store);
+    if (options.backend != "gloo") {
+      throw std::runtime_error("backend " + options.backend + " is not available in this build");
+    }
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(options.host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                                 : c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+    opts->threads = 2;
+    g.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, g.rank, g.size, opts);
+  }
+  groups_.emplace(k, std::move(g));
+}
+
+Group& DeviceMesh::group(const std::vector<std::string>& dims) {
+  auto it = groups_.find(key(dims));
+  TORCH_INTERNAL_ASSERT(it != groups_.end(), "no process group for ", key(dims), "; create it with the mesh");
+  return it->second;
+}
+
+std::vector<Group*> DeviceMesh::all_groups() {
+  std::vector<Group*> out;
+  for (auto& [k, g] : groups_) out.push_back(&g);
+  return out;
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,74 @@
+// The device mesh: named dims over ranks laid out row-major, and one c10d
+// process group per slice of each dim (plus flattened groups over several
+// dims). Rank arithmetic is pure and unit-tested; groups are created eagerly,
+// in one global order, so no two ranks can wait on each other in a cycle.
+#pragma once
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace composer::parallel {
+
+// The global ranks of the group of `dims` that contains `rank`: ranks that
+// share every coordinate outside `dims`, ordered row-major over `dims`.
+std::vector<int> group_ranks(int rank, const std::vector<int64_t>& shape, const std::vector<size_t>& dims);
+
+// Row-major coordinates of `rank`.
+std::vector<int64_t> coords_of(int rank, const std::vector<int64_t>& shape);
+
+class CommCounter;
+
+// One process group as seen from this rank.
+struct Group {
+  std::string name;                            // "dp", "tp", "dp_replicate+dp_shard", "world"
+  std::vector<int> ranks;                      // global ranks, in group-rank order
+  int rank = 0;                                // this rank's index in `ranks`
+  int size = 1;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;   // null when size == 1
+  std::shared_ptr<CommCounter> counter;        // calls and bytes issued on this group
+};
+
+struct MeshOptions {
+  std::string backend = "gloo";                // gloo or nccl
+  std::string host = "127.0.0.1";              // address Gloo binds to; "" = this host's name
+  std::chrono::milliseconds timeout{300000};   // every collective and rendezvous
+};
+
+class DeviceMesh {
+ public:
+  // Creates this rank's groups for every dim, the world, and each entry of
+  // `flattened` (dims to merge, e.g. {"dp_replicate", "dp_shard"}).
+  DeviceMesh(std::vector<std::string> names, std::vector<int64_t> shape, int rank,
+             c10::intrusive_ptr<c10d::Store> store, const MeshOptions& options,
+             const std::vector<std::vector<std::string>>& flattened = {});
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+
+  // The group over `dims` (one dim, several flattened, or {} for the world).
+  Group& group(const std::vector<std::string>& dims);
+  Group& group(const std::string& dim) { return group(std::vector<std::string>{dim}); }
+  Group& world() { return group(std::vector<std::string>{}); }
+
+  std::vector<Group*> all_groups();
+
+ private:
+  std::string key(const std::vector<std::string>& dims) const;
+  void create(const std::vector<std::string>& dims, c10::intrusive_ptr<c10d::Store> store,
+              const MeshOptions& options);
+
+  std::vector<std::string> names_;
+  std::vector<int64_t> shape_;
+  int rank_, world_;
+  std::map<std::string, Group> groups_;
+};
+
+}  // namespace composer::parallel

@@ -1,0 +1,37 @@
+// Starting the ranks of a job. Without an external launcher, `composer`
+// spawns one process per local rank, hosts the TCPStore rendezvous, prefixes
+// each rank's output with [rank r/N], and if any rank fails stops the others
+// within seconds and reports the first failure. Under an external launcher
+// (torchrun-style RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) the
+// process runs as that one rank.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace composer {
+
+struct NodeOptions {
+  int nnodes = 1;                         // --nnodes: invocations that form the job
+  int node_rank = 0;                      // --node-rank: this invocation's index
+  std::string master_addr = "127.0.0.1";  // --master-addr: where node 0 hosts the store
+  int master_port = 0;                    // --master-port: 0 picks a free port (one node only)
+};
+
+// Who this process is when it runs as a rank.
+struct RankEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  bool host_store = false;  // this rank hosts the TCPStore (rank 0 under an external launcher)
+};
+
+// The rank environment if this process was started as a rank (by composer or
+// an external launcher), else nullopt. Bad values are UserErrors.
+std::optional<RankEnv> rank_env_from_environment();
+
+// Spawns this node's ranks running `argv` and supervises them; returns the
+// job's exit code (0, or the first failing rank's 1, 2 or 3).
+int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv);
+
+}  // namespace composer

@@ -1,0 +1,30 @@
+// This process's place in the job: its rank, the device mesh with its process
+// groups (null on a single device), and its log prefix.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "parallelisms/mesh.h"
+#include "runner/config.h"
+#include "runner/launcher.h"
+#include "runner/planner.h"
+
+namespace composer {
+
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  std::unique_ptr<parallel::DeviceMesh> mesh;  // null when world_size == 1
+  std::string log_prefix;                      // "[rank r/N] " when composer logs it itself
+  bool is_main() const { return rank == 0; }
+};
+
+// The single-device context.
+RankContext single_rank();
+
+// Joins the job described by `env`: connects to the rendezvous store and
+// creates this rank's process groups for the mesh and the plan.
+RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& plan);
+
+}  // namespace composer
