@@ -1,6 +1,8 @@
 #include "runner/launcher.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -10,6 +12,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -83,6 +87,22 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<st
   _exit(3);
 }
 
+// Whether a TCP port can be listened on (any address), checked before the
+// store binds it so that a taken port is one clear error, not library logs.
+bool port_is_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return true;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(fd, 1) == 0;
+  close(fd);
+  return ok;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + WTERMSIG(status);
@@ -125,6 +145,10 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
   c10::intrusive_ptr<c10d::TCPStore> store;
   int port = node.master_port;
   if (node.node_rank == 0) {
+    if (node.master_port != 0 && !port_is_free(node.master_port)) {
+      throw UserError("cannot host the rendezvous on " + node.master_addr + ":" + std::to_string(node.master_port) +
+                      ": the port is in use; choose another --master-port");
+    }
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(node.master_port);
     o.isServer = true;
@@ -138,6 +162,10 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
     port = store->getPort();
   }
 
+  // Ranks record the time they failed here, so the report names the first.
+  char dir_template[] = "/tmp/composer-errors-XXXXXX";
+  const std::string error_dir = mkdtemp(dir_template) ? dir_template : "";
+
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   std::vector<Child> kids(local);
@@ -150,7 +178,8 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
         {"RANK", std::to_string(c.rank)},          {"WORLD_SIZE", std::to_string(world_size)},
         {"LOCAL_RANK", std::to_string(i)},         {"LOCAL_WORLD_SIZE", std::to_string(local)},
         {"MASTER_ADDR", node.master_addr},         {"MASTER_PORT", std::to_string(port)},
-        {"COMPOSER_LAUNCHED", "1"}};
+        {"COMPOSER_LAUNCHED", "1"},                {"GLOG_minloglevel", "2"},
+        {"COMPOSER_ERROR_DIR", error_dir}};
     c.pid = spawn(argv, env, out, err);
     close(out[1]);
     close(err[1]);
@@ -197,6 +226,19 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
       for (auto& c : kids) if (!c.done) kill(c.pid, SIGKILL);
     }
   }
+  // The rank whose error came first is the cause; the others failed after it.
+  int64_t earliest = -1;
+  for (const auto& c : kids) {
+    std::ifstream in(error_dir + "/" + std::to_string(c.rank));
+    int64_t t = 0;
+    int code = 0;
+    if (in >> t >> code && code != 0 && (earliest < 0 || t < earliest)) {
+      earliest = t;
+      first_rank = c.rank;
+      first_code = code;
+    }
+  }
+  if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
   if (g_interrupted && first_rank < 0) {
     std::cerr << "interrupted; stopped all ranks\n";
     return 130;

@@ -1,7 +1,10 @@
 // composer: parse the command line, load and plan the experiment, then either
 // start the ranks (a multi-rank mesh without an external launcher) or run as
 // one rank. The only place where an exception becomes an exit code.
+#include <time.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include "runner/cli.h"
@@ -28,6 +31,20 @@ int run(int argc, char** argv) {
   return run_command(options, config, plan, rank);
 }
 
+// Prints the error and, for a rank started by composer's launcher, records
+// when it failed so the launcher can name the rank that failed first.
+int fail(int code, const std::string& kind, const std::string& message) {
+  std::cerr << kind << ": " << message << "\n";
+  const char* dir = std::getenv("COMPOSER_ERROR_DIR");
+  const char* rank = std::getenv("RANK");
+  if (dir && rank) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    std::ofstream(std::string(dir) + "/" + rank) << ts.tv_sec * 1000000000LL + ts.tv_nsec << " " << code << "\n";
+  }
+  return code;
+}
+
 }  // namespace
 }  // namespace composer
 
@@ -36,19 +53,14 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const UserError& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
+    return fail(2, "error", e.what());
   } catch (const CheckFailed& e) {
-    std::cerr << "check failed: " << e.what() << "\n";
-    return 1;
+    return fail(1, "check failed", e.what());
   } catch (const RuntimeFailure& e) {
-    std::cerr << "runtime failure: " << e.what() << "\n";
-    return 3;
+    return fail(3, "runtime failure", e.what());
   } catch (const c10::Error& e) {
-    std::cerr << "runtime failure: " << e.what_without_backtrace() << "\n";
-    return 3;
+    return fail(3, "runtime failure", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::cerr << "runtime failure: " << e.what() << "\n";
-    return 3;
+    return fail(3, "runtime failure", e.what());
   }
 }

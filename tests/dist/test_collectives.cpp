@@ -1,0 +1,149 @@
+// Every collective on real Gloo groups, with closed-form expected values,
+// uneven sizes (torch.chunk semantics) and the communication counters.
+#include <gtest/gtest.h>
+
+#include "parallelisms/collectives.h"
+#include "tests/dist/ranks.h"
+
+namespace composer::parallel {
+namespace {
+
+torch::Tensor rank_tensor(int rank, std::vector<int64_t> shape) {
+  return torch::arange(torch::ones(shape).numel(), torch::kFloat).view(shape) + 100.0f * rank;
+}
+
+TEST(ChunkSizes, FollowTorchChunk) {
+  EXPECT_EQ(chunk_sizes(8, 4), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(chunk_sizes(7, 3), (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(chunk_sizes(3, 4), (std::vector<int64_t>{1, 1, 1, 0}));
+  EXPECT_EQ(chunk_sizes(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
+  EXPECT_EQ(chunk_sizes(9, 8), (std::vector<int64_t>{2, 2, 2, 2, 1, 0, 0, 0}));
+}
+
+TEST(Collectives, AllReduceSumAvgMax) {
+  testing::run_ranks({"dp"}, {3}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto s = rank_tensor(g.rank, {2, 2});
+    all_reduce(g, s);
+    EXPECT_TRUE(s.equal(rank_tensor(0, {2, 2}) * 3 + 300));
+    auto a = rank_tensor(g.rank, {3});
+    all_reduce(g, a, Reduce::kAvg);
+    EXPECT_TRUE(torch::allclose(a, rank_tensor(0, {3}) + 100));
+    auto m = torch::tensor({static_cast<float>(g.rank)});
+    all_reduce(g, m, Reduce::kMax);
+    EXPECT_EQ(m.item<float>(), 2.0f);
+    auto h = torch::ones({4});
+    Handle pending = all_reduce(g, h, Reduce::kSum, /*async=*/true);
+    pending.wait();
+    EXPECT_TRUE(h.eq(3).all().item<bool>());
+  });
+}
+
+TEST(Collectives, Broadcast) {
+  testing::run_ranks({"dp"}, {4}, [](DeviceMesh& mesh) {
+    auto t = rank_tensor(mesh.rank(), {5});
+    broadcast(mesh.group("dp"), t, 2);
+    EXPECT_TRUE(t.equal(rank_tensor(2, {5})));
+  });
+}
+
+TEST(Collectives, AllGatherEvenAndUneven) {
+  for (int64_t rows : {8, 5, 3}) {
+    testing::run_ranks({"dp"}, {4}, [rows](DeviceMesh& mesh) {
+      auto& g = mesh.group("dp");
+      auto full = torch::arange(rows * 3, torch::kFloat).view({rows, 3});
+      auto sizes = chunk_sizes(rows, 4);
+      auto mine = full.chunk(4, 0).size() > static_cast<size_t>(g.rank) ? full.chunk(4, 0)[g.rank]
+                                                                         : torch::empty({0, 3});
+      ASSERT_EQ(mine.size(0), sizes[g.rank]);
+      EXPECT_TRUE(all_gather(g, mine.contiguous(), sizes).equal(full)) << rows << " rows";
+    });
+  }
+}
+
+TEST(Collectives, ReduceScatterEvenAndUneven) {
+  for (int64_t rows : {8, 7, 3}) {
+    testing::run_ranks({"dp"}, {4}, [rows](DeviceMesh& mesh) {
+      auto& g = mesh.group("dp");
+      auto input = rank_tensor(g.rank, {rows, 2});
+      auto sum = rank_tensor(0, {rows, 2}) * 4 + 600;  // 100 * (0+1+2+3)
+      auto sizes = chunk_sizes(rows, 4);
+      int64_t start = 0;
+      for (int i = 0; i < g.rank; ++i) start += sizes[i];
+      auto out = reduce_scatter(g, input);
+      EXPECT_EQ(out.sizes(), (std::vector<int64_t>{sizes[g.rank], 2}));
+      EXPECT_TRUE(out.equal(sum.narrow(0, start, sizes[g.rank]))) << rows << " rows, rank " << g.rank;
+      auto avg = reduce_scatter(g, input, Reduce::kAvg);
+      EXPECT_TRUE(torch::allclose(avg, sum.narrow(0, start, sizes[g.rank]) / 4));
+    });
+  }
+}
+
+TEST(Collectives, SendRecv) {
+  testing::run_ranks({"pp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("pp");
+    if (g.rank == 0) {
+      send(g, torch::full({3}, 7.0f), 1, 5);
+    } else {
+      auto t = torch::zeros({3});
+      recv(g, t, 0, 5);
+      EXPECT_TRUE(t.eq(7).all().item<bool>());
+    }
+  });
+}
+
+TEST(Collectives, AutogradAllGatherBackwardIsReduceScatter) {
+  testing::run_ranks({"dp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto shard = torch::full({3, 2}, static_cast<float>(g.rank + 1), torch::requires_grad());
+    auto full = all_gather_autograd(g, shard, {3, 3});
+    EXPECT_EQ(full.size(0), 6);
+    // d/dshard of sum(full * w) is this rank's rows of w, summed over ranks.
+    auto w = torch::arange(12, torch::kFloat).view({6, 2});
+    (full * w).sum().backward();
+    EXPECT_TRUE(shard.grad().equal(w.narrow(0, 3 * g.rank, 3) * 2));
+  });
+}
+
+TEST(Collectives, AutogradAllReduceAndReduceGrad) {
+  testing::run_ranks({"tp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("tp");
+    auto x = torch::full({2}, static_cast<float>(g.rank + 1), torch::requires_grad());
+    auto y = all_reduce_autograd(g, x);
+    EXPECT_TRUE(y.eq(3).all().item<bool>());
+    y.sum().backward();
+    EXPECT_TRUE(x.grad().eq(1).all().item<bool>());  // identity backward
+    auto z = torch::ones({2}, torch::requires_grad());
+    (reduce_grad_autograd(g, z) * static_cast<float>(g.rank + 1)).sum().backward();
+    EXPECT_TRUE(z.grad().eq(3).all().item<bool>());  // gradients summed over the group
+    auto big = torch::full({5, 1}, static_cast<float>(g.rank), torch::requires_grad());
+    auto part = reduce_scatter_autograd(g, big);
+    EXPECT_EQ(part.size(0), g.rank == 0 ? 3 : 2);
+    part.sum().backward();
+    EXPECT_TRUE(big.grad().eq(1).all().item<bool>());
+  });
+}
+
+TEST(Collectives, CountersRecordCallsAndBytesAndSizeOneGroupsIssueNothing) {
+  testing::run_ranks({"dp", "tp"}, {2, 1}, [](DeviceMesh& mesh) {
+    auto& dp = mesh.group("dp");
+    auto& tp = mesh.group("tp");
+    auto t = torch::ones({10});
+    all_reduce(dp, t);
+    all_reduce(dp, t);
+    all_reduce(tp, t);
+    reduce_scatter(tp, torch::ones({4}));
+    auto e = dp.counter->get("all_reduce");
+    EXPECT_EQ(e.calls, 2);
+    EXPECT_EQ(e.bytes, 80);
+    EXPECT_EQ(e.ring_bytes, 80);  // 2 (N-1)/N x 40 bytes per call at N = 2
+    EXPECT_EQ(tp.counter->total().calls, 0);
+    auto rs = torch::ones({4, 3});
+    reduce_scatter(dp, rs);
+    EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 1);
+    EXPECT_EQ(dp.counter->get("reduce_scatter").ring_bytes, 24);  // (N-1)/N x 48 bytes
+  });
+}
+
+}  // namespace
+}  // namespace composer::parallel
