@@ -181,6 +181,36 @@ std::vector<ModelSpec> llama_specs() {
                 a.f("rope_theta"), a.b("depth_init")};
     return std::make_shared<Llama>(l);
   };
+  // torchtitan's Llama plan: vocab-parallel embedding, head-split attention
+  // (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and
+  // rowwise w2; with sequence parallelism, sequence-sharded norms.
+  s.tp_plan = [](const ModelArgs&, bool sp) {
+    const Layout rep = Layout::replicate(), seq = Layout::shard(1);
+    TpPlan p;
+    if (sp) {
+      p = {rowwise("tok_embeddings", rep, seq), sequence_parallel("norm"), colwise("output", seq, rep),
+           sequence_parallel("layers.*.attention_norm"), sequence_parallel("layers.*.ffn_norm"),
+           prepare_input("layers.*.attention", seq, rep), prepare_input("layers.*.feed_forward", seq, rep),
+           rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
+           rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq)};
+    } else {
+      p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo"),
+           rowwise("layers.*.feed_forward.w2")};
+    }
+    for (auto w : {"attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"}) {
+      p.push_back(colwise(std::string("layers.*.") + w));
+    }
+    return p;
+  };
+  s.tp_check = [](const ModelArgs& a, int64_t tp, bool) {
+    const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+    for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {
+      if (n % tp != 0) {
+        throw ArgError(name, "tp degree " + std::to_string(tp) + " does not divide " + name + " " + std::to_string(n) +
+                                 " (model.args." + name + "); use a tp that divides it");
+      }
+    }
+  };
   return {s};
 }
 

@@ -203,6 +203,38 @@ std::vector<ModelSpec> mlp_specs() {
                      return std::make_shared<LinearChain>("SimpleModelUneven",
                                                           std::vector<int64_t>{5, 10, 15, 30, 5}, false);
                    }});
+  // Tensor-parallel plans: colwise then rowwise, so each MLP block issues one
+  // all-reduce in forward (the rowwise output) and one in backward (the
+  // colwise input's gradient).
+  auto no_sp = [](const std::string& model) {
+    return [model](const ModelArgs&, int64_t, bool sp) {
+      if (sp) throw ArgError("", "model " + model + " has no sequence-parallel plan; set sequence_parallel: false");
+    };
+  };
+  for (auto& s : specs) {
+    if (s.name == "mlp_module") {
+      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("net1"), rowwise("net2")}; };
+    } else if (s.name == "mlp_module_even") {
+      s.tp_plan = [](const ModelArgs&, bool) {
+        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())};
+      };
+    } else if (s.name == "mlp_module_layers") {
+      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("layers.*.net1"), rowwise("layers.*.net2")}; };
+    } else if (s.name == "mlp") {
+      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("in_proj"), rowwise("out_proj")}; };
+    } else if (s.name == "mlp_stack") {
+      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("*.in_proj"), rowwise("*.out_proj")}; };
+    } else if (s.name == "simple_model") {
+      s.tp_plan = [](const ModelArgs&, bool) {
+        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())};
+      };
+    } else if (s.name == "simple_model_uneven") {
+      s.tp_plan = [](const ModelArgs&, bool) {
+        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3"), rowwise("net4")};
+      };
+    }
+    if (s.tp_plan) s.tp_check = no_sp(s.name);
+  }
   return specs;
 }
 

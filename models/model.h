@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/module.h"
+#include "models/tp_plan.h"
 
 namespace composer::models {
 
@@ -75,7 +76,18 @@ struct ModelSpec {
   std::vector<ArgSpec> args;
   std::function<void(const ModelArgs&)> check;
   std::function<ModelPtr(const ModelArgs&)> build;
+  // The model's tensor-parallel plan (TpPlan) for `sequence_parallel`, and any
+  // divisibility the plan needs at `tp` ranks (throws ArgError). Unset: the
+  // model has no built-in plan.
+  std::function<TpPlan(const ModelArgs&, bool sequence_parallel)> tp_plan;
+  std::function<void(const ModelArgs&, int64_t tp, bool sequence_parallel)> tp_check;
 };
+
+// Rule constructors for plans.
+TpRule colwise(std::string pattern, Layout input = Layout::replicate(), Layout output = Layout::shard(-1));
+TpRule rowwise(std::string pattern, Layout input = Layout::shard(-1), Layout output = Layout::replicate());
+TpRule sequence_parallel(std::string pattern);
+TpRule prepare_input(std::string pattern, Layout input, Layout desired);
 
 // Helpers for checks.
 void require_arg_positive(const ModelArgs& a, const std::string& name);

@@ -22,6 +22,19 @@ void require_arg_divides(const ModelArgs& a, const std::string& divisor, const s
   }
 }
 
+TpRule colwise(std::string pattern, Layout input, Layout output) {
+  return {std::move(pattern), TpStyle::kColwise, input, output, Layout::replicate()};
+}
+TpRule rowwise(std::string pattern, Layout input, Layout output) {
+  return {std::move(pattern), TpStyle::kRowwise, input, output, Layout::replicate()};
+}
+TpRule sequence_parallel(std::string pattern) {
+  return {std::move(pattern), TpStyle::kSequenceParallel, Layout::shard(1), Layout::shard(1), Layout::shard(1)};
+}
+TpRule prepare_input(std::string pattern, Layout input, Layout desired) {
+  return {std::move(pattern), TpStyle::kPrepareInput, input, desired, desired};
+}
+
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = [] {
     std::vector<ModelSpec> all;

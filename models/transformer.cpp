@@ -126,6 +126,33 @@ std::vector<ModelSpec> transformer_specs() {
                       a.i("n_heads"), a.f("dropout_p"), a.b("use_attn_mask"), a.b("weight_tying")};
     return std::make_shared<Transformer>(t);
   };
+  // SCENARIOS.md M4's Transformer.parallelize: embeddings vocab/position
+  // parallel, head-split attention, colwise/rowwise feed-forward, colwise
+  // output (tied to tok_embeddings, both sharded on the vocab dim); with
+  // sequence parallelism the norms and residual stream are sequence-sharded.
+  s.tp_plan = [](const ModelArgs&, bool sp) {
+    const Layout rep = Layout::replicate(), seq = Layout::shard(1);
+    TpPlan p;
+    if (sp) {
+      p = {rowwise("tok_embeddings", rep, seq), rowwise("pos_embeddings", rep, Layout::shard(0)),
+           sequence_parallel("norm"), prepare_input("layers.*.attention", seq, rep),
+           sequence_parallel("layers.*.attention_norm"), sequence_parallel("layers.*.ffn_norm"),
+           rowwise("layers.*.attention.wo", Layout::shard(-1), seq), colwise("layers.*.feed_forward.w1", seq),
+           rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq), colwise("output", seq, rep)};
+    } else {
+      p = {rowwise("tok_embeddings", rep, rep), rowwise("pos_embeddings", rep, rep),
+           rowwise("layers.*.attention.wo"), colwise("layers.*.feed_forward.w1"),
+           rowwise("layers.*.feed_forward.w2"), colwise("output", rep, rep)};
+    }
+    for (auto w : {"wq", "wk", "wv"}) p.push_back(colwise(std::string("layers.*.attention.") + w));
+    return p;
+  };
+  s.tp_check = [](const ModelArgs& a, int64_t tp, bool sp) {
+    if (a.i("n_heads") % tp != 0) {
+      throw ArgError("n_heads", "tp degree " + std::to_string(tp) + " does not divide n_heads " +
+                                    std::to_string(a.i("n_heads")) + " (model.args.n_heads); use a tp that divides it");
+    }
+  };
   return {s};
 }
 

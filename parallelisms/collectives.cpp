@@ -222,10 +222,95 @@ struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
   }
 };
 
+int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
+  int64_t o = 0;
+  for (int i = 0; i < rank; ++i) o += sizes[i];
+  return o;
+}
+
+torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
+  auto x = t.movedim(dim, 0).contiguous();
+  return all_gather(g, x, chunk_sizes(global, g.size)).movedim(0, dim);
+}
+
+torch::Tensor slice_dim(Group& g, const torch::Tensor& t, int64_t dim) {
+  auto sizes = chunk_sizes(t.size(dim), g.size);
+  return t.narrow(dim, offset_of(sizes, g.rank), sizes[g.rank]);
+}
+
+torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) {
+  return reduce_scatter(g, t.movedim(dim, 0).contiguous()).movedim(0, dim);
+}
+
+struct GatherAlongFn : torch::autograd::Function<GatherAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,
+                               bool reduce) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["reduce"] = reduce;
+    return gather_dim(*reinterpret_cast<Group*>(group), t, dim, global);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = from_id(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    auto gi = ctx->saved_data["reduce"].toBool() ? reduce_scatter_dim(g, grads[0], dim)
+                                                 : slice_dim(g, grads[0], dim).contiguous();
+    return {gi, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterAlongFn : torch::autograd::Function<ScatterAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = t.size(dim);
+    return slice_dim(*reinterpret_cast<Group*>(group), t, dim).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
+    return {gi, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterAlongFn : torch::autograd::Function<ReduceScatterAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = t.size(dim);
+    return reduce_scatter_dim(*reinterpret_cast<Group*>(group), t, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
+    return {gi, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
-torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) { return AllReduceFn::apply(t, as_id(g)); }
-torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) { return ReduceGradFn::apply(t, as_id(g)); }
+torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  return GatherAlongFn::apply(t, as_id(g), dim, global, backward_reduce);
+}
+
+torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  return ScatterAlongFn::apply(t, as_id(g), dim);
+}
+
+torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  return ReduceScatterAlongFn::apply(t, as_id(g), dim);
+}
+
+torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) {
+  return g.size == 1 ? t : AllReduceFn::apply(t, as_id(g));
+}
+torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) {
+  return g.size == 1 ? t : ReduceGradFn::apply(t, as_id(g));
+}
 torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   return AllGatherFn::apply(shard, as_id(g), sizes);
 }

@@ -76,4 +76,14 @@ torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const st
 // Forward reduce-scatter (sum) on dim 0, backward all-gather.
 torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full);
 
+// Along any dim (negative counts from the end), for activations:
+// forward all-gather of the torch.chunk shards of a `global`-sized dim;
+// backward reduce-scatter (the gathered tensor feeds sharded compute whose
+// gradients are partial) or the local slice (its gradient is already replicated).
+torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce);
+// Forward: this rank's torch.chunk slice; backward: all-gather.
+torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
+// Forward: sum over the group, keep this rank's slice; backward: all-gather.
+torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
+
 }  // namespace composer::parallel

@@ -70,7 +70,9 @@ double lr_at(const OptimizerConfig& opt, const LrScheduleConfig& s, int64_t step
 double grad_norm(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> norms;
   for (const auto& p : params) {
-    if (p.grad().defined()) norms.push_back(p.grad().detach().to(torch::kFloat).norm(2));
+    if (!p.grad().defined()) continue;
+    auto g = p.grad().detach();
+    norms.push_back((g.scalar_type() == torch::kDouble ? g : g.to(torch::kFloat)).norm(2));
   }
   if (norms.empty()) return 0.0;
   return torch::stack(norms).norm(2).item<double>();

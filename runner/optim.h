@@ -25,8 +25,8 @@ void set_lr(torch::optim::Optimizer& opt, double lr);
 // lr to min_lr, reaching min_lr one step after the last.
 double lr_at(const OptimizerConfig& opt, const LrScheduleConfig& s, int64_t step, int64_t steps);
 
-// The global L2 norm of the gradients (each grad's norm in float32, then the
-// norm of those), as torch.nn.utils.clip_grad_norm_ computes it.
+// The global L2 norm of the gradients (each grad's norm in float32, float64
+// for float64 gradients, then the norm of those), as clip_grad_norm_ does.
 double grad_norm(const std::vector<torch::Tensor>& params);
 
 // Scales gradients by min(1, max_norm / (norm + 1e-6)).

@@ -3,6 +3,9 @@
 #include <set>
 #include <sstream>
 
+#include "models/registry.h"
+#include "parallelisms/tensor_parallel.h"
+
 namespace composer {
 namespace {
 
@@ -76,9 +79,10 @@ void check_order_and_dims(const ExperimentConfig& c) {
 
 void check_supported(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) {
-    if (t.kind != TransformKind::kReplicate) {
+    if (t.kind != TransformKind::kReplicate && t.kind != TransformKind::kTensorParallel) {
       throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
-                                 " transform is not supported yet in this version; use replicate, or remove it");
+                                 " transform is not supported yet in this version; use tensor_parallel or replicate, "
+                                 "or remove it");
     }
   }
 }
@@ -105,6 +109,44 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
   p.local_microbatch = p.local_batch / c.train.microbatches;
 }
 
+// Tensor parallelism: the model's plan must exist, suit the model's modules and
+// divide what it shards (heads; the sequence under sequence parallelism).
+void plan_tensor_parallel(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kTensorParallel) continue;
+    if (t.mesh_dim.size() != 1) throw PlanError(t.ref, "tensor_parallel spans exactly one mesh dim");
+    p.tp_size = dim_size(c.mesh, t.mesh_dim[0]);
+    const models::ModelSpec* spec = models::find_model(c.model.name);
+    if (!spec->tp_plan) {
+      throw PlanError(t.ref, "model " + c.model.name + " has no tensor-parallel plan; models with one: "
+                             "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, "
+                             "simple_model_uneven, transformer, llama");
+    }
+    if (t.plan != "default") {
+      throw PlanError(t.ref, "unknown tensor-parallel plan '" + t.plan + "' for model " + c.model.name +
+                                 "; the built-in plan is 'default' (with sequence_parallel true or false)");
+    }
+    try {
+      if (spec->tp_check) spec->tp_check(c.model.args, p.tp_size, t.sequence_parallel);
+    } catch (const models::ArgError& e) {
+      throw PlanError(t.ref, e.what());
+    }
+    p.tp_plan = spec->tp_plan(c.model.args, t.sequence_parallel);
+    torch::manual_seed(c.seed);
+    models::ModelPtr model = spec->build(c.model.args);
+    if (auto problem = parallel::check_tp_plan(*model, p.tp_plan)) {
+      throw PlanError(t.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
+    }
+    const auto in = model->input_spec();
+    const int64_t seq = c.data.seq_len ? c.data.seq_len : in.max_seq_len;
+    if (t.sequence_parallel && seq % p.tp_size != 0) {
+      throw PlanError(t.ref, "sequence_parallel shards the sequence: tp degree " + std::to_string(p.tp_size) +
+                                 " does not divide seq_len " + std::to_string(seq) +
+                                 " (data.seq_len, or the model's max_seq_len); choose a seq_len that tp divides");
+    }
+  }
+}
+
 }  // namespace
 
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
@@ -115,6 +157,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   p.world_size = world_size;
   p.transforms = c.parallelize;
   plan_data_parallel(c, p);
+  plan_tensor_parallel(c, p);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "
@@ -125,7 +168,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   } else {
     p.summary.push_back("world size " + std::to_string(world_size) + ", data parallel over [" + join(p.dp_dims) +
                         "] (" + std::to_string(p.dp_size) + " ranks, " + std::to_string(p.local_batch) +
-                        " samples each)");
+                        " samples each), tensor parallel degree " + std::to_string(p.tp_size));
     for (size_t i = 0; i < c.parallelize.size(); ++i) {
       p.summary.push_back("transform " + std::to_string(i) + ": " + name_of(c.parallelize[i].kind) + " over [" +
                           join(c.parallelize[i].mesh_dim) + "]");

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "models/tp_plan.h"
 #include "runner/config.h"
 
 namespace composer {
@@ -15,6 +16,8 @@ struct Plan {
   int64_t dp_size = 1;                    // ranks that split the global batch
   int64_t local_batch = 0;                // samples per data-parallel rank per step
   int64_t local_microbatch = 0;           // samples per microbatch on a rank
+  int64_t tp_size = 1;                    // tensor-parallel degree (1 = none)
+  models::TpPlan tp_plan;                 // the model's plan, when tensor_parallel is used
   std::vector<TransformConfig> transforms;           // validated, in application order
   std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
   std::vector<std::string> summary;       // what will run, one line each

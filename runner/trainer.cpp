@@ -1,11 +1,13 @@
 #include "runner/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <thread>
 
 #include "models/registry.h"
 #include "parallelisms/replicate.h"
+#include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
 #include "runner/optim.h"
 
@@ -26,21 +28,47 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   if (!out) throw RuntimeFailure("cannot write " + path);
 }
 
-// The transforms applied to this rank's model; for now data parallelism.
+// The transforms applied to this rank's model, in the plan's order.
 struct Parallel {
   parallel::Group* dp = nullptr;
   std::unique_ptr<parallel::Replicate> replicate;
+  std::unique_ptr<parallel::TensorParallel> tp;
 };
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank) {
   Parallel p;
   for (const auto& t : plan.transforms) {
-    if (t.kind == TransformKind::kReplicate) {
+    if (t.kind == TransformKind::kTensorParallel) {
+      p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
+    } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
       p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
     }
   }
   return p;
+}
+
+// The global gradient norm: tp-sharded gradients contribute their squares
+// summed over the tp group, replicated ones once (as one device sees them).
+double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
+  if (!par.tp) return grad_norm(params);
+  double sharded = 0, replicated = 0;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+    (par.tp->shard_of(p) ? sharded : replicated) += sq;
+  }
+  auto t = torch::tensor({sharded}, torch::kDouble);
+  parallel::all_reduce(par.tp->group(), t);
+  return std::sqrt(t.item<double>() + replicated);
+}
+
+// Full parameters by FQN; every rank takes part in the gathers.
+NamedTensors full_params(models::Model& model, Parallel& par) {
+  if (!par.tp) return snapshot_params(model);
+  NamedTensors out;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.tp->full(p));
+  return out;
 }
 
 void reset_counters(RankContext& rank) {
@@ -138,7 +166,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       parallel::all_reduce(*par.dp, l);
       r.loss = l.item<double>();
     }
-    r.grad_norm = grad_norm(params);
+    r.grad_norm = global_grad_norm(params, par);
     if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
     optimizer->step();
     r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -152,8 +180,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (metrics) metrics->record(r);
     result.steps.push_back(r);
   }
+  NamedTensors full = full_params(*model, par);
   if (rank.is_main()) {
-    result.final_params = snapshot_params(*model);
+    result.final_params = std::move(full);
     write_safetensors(out_dir + "/final.safetensors", result.final_params, {{"format", "pt"}});
   }
   return result;

@@ -222,9 +222,47 @@ TEST(Planner, ADimServesOneTransform) {
 
 TEST(Planner, UnexecutedTransformsAreRejectedBeforeAnyRankStarts) {
   std::string e =
-      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [tp]}\nparallelize:\n  - tensor_parallel: {}\n", 2);
-  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the tensor_parallel transform is not supported yet"), std::string::npos)
+      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [dp]}\nparallelize:\n  - fully_shard: {}\n", 2);
+  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the fully_shard transform is not supported yet"), std::string::npos)
       << e;
+}
+
+TEST(Planner, TensorParallelNeedsDividedHeads) {
+  std::string e = plan_error("name: t\nmodel: {name: transformer}\nmesh: {shape: [3], names: [tp]}\n"
+                             "parallelize:\n  - tensor_parallel: {}\n",
+                             3);
+  EXPECT_NE(e.find("parallelize[0]: tp degree 3 does not divide n_heads 4 (model.args.n_heads); use a tp that divides it"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Planner, TensorParallelNeedsAPlan) {
+  std::string e = plan_error("name: t\nmodel: {name: unit_module}\nmesh: {shape: [2], names: [tp]}\n"
+                             "parallelize:\n  - tensor_parallel: {}\n",
+                             2);
+  EXPECT_NE(e.find("model unit_module has no tensor-parallel plan"), std::string::npos) << e;
+}
+
+TEST(Planner, SequenceParallelNeedsDividedSequence) {
+  std::string e = plan_error("name: t\nmodel: {name: transformer}\nmesh: {shape: [2], names: [tp]}\n"
+                             "parallelize:\n  - tensor_parallel: {sequence_parallel: true}\ndata: {seq_len: 7}\n",
+                             2);
+  EXPECT_NE(e.find("tp degree 2 does not divide seq_len 7"), std::string::npos) << e;
+  e = plan_error("name: t\nmodel: {name: mlp_stack}\nmesh: {shape: [2], names: [tp]}\n"
+                 "parallelize:\n  - tensor_parallel: {sequence_parallel: true}\n",
+                 2);
+  EXPECT_NE(e.find("model mlp_stack has no sequence-parallel plan"), std::string::npos) << e;
+}
+
+TEST(Planner, TensorParallelPlanIsTheModels) {
+  auto p = make_plan(parse_config("name: t\nmodel: {name: mlp_module}\nmesh: {shape: [2], names: [tp]}\n"
+                                  "parallelize:\n  - tensor_parallel: {}\n",
+                                  "x.yaml"),
+                     2);
+  EXPECT_EQ(p.tp_size, 2);
+  ASSERT_EQ(p.tp_plan.size(), 2u);
+  EXPECT_EQ(p.tp_plan[0].pattern, "net1");
+  EXPECT_EQ(p.dp_size, 1);
 }
 
 }  // namespace

@@ -214,7 +214,8 @@ def main():
             loss.backward()
             total += loss.item()
         grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.stack([g.detach().float().norm(2) for g in grads]).norm(2).item() if grads else 0.0
+        norms = [(g.detach() if g.dtype == torch.float64 else g.detach().float()).norm(2) for g in grads]
+        norm = torch.stack(norms).norm(2).item() if grads else 0.0
         if t["grad_clip"] > 0:
             coef = min(1.0, t["grad_clip"] / (norm + 1e-6))
             with torch.no_grad():

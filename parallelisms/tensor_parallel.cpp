@@ -1,0 +1,220 @@
+#include "parallelisms/tensor_parallel.h"
+
+#include "models/layers.h"
+
+namespace composer::parallel {
+namespace {
+
+using models::Layout;
+using models::TpRule;
+using models::TpStyle;
+
+const char* style_name(TpStyle s) {
+  switch (s) {
+    case TpStyle::kColwise: return "colwise";
+    case TpStyle::kRowwise: return "rowwise";
+    case TpStyle::kSequenceParallel: return "sequence_parallel";
+    case TpStyle::kPrepareInput: return "prepare_input";
+  }
+  return "?";
+}
+
+bool is_norm(nn::Module* m) {
+  return dynamic_cast<nn::LayerNorm*>(m) || dynamic_cast<nn::RMSNorm*>(m);
+}
+
+std::optional<std::string> unsuitable(const TpRule& r, nn::Module* m) {
+  const bool linear = dynamic_cast<nn::Linear*>(m) != nullptr;
+  const bool embedding = dynamic_cast<nn::Embedding*>(m) != nullptr;
+  switch (r.style) {
+    case TpStyle::kColwise:
+      if (!linear) return "colwise needs a Linear, not a " + m->type();
+      break;
+    case TpStyle::kRowwise:
+      if (!linear && !embedding) return "rowwise needs a Linear or an Embedding, not a " + m->type();
+      if (embedding && r.input.sharded) return "a rowwise Embedding takes replicated token ids";
+      break;
+    case TpStyle::kSequenceParallel:
+      if (!is_norm(m)) return "sequence_parallel needs a LayerNorm or RMSNorm, not a " + m->type();
+      break;
+    case TpStyle::kPrepareInput: break;
+  }
+  return std::nullopt;
+}
+
+// Replaces a parameter's data by this rank's torch.chunk piece of `dim`.
+void shard_param(TensorParallel& tp, torch::Tensor& p, int64_t dim) {
+  auto* impl = p.unsafeGetTensorImpl();
+  auto it = tp.shards_.find(impl);
+  if (it != tp.shards_.end()) {
+    TORCH_CHECK(it->second.dim == dim, "a tied parameter is sharded on two different dims by the plan");
+    return;  // a tied weight, already sharded
+  }
+  Group& g = tp.group();
+  auto sizes = chunk_sizes(p.size(dim), g.size);
+  int64_t start = 0;
+  for (int i = 0; i < g.rank; ++i) start += sizes[i];
+  TpShard s{dim, p.size(dim)};
+  torch::NoGradGuard no_grad;
+  p.set_data(p.detach().narrow(dim, start, sizes[g.rank]).clone());
+  tp.shards_[impl] = s;
+}
+
+// Gradients of a replicated parameter computed on sharded activations are
+// partial: sum them over tp before they accumulate.
+void sum_grads_over(Group& g, torch::Tensor& p) {
+  if (g.size == 1) return;
+  Group* gp = &g;
+  p.register_hook([gp](torch::Tensor grad) {
+    auto out = grad.clone();
+    all_reduce(*gp, out);
+    return out;
+  });
+}
+
+torch::Tensor redistribute_output(Group& g, torch::Tensor y, const Layout& out) {
+  return out.sharded ? reduce_scatter_along(g, y, out.dim) : all_reduce_autograd(g, y);
+}
+
+void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
+  Group& g = tp.group();
+  shard_param(tp, m.weight, 0);
+  if (m.bias.defined()) shard_param(tp, m.bias, 0);
+  const int64_t out_features = m.out_features;
+  const Layout in = r.input, out = r.output;
+  m.add_pre_hook([&g, in](nn::Module&, torch::Tensor x) {
+    if (in.sharded) return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
+    return reduce_grad_autograd(g, x);
+  });
+  if (!out.sharded) {
+    m.add_post_hook([&g, out_features](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+      return gather_along(g, y, -1, out_features, /*backward_reduce=*/false);
+    });
+  }
+}
+
+void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
+  Group& g = tp.group();
+  shard_param(tp, m.weight, 1);
+  const Layout in = r.input, out = r.output;
+  torch::Tensor bias = m.bias;
+  if (bias.defined()) {
+    m.set_view(bias, torch::Tensor());  // the layer computes without bias; it is added after the reduction
+    if (out.sharded) sum_grads_over(g, bias);
+  }
+  if (!in.sharded) {
+    m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return scatter_along(g, x, -1); });
+  }
+  m.add_post_hook([&g, out, bias](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    y = redistribute_output(g, y, out);
+    return bias.defined() ? y + bias : y;
+  });
+}
+
+void apply_rowwise_embedding(TensorParallel& tp, nn::Embedding& m, const TpRule& r) {
+  Group& g = tp.group();
+  auto sizes = chunk_sizes(m.num_embeddings, g.size);
+  int64_t start = 0;
+  for (int i = 0; i < g.rank; ++i) start += sizes[i];
+  const int64_t len = sizes[g.rank];
+  shard_param(tp, m.weight, 0);
+  if (len == 0) m.set_view(m.weight, torch::zeros({1, m.embedding_dim}, m.weight.options()));
+  auto mask = std::make_shared<torch::Tensor>();
+  const Layout out = r.output;
+  m.add_pre_hook([start, len, mask](nn::Module&, torch::Tensor ids) {
+    *mask = (ids < start).logical_or(ids >= start + len);
+    return (ids - start).masked_fill(*mask, 0);
+  });
+  m.add_post_hook([&g, out, mask](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    y = y.masked_fill(mask->unsqueeze(-1), 0);
+    return redistribute_output(g, y, out);
+  });
+}
+
+void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
+  Group& g = tp.group();
+  switch (r.style) {
+    case TpStyle::kColwise: apply_colwise(tp, dynamic_cast<nn::Linear&>(m), r); break;
+    case TpStyle::kRowwise:
+      if (auto* lin = dynamic_cast<nn::Linear*>(&m)) apply_rowwise_linear(tp, *lin, r);
+      else apply_rowwise_embedding(tp, dynamic_cast<nn::Embedding&>(m), r);
+      break;
+    case TpStyle::kSequenceParallel:
+      for (auto& item : m.named_parameters(/*recurse=*/false)) sum_grads_over(g, item.value());
+      break;
+    case TpStyle::kPrepareInput: {
+      const Layout in = r.input, want = r.desired_input;
+      if (in == want) break;
+      m.add_pre_hook([&g, in, want](nn::Module&, torch::Tensor x) {
+        if (in.sharded && !want.sharded) {
+          return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/false);
+        }
+        TORCH_CHECK(!in.sharded && want.sharded, "prepare_input supports Shard -> Replicate and Replicate -> Shard");
+        return scatter_along(g, x, want.dim);
+      });
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+bool fqn_matches(const std::string& pattern, const std::string& fqn) {
+  // Backtracking glob where '*' never crosses a '.'.
+  size_t p = 0, f = 0, star = std::string::npos, mark = 0;
+  while (f < fqn.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = f;
+    } else if (p < pattern.size() && pattern[p] == fqn[f]) {
+      ++p;
+      ++f;
+    } else if (star != std::string::npos && fqn[mark] != '.') {
+      p = star + 1;
+      f = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {
+  auto modules = nn::named_modules(model);
+  for (const auto& r : plan) {
+    bool matched = false;
+    for (auto& [name, m] : modules) {
+      if (!fqn_matches(r.pattern, name)) continue;
+      matched = true;
+      if (auto why = unsuitable(r, m)) return r.pattern + ": " + *why + " (module " + name + ")";
+    }
+    if (!matched) return r.pattern + ": " + style_name(r.style) + " pattern matches no module of " + model.type();
+  }
+  return std::nullopt;
+}
+
+const TpShard* TensorParallel::shard_of(const torch::Tensor& p) const {
+  auto it = shards_.find(p.unsafeGetTensorImpl());
+  return it == shards_.end() ? nullptr : &it->second;
+}
+
+torch::Tensor TensorParallel::full(const torch::Tensor& p) {
+  const TpShard* s = shard_of(p);
+  if (!s || group_.size == 1) return p.detach().clone();
+  auto x = p.detach().movedim(s->dim, 0).contiguous();
+  return all_gather(group_, x, chunk_sizes(s->global_size, group_.size)).movedim(0, s->dim).contiguous();
+}
+
+std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group, const models::TpPlan& plan) {
+  auto tp = std::make_unique<TensorParallel>(group);
+  auto modules = nn::named_modules(model);
+  for (const auto& r : plan) {
+    for (auto& [name, m] : modules) {
+      if (fqn_matches(r.pattern, name)) apply_rule(*tp, r, *m);
+    }
+  }
+  return tp;
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,62 @@
+// tensor_parallel: shards Linear and Embedding weights over the tp group by a
+// plan (module FQN patterns -> styles), and installs the module hooks that
+// move activations between layouts with autograd-aware collectives:
+//   colwise   weight/bias Shard(0); input gathered (Shard) or its gradient
+//             all-reduced (Replicate); output local Shard(-1) or gathered.
+//   rowwise   Linear weight Shard(1), bias added once after the reduction;
+//             Embedding weight Shard(0) with out-of-range ids masked; output
+//             all-reduced (Replicate) or reduce-scattered (Shard(d)).
+//   sequence_parallel  norm on sequence-sharded input; its parameters'
+//             partial gradients are all-reduced over tp.
+//   prepare_input      redistributes a module's input (Shard(1) -> Replicate).
+// Parameters that stay replicated but see sharded activations (sequence-
+// parallel norms, biases of rowwise layers with sharded output) get their
+// gradients summed over tp, so every tp rank steps the same values.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "models/model.h"
+#include "parallelisms/collectives.h"
+
+namespace composer::parallel {
+
+// '*' matches any run of characters within one dotted segment.
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
+
+// Checks a plan against a model without any process group: every pattern
+// matches a module, and each style suits the module's type. Returns the
+// first problem as "pattern: message", or nullopt.
+std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan);
+
+// How one parameter is laid out over the tp ranks.
+struct TpShard {
+  int64_t dim = 0;          // the sharded dim
+  int64_t global_size = 0;  // its size before sharding
+};
+
+class TensorParallel {
+ public:
+  explicit TensorParallel(Group& group) : group_(group) {}
+  Group& group() { return group_; }
+  // The shard layout of a parameter, or nullptr when it is replicated.
+  const TpShard* shard_of(const torch::Tensor& p) const;
+  // The full tensor of `p` on every tp rank (a collective: all tp ranks call it).
+  torch::Tensor full(const torch::Tensor& p);
+
+  // Internal state the hooks share.
+  std::unordered_map<const c10::TensorImpl*, TpShard> shards_;
+
+ private:
+  Group& group_;
+};
+
+std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group,
+                                                      const models::TpPlan& plan);
+
+}  // namespace composer::parallel
