@@ -124,6 +124,56 @@ std::vector<std::string> read_dims(YamlMap& m, const std::string& key, std::vect
   return {m.convert<std::string>(n, m.child_path(key))};
 }
 
+const EnumName<models::TpStyle> kTpStyles[] = {{models::TpStyle::kColwise, "colwise"},
+                                               {models::TpStyle::kRowwise, "rowwise"},
+                                               {models::TpStyle::kSequenceParallel, "sequence_parallel"},
+                                               {models::TpStyle::kPrepareInput, "prepare_input"}};
+
+// "replicate" or "shard(D)" with an integer dim (negative from the end).
+models::Layout read_layout(YamlMap& m, const std::string& key, models::Layout def) {
+  if (!m.has(key)) return def;
+  std::string s = m.convert<std::string>(m.node(key), m.child_path(key));
+  if (s == "replicate") return models::Layout::replicate();
+  int dim = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "shard(%d)%c", &dim, &tail) == 2 && tail == 0) return models::Layout::shard(dim);
+  if (std::sscanf(s.c_str(), "shard(%d%c", &dim, &tail) == 2 && tail == ')') return models::Layout::shard(dim);
+  throw ConfigError(m.ref(key), "unknown layout '" + s + "'; use replicate or shard(DIM), e.g. shard(1) or shard(-1)");
+}
+
+models::TpPlan read_styles(YamlMap& parent) {
+  models::TpPlan plan;
+  if (!parent.has("styles")) return plan;
+  YAML::Node list = parent.node("styles");
+  const std::string path = parent.child_path("styles");
+  if (!list.IsSequence()) {
+    throw ConfigError(parent.ref("styles"), "expected a list like - {module: net1, style: colwise}");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    YamlMap m(list[i], path + "[" + std::to_string(i) + "]", parent.context());
+    std::string pattern;
+    m.require("module", pattern);
+    models::TpStyle style = models::TpStyle::kColwise;
+    if (!m.has("style")) throw ConfigError(m.self_ref(), "missing required key 'style'");
+    m.get_enum("style", style, kTpStyles);
+    models::TpRule r;
+    switch (style) {
+      case models::TpStyle::kColwise: r = models::colwise(pattern); break;
+      case models::TpStyle::kRowwise: r = models::rowwise(pattern); break;
+      case models::TpStyle::kSequenceParallel: r = models::sequence_parallel(pattern); break;
+      case models::TpStyle::kPrepareInput:
+        r = models::prepare_input(pattern, models::Layout::shard(1), models::Layout::replicate());
+        break;
+    }
+    r.input = read_layout(m, "input", r.input);
+    r.output = read_layout(m, "output", r.output);
+    r.desired_input = read_layout(m, "desired_input", r.desired_input);
+    m.finish();
+    plan.push_back(r);
+  }
+  return plan;
+}
+
 TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
   if (!node.IsMap() || node.size() != 1) {
     std::vector<std::string> kinds;
@@ -157,6 +207,10 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       t.mesh_dim = read_dims(m, "mesh_dim", {"tp"});
       m.get("plan", t.plan);
       m.get("sequence_parallel", t.sequence_parallel);
+      t.styles = read_styles(m);
+      if ((t.plan == "custom") != !t.styles.empty()) {
+        throw ConfigError(m.self_ref(), "a custom plan lists its rules in `styles`, and `styles` needs plan: custom");
+      }
       break;
     case TransformKind::kActivationCheckpointing:
       m.get("units", t.units);
@@ -452,6 +506,14 @@ nlohmann::json transform_json(const TransformConfig& t) {
   switch (t.kind) {
     case TransformKind::kTensorParallel:
       j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel}};
+      for (const auto& r : t.styles) {
+        auto layout = [](const models::Layout& l) {
+          return l.sharded ? "shard(" + std::to_string(l.dim) + ")" : std::string("replicate");
+        };
+        j["styles"].push_back({{"module", r.pattern}, {"style", lookup(kTpStyles, r.style)},
+                               {"input", layout(r.input)}, {"output", layout(r.output)},
+                               {"desired_input", layout(r.desired_input)}});
+      }
       break;
     case TransformKind::kActivationCheckpointing: j = {{"units", t.units}}; break;
     case TransformKind::kFullyShard:

@@ -117,21 +117,22 @@ void plan_tensor_parallel(const ExperimentConfig& c, Plan& p) {
     if (t.mesh_dim.size() != 1) throw PlanError(t.ref, "tensor_parallel spans exactly one mesh dim");
     p.tp_size = dim_size(c.mesh, t.mesh_dim[0]);
     const models::ModelSpec* spec = models::find_model(c.model.name);
-    if (!spec->tp_plan) {
+    const bool custom = t.plan == "custom";
+    if (!custom && !spec->tp_plan) {
       throw PlanError(t.ref, "model " + c.model.name + " has no tensor-parallel plan; models with one: "
                              "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, "
-                             "simple_model_uneven, transformer, llama");
+                             "simple_model_uneven, transformer, llama; or give plan: custom with styles");
     }
-    if (t.plan != "default") {
+    if (!custom && t.plan != "default") {
       throw PlanError(t.ref, "unknown tensor-parallel plan '" + t.plan + "' for model " + c.model.name +
-                                 "; the built-in plan is 'default' (with sequence_parallel true or false)");
+                                 "; use default (with sequence_parallel true or false) or custom (with styles)");
     }
-    try {
-      if (spec->tp_check) spec->tp_check(c.model.args, p.tp_size, t.sequence_parallel);
+    try {  // a custom plan still needs the model's divisibility (heads), not its sequence-parallel support
+      if (spec->tp_check) spec->tp_check(c.model.args, p.tp_size, custom ? false : t.sequence_parallel);
     } catch (const models::ArgError& e) {
       throw PlanError(t.ref, e.what());
     }
-    p.tp_plan = spec->tp_plan(c.model.args, t.sequence_parallel);
+    p.tp_plan = custom ? t.styles : spec->tp_plan(c.model.args, t.sequence_parallel);
     torch::manual_seed(c.seed);
     models::ModelPtr model = spec->build(c.model.args);
     if (auto problem = parallel::check_tp_plan(*model, p.tp_plan)) {
