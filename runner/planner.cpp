@@ -37,6 +37,10 @@ int64_t dim_size(const MeshConfig& m, const std::string& name) {
 }
 
 void check_mesh(const ExperimentConfig& c, int64_t world_size) {
+  if (c.mesh.backend == Backend::kNccl) {
+    throw PlanError(c.mesh.ref, "mesh.backend nccl needs a CUDA build of LibTorch with NCCL; this build has only "
+                                "gloo: set backend: gloo");
+  }
   const int64_t product = c.mesh.world_size();
   if (product != world_size) {
     std::ostringstream os;

@@ -17,9 +17,6 @@ RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& 
     throw UserError("WORLD_SIZE " + std::to_string(env.world_size) + " differs from the mesh's " +
                     std::to_string(plan.world_size) + " ranks (" + c.file + ": mesh.shape); make them equal");
   }
-  if (c.mesh.backend == Backend::kNccl) {
-    throw UserError("mesh.backend nccl needs a CUDA build of LibTorch with NCCL; this build has only gloo");
-  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.mesh.timeout_s * 1000));
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
