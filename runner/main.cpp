@@ -19,8 +19,12 @@ int run(int argc, char** argv) {
   ExperimentConfig config = load_config(options.config, options.sets);
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
-  if (options.command == Command::kPlan || (!env && plan.world_size == 1)) {
-    RankContext rank = single_rank();
+  if (options.command == Command::kPlan) {  // validates and explains; joins no job
+    RankContext none;
+    return run_command(options, config, plan, none);
+  }
+  if (!env && plan.world_size == 1) {
+    RankContext rank = single_rank(config, plan);
     return run_command(options, config, plan, rank);
   }
   if (!env) return launch_local_ranks(static_cast<int>(plan.world_size), options.node, options.argv);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "models/registry.h"
+#include "parallelisms/fully_shard.h"
 #include "parallelisms/tensor_parallel.h"
 
 namespace composer {
@@ -83,10 +84,29 @@ void check_order_and_dims(const ExperimentConfig& c) {
 
 void check_supported(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) {
-    if (t.kind != TransformKind::kReplicate && t.kind != TransformKind::kTensorParallel) {
+    if (t.kind != TransformKind::kReplicate && t.kind != TransformKind::kTensorParallel &&
+        t.kind != TransformKind::kFullyShard) {
       throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
-                                 " transform is not supported yet in this version; use tensor_parallel or replicate, "
-                                 "or remove it");
+                                 " transform is not supported yet in this version; use tensor_parallel, fully_shard "
+                                 "or replicate, or remove it");
+    }
+    if (t.kind == TransformKind::kFullyShard) {
+      if (!t.param_dtype.empty() || !t.reduce_dtype.empty()) {
+        throw PlanError(t.ref, "fully_shard mixed precision (param_dtype, reduce_dtype) is not supported yet in this "
+                               "version; remove them to shard in the training dtype");
+      }
+      if (t.mesh_dim.size() > 1) {
+        throw PlanError(t.ref, "fully_shard over several mesh dims (HSDP) is not supported yet in this version; "
+                               "shard over one dim");
+      }
+    }
+  }
+  bool tp = false;
+  for (const auto& t : c.parallelize) {
+    tp = tp || t.kind == TransformKind::kTensorParallel;
+    if (t.kind == TransformKind::kFullyShard && tp) {
+      throw PlanError(t.ref, "fully_shard after tensor_parallel (2-D) is not supported yet in this version; use "
+                             "replicate for the data-parallel dim");
     }
   }
 }
@@ -111,6 +131,16 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
   }
   p.local_batch = c.train.global_batch / p.dp_size;
   p.local_microbatch = p.local_batch / c.train.microbatches;
+}
+
+// fully_shard: every unit pattern must name a module.
+void plan_fully_shard(const ExperimentConfig& c) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kFullyShard || t.units.empty()) continue;
+    torch::manual_seed(c.seed);
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    if (auto problem = parallel::check_units(*model, t.units)) throw PlanError(t.ref, *problem);
+  }
 }
 
 // Tensor parallelism: the model's plan must exist, suit the model's modules and
@@ -163,6 +193,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   p.transforms = c.parallelize;
   plan_data_parallel(c, p);
   plan_tensor_parallel(c, p);
+  plan_fully_shard(c);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "

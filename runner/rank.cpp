@@ -1,14 +1,20 @@
 #include "runner/rank.h"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "runner/errors.h"
 
 namespace composer {
 
-RankContext single_rank() {
+RankContext single_rank(const ExperimentConfig& c, const Plan& plan) {
   RankContext r;
   r.log_prefix = "[rank 0/1] ";
+  if (!c.parallelize.empty()) {
+    r.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, 0,
+                                                    c10::make_intrusive<c10d::HashStore>(),
+                                                    parallel::MeshOptions{}, plan.flat_groups);
+  }
   return r;
 }
 

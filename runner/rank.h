@@ -20,8 +20,9 @@ struct RankContext {
   bool is_main() const { return rank == 0; }
 };
 
-// The single-device context.
-RankContext single_rank();
+// The single-process context; with transforms it still gets a mesh (of
+// size-1 groups, which issue no collectives).
+RankContext single_rank(const ExperimentConfig& c, const Plan& plan);
 
 // Joins the job described by `env`: connects to the rendezvous store and
 // creates this rank's process groups for the mesh and the plan.

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "models/registry.h"
+#include "parallelisms/fully_shard.h"
 #include "parallelisms/replicate.h"
 #include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
@@ -33,6 +34,7 @@ struct Parallel {
   parallel::Group* dp = nullptr;
   std::unique_ptr<parallel::Replicate> replicate;
   std::unique_ptr<parallel::TensorParallel> tp;
+  std::unique_ptr<parallel::FullyShard> fsdp;
 };
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank) {
@@ -40,6 +42,9 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kTensorParallel) {
       p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
+    } else if (t.kind == TransformKind::kFullyShard) {
+      p.dp = &rank.mesh->group(t.mesh_dim);
+      p.fsdp = parallel::apply_fully_shard(model, *p.dp, {t.units, t.reshard_after_forward});
     } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
       p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
@@ -51,6 +56,15 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
 // The global gradient norm: tp-sharded gradients contribute their squares
 // summed over the tp group, replicated ones once (as one device sees them).
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
+  if (par.fsdp) {  // every rank holds distinct shards: sum the squares over the group
+    double sq = 0;
+    for (const auto& p : params) {
+      if (p.grad().defined()) sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+    }
+    auto t = torch::tensor({sq}, torch::kDouble);
+    parallel::all_reduce(par.fsdp->group(), t);
+    return std::sqrt(t.item<double>());
+  }
   if (!par.tp) return grad_norm(params);
   double sharded = 0, replicated = 0;
   for (const auto& p : params) {
@@ -65,6 +79,11 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
 
 // Full parameters by FQN; every rank takes part in the gathers.
 NamedTensors full_params(models::Model& model, Parallel& par) {
+  if (par.fsdp) {
+    NamedTensors out;
+    for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.fsdp->full(p));
+    return out;
+  }
   if (!par.tp) return snapshot_params(model);
   NamedTensors out;
   for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.tp->full(p));
@@ -158,6 +177,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);
       (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
       local_loss += loss.item<double>();
+      if (par.fsdp) par.fsdp->reshard();
     }
     if (par.replicate) par.replicate->finish();
     r.loss = local_loss;

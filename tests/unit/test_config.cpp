@@ -222,8 +222,8 @@ TEST(Planner, ADimServesOneTransform) {
 
 TEST(Planner, UnexecutedTransformsAreRejectedBeforeAnyRankStarts) {
   std::string e =
-      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [dp]}\nparallelize:\n  - fully_shard: {}\n", 2);
-  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the fully_shard transform is not supported yet"), std::string::npos)
+      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [pp]}\nparallelize:\n  - pipeline: {}\n", 2);
+  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the pipeline transform is not supported yet"), std::string::npos)
       << e;
 }
 
