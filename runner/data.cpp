@@ -14,14 +14,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-torch::ScalarType scalar_type(DType d) {
-  switch (d) {
-    case DType::kFloat64: return torch::kDouble;
-    case DType::kBFloat16: return torch::kBFloat16;
-    default: return torch::kFloat;
-  }
-}
-
 SourceRef data_ref(const ExperimentConfig& c, const std::string& key) {
   return SourceRef{c.file, 0, 0, "data." + key, ""};
 }
@@ -144,6 +136,14 @@ class FileData : public DataSet {
 
 }  // namespace
 
+torch::ScalarType scalar_type_of(DType d) {
+  switch (d) {
+    case DType::kFloat64: return torch::kDouble;
+    case DType::kBFloat16: return torch::kBFloat16;
+    default: return torch::kFloat;
+  }
+}
+
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index) {
   uint64_t h = splitmix64(seed);
   h = splitmix64(h ^ static_cast<uint64_t>(step));
@@ -154,7 +154,7 @@ uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index) {
 DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
   DataPlan p;
   p.input = model.input_spec();
-  p.dtype = scalar_type(c.train.dtype);
+  p.dtype = scalar_type_of(c.train.dtype);
   p.inputs = c.data.inputs == InputKind::kAuto ? (p.input.tokens ? InputKind::kTokens : InputKind::kNormal)
                                                : c.data.inputs;
   if ((p.inputs == InputKind::kTokens) != p.input.tokens) {

@@ -15,14 +15,6 @@
 namespace composer {
 namespace {
 
-torch::ScalarType scalar_type(DType d) {
-  switch (d) {
-    case DType::kFloat64: return torch::kDouble;
-    case DType::kBFloat16: return torch::kBFloat16;
-    default: return torch::kFloat;
-  }
-}
-
 void write_json(const std::string& path, const nlohmann::json& j) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
@@ -136,7 +128,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
   models::ModelPtr model = build_model(c);
   if (rank.is_main()) save_weights(*model, out_dir + "/init.safetensors");
-  model->to(scalar_type(t.dtype));
+  model->to(scalar_type_of(t.dtype));
   model->train();
 
   DataPlan data = plan_data(c, *model);

@@ -33,6 +33,14 @@ models::TpPlan plan_of(const std::string& name, bool sp = false) {
   return spec->tp_plan(a, sp);
 }
 
+// The full gradient of `p` on every tp rank.
+torch::Tensor full_grad(TensorParallel& tp, Group& g, const torch::Tensor& p) {
+  const TpShard* s = tp.shard_of(p);
+  if (!s) return p.grad();
+  return all_gather(g, p.grad().movedim(s->dim, 0).contiguous(), chunk_sizes(s->global_size, g.size))
+      .movedim(0, s->dim);
+}
+
 TEST(FqnMatch, StarStaysInsideASegment) {
   EXPECT_TRUE(fqn_matches("layers.*.attention.wq", "layers.12.attention.wq"));
   EXPECT_FALSE(fqn_matches("layers.*.wq", "layers.1.attention.wq"));
@@ -77,10 +85,7 @@ TEST(TensorParallel, ColwiseThenRowwiseIssuesOneAllReduceEachWay) {
     EXPECT_TRUE(torch::allclose(xt.grad(), xr.grad(), 1e-5, 1e-6));
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       auto rp = ref->named_parameters()[n];
-      const TpShard* s = tp->shard_of(p);
-      auto grad_full = s ? all_gather(g, p.grad().movedim(s->dim, 0).contiguous(),
-                                      chunk_sizes(s->global_size, g.size)).movedim(0, s->dim)
-                         : p.grad();
+      auto grad_full = full_grad(*tp, g, p);
       EXPECT_TRUE(torch::allclose(grad_full, rp.grad(), 1e-5, 1e-6)) << n;
       EXPECT_TRUE(torch::allclose(tp->full(p), rp, 0, 0)) << n;
     }
@@ -120,10 +125,7 @@ TEST(TensorParallel, SequenceParallelTransformerMatchesOneDevice) {
     yr.pow(2).sum().backward();
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       auto rp = ref->named_parameters()[n];
-      const TpShard* s = tp->shard_of(p);
-      auto grad_full = s ? all_gather(g, p.grad().movedim(s->dim, 0).contiguous(),
-                                      chunk_sizes(s->global_size, g.size)).movedim(0, s->dim)
-                         : p.grad();
+      auto grad_full = full_grad(*tp, g, p);
       // float32 sums in another order: tolerance relative to the gradient's scale.
       const double scale = 1 + rp.grad().abs().max().item<double>();
       EXPECT_TRUE(torch::allclose(grad_full, rp.grad(), 1e-4, 1e-6 * scale))
