@@ -63,9 +63,8 @@ c10d::ReduceOp to_c10d(Reduce op) {
 // Ring reduce-scatter over equal-size flat chunks with send/recv, for
 // backends without a native reduce_scatter (Gloo): N-1 steps, each rank sends
 // one chunk per step, the (N-1)/N volume of the ring algorithm.
-torch::Tensor ring_reduce_scatter(Group& g, const torch::Tensor& padded, int64_t chunk) {
+torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
   const int n = g.size, r = g.rank;
-  auto acc = padded.clone();
   auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
   auto incoming = torch::empty_like(piece(0));
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
@@ -78,7 +77,7 @@ torch::Tensor ring_reduce_scatter(Group& g, const torch::Tensor& padded, int64_t
     sw->wait();
     piece(recv_idx).add_(incoming);
   }
-  return piece(r).clone();
+  return piece(r);
 }
 
 }  // namespace
@@ -149,11 +148,30 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
     offset += sizes[i] * row;
   }
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
-  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row);
+  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
   shape[0] = sizes[g.rank];
   return mine.view(shape);
+}
+
+std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat) {
+  if (g.size == 1) return {flat};
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(flat));
+  std::vector<torch::Tensor> ins{flat};
+  g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
+  g.pg->allgather(outs, ins)->wait();
+  return outs[0];
+}
+
+torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
+  const int64_t chunk = flat.numel() / g.size;
+  if (g.size == 1) return flat.view({-1});
+  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
+  if (op == Reduce::kAvg) mine.div_(g.size);
+  return mine;
 }
 
 void send(Group& g, const torch::Tensor& t, int dst, int tag) {

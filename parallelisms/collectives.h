@@ -61,6 +61,13 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
 // Sums `full` over the group and returns this rank's torch.chunk piece of dim 0.
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Reduce::kSum);
 
+// Flat-buffer forms for sharding engines, without extra full-size copies:
+// every rank's equal-size `flat` (one tensor per group rank, in rank order),
+// and the sum (or average) of a [size * chunk] buffer's chunk of this rank,
+// reduced in place in `flat`.
+std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat);
+torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
+
 void send(Group& g, const torch::Tensor& t, int dst, int tag = 0);
 void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
 

@@ -24,6 +24,8 @@ struct FullyShard::Unit {
   bool freed = false;                  // storage released after forward
   Group* group = nullptr;
   bool reshard_after_forward = true;
+  const bool* sync = nullptr;          // the owner's requires-sync flag
+  torch::Tensor pending;               // unreduced gradients of earlier microbatches
 };
 
 namespace {
@@ -46,20 +48,19 @@ std::vector<torch::Tensor> gather_unit(FullyShard::Unit& u) {
     const int64_t n = p.rows[g.rank] * p.row_numel;
     if (n) flat.narrow(0, p.offset, n).copy_(p.param.detach().reshape({-1}));
   }
-  auto all = all_gather(g, flat, std::vector<int64_t>(g.size, u.padded_numel));
+  auto all = all_gather_flat(g, flat);
   std::vector<torch::Tensor> out;
   for (auto& p : u.params) {
     std::vector<torch::Tensor> pieces;
-    for (int r = 0; r < g.size; ++r) {
-      pieces.push_back(all.narrow(0, r * u.padded_numel + p.offset, p.rows[r] * p.row_numel));
-    }
+    for (int r = 0; r < g.size; ++r) pieces.push_back(all[r].narrow(0, p.offset, p.rows[r] * p.row_numel));
     out.push_back(torch::cat(pieces).view(p.full_shape));
   }
   return out;
 }
 
-// One reduce-scatter (average) of the unit's full gradients into shard gradients.
-std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
+// The unit's full gradients laid out as [ranks, padded shard]: row r holds
+// rank r's piece of every parameter.
+torch::Tensor pack_grads(FullyShard::Unit& u, const variable_list& grads) {
   Group& g = *u.group;
   auto options = u.params.front().param.options().requires_grad(false);
   auto flat = torch::zeros({g.size, u.padded_numel}, options);
@@ -72,7 +73,24 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
       if (n) flat[r].narrow(0, p.offset, n).copy_(gf.narrow(0, rank_offset(p.rows, r) * p.row_numel, n));
     }
   }
-  auto mine = reduce_scatter(g, flat, Reduce::kAvg).reshape({-1});
+  return flat;
+}
+
+// One reduce-scatter (average) of the unit's gradients, including those held
+// back from earlier microbatches, into shard gradients. Without sync the
+// gradients are only held back, so accumulation reduce-scatters once.
+std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
+  Group& g = *u.group;
+  auto flat = pack_grads(u, grads);
+  if (u.pending.defined()) {
+    flat.add_(u.pending);
+    u.pending = torch::Tensor();
+  }
+  if (!*u.sync) {
+    u.pending = flat;
+    return std::vector<torch::Tensor>(u.params.size());
+  }
+  auto mine = reduce_scatter_flat(g, flat, Reduce::kAvg);
   std::vector<torch::Tensor> out;
   for (auto& p : u.params) {
     auto shape = p.full_shape;
@@ -182,6 +200,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     unit->module = m;
     unit->group = &group_;
     unit->reshard_after_forward = options.reshard_after_forward && !name.empty();  // the root stays gathered
+    unit->sync = &sync_;
     units_.push_back(std::move(unit));
   }
   torch::NoGradGuard no_grad;

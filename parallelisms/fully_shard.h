@@ -38,6 +38,9 @@ class FullyShard {
 
   Group& group() { return group_; }
   size_t num_units() const;
+  // With false, backward holds the unit gradients back (gradient
+  // accumulation); the microbatch that should reduce-scatter sets true first.
+  void set_requires_sync(bool sync) { sync_ = sync; }
   // Drops the unsharded parameters (after backward; the next forward gathers
   // the updated shards again).
   void reshard();
@@ -49,6 +52,7 @@ class FullyShard {
  private:
   Group& group_;
   FullyShardOptions options_;
+  bool sync_ = true;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const c10::TensorImpl*, Param*> by_impl_;
 };

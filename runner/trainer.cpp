@@ -164,6 +164,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     double local_loss = 0;
     for (int64_t m = 0; m < t.microbatches; ++m) {
       if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
+      if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
       const int64_t begin = dp_rank * plan.local_batch + m * mb;
       Batch b = dataset->batch(step, begin, begin + mb);
       auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);

@@ -66,6 +66,29 @@ TEST(FullyShard, GradientsAreTheAverageOverRanksAndShardsAreTorchChunks) {
   });
 }
 
+TEST(FullyShard, AccumulationReduceScattersOnceAfterTheLastMicrobatch) {
+  auto ref = make_stack();
+  for (int r = 0; r < 2; ++r) {
+    for (int k = 0; k < 2; ++k) (*ref)(input_of(r) * (k + 1)).sum().backward();
+  }
+  testing::run_ranks({"dp"}, {2}, [&](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto m = make_stack();
+    auto fs = apply_fully_shard(*m, g, {{"*"}, true});
+    g.counter->reset();
+    for (int k = 0; k < 2; ++k) {
+      fs->set_requires_sync(k == 1);
+      (*m)(input_of(g.rank) * (k + 1)).sum().backward();
+      fs->reshard();
+      EXPECT_EQ(g.counter->get("reduce_scatter").calls, k == 0 ? 0 : 3);
+    }
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      auto expect = ref->named_parameters()[n].grad().chunk(2, 0)[g.rank] / 2;
+      EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << n;
+    }
+  });
+}
+
 TEST(FullyShard, ReshardAfterForwardFreesTheUnshardedStorage) {
   testing::run_ranks({"dp"}, {2}, [](DeviceMesh& mesh) {
     auto& g = mesh.group("dp");
