@@ -14,6 +14,12 @@
 
 namespace composer::testing {
 
+// Rank threads share torch's global generator: seed and draw under this lock.
+inline std::mutex& rng_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 inline void run_ranks(const std::vector<std::string>& names, const std::vector<int64_t>& shape,
                       const std::function<void(parallel::DeviceMesh&)>& body,
                       const std::vector<std::vector<std::string>>& flattened = {}) {

@@ -10,14 +10,8 @@
 namespace composer::parallel {
 namespace {
 
-// Rank threads share torch's global generator: seed and draw under one lock.
-std::mutex& rng_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-
 models::ModelPtr make_model() {
-  std::lock_guard<std::mutex> lock(rng_mutex());
+  std::lock_guard<std::mutex> lock(testing::rng_mutex());
   const auto* spec = models::find_model("mlp_stack");
   models::ModelArgs a;
   for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
@@ -26,7 +20,7 @@ models::ModelPtr make_model() {
 }
 
 torch::Tensor input_of(int rank, int micro) {
-  std::lock_guard<std::mutex> lock(rng_mutex());
+  std::lock_guard<std::mutex> lock(testing::rng_mutex());
   torch::manual_seed(1000 + 10 * rank + micro);
   return torch::randn({4, 16});
 }

@@ -11,13 +11,8 @@
 namespace composer::parallel {
 namespace {
 
-std::mutex& rng_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-
 models::ModelPtr make(const std::string& name, std::map<std::string, models::ArgValue> overrides = {}) {
-  std::lock_guard<std::mutex> lock(rng_mutex());
+  std::lock_guard<std::mutex> lock(testing::rng_mutex());
   const auto* spec = models::find_model(name);
   models::ModelArgs a;
   for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
