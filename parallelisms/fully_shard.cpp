@@ -169,7 +169,7 @@ std::optional<std::string> check_units(models::Model& model, const std::vector<s
 }
 
 FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptions& options)
-    : group_(group), options_(options) {
+    : group_(group) {
   // Units: every matching module, then the root. A parameter belongs to the
   // innermost unit whose module contains it.
   std::vector<std::pair<std::string, nn::Module*>> unit_modules;

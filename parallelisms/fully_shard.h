@@ -51,7 +51,6 @@ class FullyShard {
 
  private:
   Group& group_;
-  FullyShardOptions options_;
   bool sync_ = true;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const c10::TensorImpl*, Param*> by_impl_;

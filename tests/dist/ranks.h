@@ -7,9 +7,11 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
+#include "models/registry.h"
 #include "parallelisms/mesh.h"
 
 namespace composer::testing {
@@ -18,6 +20,19 @@ namespace composer::testing {
 inline std::mutex& rng_mutex() {
   static std::mutex mu;
   return mu;
+}
+
+// A registered model with its default arguments (plus `overrides`), initialised
+// from `seed`; safe to call from rank threads.
+inline models::ModelPtr seeded_model(const std::string& name, uint64_t seed,
+                                     const std::map<std::string, models::ArgValue>& overrides = {}) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  const auto* spec = models::find_model(name);
+  models::ModelArgs a;
+  for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
+  for (const auto& [k, v] : overrides) a.set(k, v);
+  torch::manual_seed(seed);
+  return spec->build(a);
 }
 
 inline void run_ranks(const std::vector<std::string>& names, const std::vector<int64_t>& shape,

@@ -10,15 +10,8 @@
 namespace composer::parallel {
 namespace {
 
-models::ModelPtr make_stack() {
-  std::lock_guard<std::mutex> lock(testing::rng_mutex());
-  const auto* spec = models::find_model("mlp_stack");
-  models::ModelArgs a;
-  for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
-  a.set("mlp_dim", int64_t{17});  // uneven: 51 and 68 rows over the ranks
-  torch::manual_seed(3);
-  return spec->build(a);
-}
+// mlp_dim 17: 51 and 68 rows, uneven over the ranks.
+models::ModelPtr make_stack() { return testing::seeded_model("mlp_stack", 3, {{"mlp_dim", int64_t{17}}}); }
 
 torch::Tensor input_of(int rank) { return torch::linspace(-1, 1, 4 * 17).view({4, 17}).mul(rank + 1).sin(); }
 

@@ -10,14 +10,7 @@
 namespace composer::parallel {
 namespace {
 
-models::ModelPtr make_model() {
-  std::lock_guard<std::mutex> lock(testing::rng_mutex());
-  const auto* spec = models::find_model("mlp_stack");
-  models::ModelArgs a;
-  for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
-  torch::manual_seed(0);
-  return spec->build(a);
-}
+models::ModelPtr make_model() { return testing::seeded_model("mlp_stack", 0); }
 
 torch::Tensor input_of(int rank, int micro) {
   std::lock_guard<std::mutex> lock(testing::rng_mutex());

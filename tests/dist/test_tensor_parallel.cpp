@@ -11,14 +11,8 @@
 namespace composer::parallel {
 namespace {
 
-models::ModelPtr make(const std::string& name, std::map<std::string, models::ArgValue> overrides = {}) {
-  std::lock_guard<std::mutex> lock(testing::rng_mutex());
-  const auto* spec = models::find_model(name);
-  models::ModelArgs a;
-  for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
-  for (auto& [k, v] : overrides) a.set(k, v);
-  torch::manual_seed(42);
-  return spec->build(a);
+models::ModelPtr make(const std::string& name, const std::map<std::string, models::ArgValue>& overrides = {}) {
+  return testing::seeded_model(name, 42, overrides);
 }
 
 models::TpPlan plan_of(const std::string& name, bool sp = false) {
