@@ -21,7 +21,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, torch::Tensor tied_weigh
 }
 
 torch::Tensor Linear::forward(torch::Tensor x) {
-  return torch::linear(x, param(weight), bias.defined() ? param(bias) : torch::Tensor());
+  return torch::linear(x, param(weight), bias.defined() && !bias_after ? param(bias) : torch::Tensor());
 }
 
 Embedding::Embedding(int64_t n, int64_t d) : Module("Embedding"), num_embeddings(n), embedding_dim(d) {

@@ -15,6 +15,9 @@ class Linear : public Module {
   torch::Tensor weight;
   torch::Tensor bias;  // undefined when bias=false
   int64_t in_features, out_features;
+  // When true, forward leaves the bias out (a transform adds param(bias)
+  // later, e.g. after a tensor-parallel reduction).
+  bool bias_after = false;
 };
 
 class Embedding : public Module {

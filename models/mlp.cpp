@@ -189,6 +189,21 @@ std::vector<ModelSpec> mlp_specs() {
                      if (a.b("with_seq_parallel")) kids.push_back({"3", std::make_shared<nn::LayerNorm>(d, 1e-5, false)});
                      return std::make_shared<SequentialModel>("MLPStack", kids, d);
                    }});
+  specs.push_back({"mlp_seq", "Sequential(n_mlps x MLP(dim, bias, dim_multiplier)): the all-gather extension model",
+                   {int_arg("n_mlps", 3, "number of MLPs"), int_arg("dim", 8, "width"),
+                    bool_arg("bias", false, "linear biases"), int_arg("dim_multiplier", 4, "hidden width multiplier")},
+                   [](const ModelArgs& a) {
+                     require_arg_positive(a, "n_mlps");
+                     require_arg_positive(a, "dim");
+                     require_arg_positive(a, "dim_multiplier");
+                   },
+                   [](const ModelArgs& a) -> ModelPtr {
+                     std::vector<std::pair<std::string, nn::ModulePtr>> kids;
+                     for (int64_t i = 0; i < a.i("n_mlps"); ++i) {
+                       kids.push_back({std::to_string(i), std::make_shared<MLP>(a.i("dim"), a.b("bias"), a.i("dim_multiplier"))});
+                     }
+                     return std::make_shared<SequentialModel>("MLPSeq", kids, a.i("dim"));
+                   }});
   specs.push_back({"simple_model", "SimpleModel: Linear(5,8), Linear(8,4), Linear(4,12), relu after each",
                    {},
                    nullptr,

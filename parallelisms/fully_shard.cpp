@@ -2,30 +2,50 @@
 
 #include <ATen/native/Resize.h>
 
+#include <algorithm>
+
 #include "parallelisms/tensor_parallel.h"
 
 namespace composer::parallel {
 
+// Where one all-gather input of a parameter sits in its unit's per-rank byte buffer.
+struct Slot {
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<int64_t> shape;
+};
+
 struct FullyShard::Param {
-  torch::Tensor param;                 // registered; its data is this rank's shard
-  std::vector<int64_t> full_shape;
-  std::vector<int64_t> rows;           // dim-0 rows of every rank's shard
-  int64_t row_numel = 1;
-  int64_t offset = 0;                  // in the unit's per-rank flat buffer
-  std::vector<nn::Module*> users;      // modules that compute with it
-  torch::Tensor full;                  // the unsharded tensor while gathered
+  torch::Tensor param;                   // registered; its data is this rank's shard
+  std::vector<int64_t> shape;            // the parameter's own shape (may be 0-dim)
+  ShardInfo info;
+  c10::ScalarType compute_dtype = c10::kFloat;
+  const AllGatherExtension* ext = nullptr;
+  std::vector<Slot> slots;               // its all-gather inputs
+  int64_t grad_offset = 0;               // in the unit's per-rank gradient chunk
+  std::vector<nn::Module*> users;        // modules that compute with it
+  torch::Tensor full;                    // the unsharded tensor while gathered
 };
 
 struct FullyShard::Unit {
   std::string name;
   nn::Module* module = nullptr;
+  FullyShard* owner = nullptr;
   std::vector<Param> params;
-  int64_t padded_numel = 0;            // per-rank flat size: every param's largest shard
-  bool freed = false;                  // storage released after forward
   Group* group = nullptr;
+  Group* replicate = nullptr;
   bool reshard_after_forward = true;
-  const bool* sync = nullptr;          // the owner's requires-sync flag
-  torch::Tensor pending;               // unreduced gradients of earlier microbatches
+  const bool* sync = nullptr;            // the owner's requires-sync flag
+  c10::ScalarType reduce_dtype = c10::kFloat;
+  std::optional<c10::ScalarType> input_dtype;  // the root casts float inputs to param_dtype
+  int64_t gather_bytes = 0;              // per rank
+  int64_t grad_numel = 0;                // per rank, in reduce_dtype
+  bool freed = false;                    // storage released after forward
+  torch::Tensor pending;                 // unreduced gradients of earlier microbatches
+  // An all-gather in flight (or finished but not yet copied out).
+  c10::intrusive_ptr<c10d::Work> work;
+  torch::Tensor send_base, recv_base, recv;
 };
 
 namespace {
@@ -33,79 +53,181 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-int64_t rank_offset(const std::vector<int64_t>& rows, int r) {
-  int64_t o = 0;
-  for (int i = 0; i < r; ++i) o += rows[i];
-  return o;
+constexpr int64_t kAlign = 16;
+int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+int64_t bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t) { return numel_of(shape) * c10::elementSize(t); }
+
+class DefaultGather : public AllGatherExtension {
+ public:
+  std::string name() const override { return "default"; }
+  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                            c10::ScalarType param_dtype) const override {
+    return {pad_shard(shard, info).to(param_dtype)};
+  }
+  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                c10::ScalarType param_dtype, const torch::Tensor& out) const override {
+    return unpad_cat(gathered[0], info, param_dtype, out);
+  }
+};
+
+class Bfloat16Gather : public AllGatherExtension {
+ public:
+  std::string name() const override { return "bfloat16"; }
+  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                            c10::ScalarType) const override {
+    return {pad_shard(shard, info).to(torch::kBFloat16)};
+  }
+  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                c10::ScalarType param_dtype, const torch::Tensor& out) const override {
+    return unpad_cat(gathered[0], info, param_dtype, out);
+  }
+};
+
+class SplitBfloat16Gather : public AllGatherExtension {
+ public:
+  std::string name() const override { return "split_bfloat16"; }
+  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                            c10::ScalarType) const override {
+    auto x = pad_shard(shard, info).to(torch::kFloat);
+    auto hi = x.to(torch::kBFloat16);
+    return {hi, x - hi.to(torch::kFloat)};  // the remainder is exact in float32
+  }
+  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                c10::ScalarType param_dtype, const torch::Tensor& out) const override {
+    auto sum = unpad_cat(gathered[0], info, torch::kFloat, {}) + unpad_cat(gathered[1], info, torch::kFloat, {});
+    if (!out.defined()) return sum.to(param_dtype);
+    out.copy_(sum);
+    return out;
+  }
+};
+
+const AllGatherExtension& default_gather() {
+  static DefaultGather d;
+  return d;
 }
 
-// One all-gather of the unit's flat shards; returns every parameter's full value.
-std::vector<torch::Tensor> gather_unit(FullyShard::Unit& u) {
+// Issues the unit's all-gather (async): every parameter's inputs packed into
+// one byte buffer, one collective.
+void start_gather(FullyShard::Unit& u) {
+  TORCH_INTERNAL_ASSERT(!u.recv.defined(), "unit ", u.name, " is already being gathered");
+  torch::NoGradGuard no_grad;
   Group& g = *u.group;
-  auto options = u.params.front().param.options().requires_grad(false);
-  auto flat = torch::zeros({u.padded_numel}, options);
+  u.send_base = u.owner->take_buffer(u.gather_bytes);
+  auto send = u.send_base.narrow(0, 0, u.gather_bytes);
   for (auto& p : u.params) {
-    const int64_t n = p.rows[g.rank] * p.row_numel;
-    if (n) flat.narrow(0, p.offset, n).copy_(p.param.detach().reshape({-1}));
-  }
-  auto all = all_gather_flat(g, flat);
-  std::vector<torch::Tensor> out;
-  for (auto& p : u.params) {
-    std::vector<torch::Tensor> pieces;
-    for (int r = 0; r < g.size; ++r) pieces.push_back(all[r].narrow(0, p.offset, p.rows[r] * p.row_numel));
-    out.push_back(torch::cat(pieces).view(p.full_shape));
-  }
-  return out;
-}
-
-// The unit's full gradients laid out as [ranks, padded shard]: row r holds
-// rank r's piece of every parameter.
-torch::Tensor pack_grads(FullyShard::Unit& u, const variable_list& grads) {
-  Group& g = *u.group;
-  auto options = u.params.front().param.options().requires_grad(false);
-  auto flat = torch::zeros({g.size, u.padded_numel}, options);
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    auto& p = u.params[i];
-    if (!grads[i].defined()) continue;
-    auto gf = grads[i].reshape({-1});
-    for (int r = 0; r < g.size; ++r) {
-      const int64_t n = p.rows[r] * p.row_numel;
-      if (n) flat[r].narrow(0, p.offset, n).copy_(gf.narrow(0, rank_offset(p.rows, r) * p.row_numel, n));
+    auto inputs = p.ext->pre_all_gather(p.param.detach(), p.info, p.compute_dtype);
+    TORCH_CHECK(inputs.size() == p.slots.size(), "all-gather extension ", p.ext->name(), " returned ",
+                inputs.size(), " tensors, not ", p.slots.size(), " as at setup");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Slot& s = p.slots[i];
+      TORCH_CHECK(inputs[i].sizes().vec() == s.shape && inputs[i].scalar_type() == s.dtype, "all-gather extension ",
+                  p.ext->name(), " changed an input's shape or dtype since setup");
+      send.narrow(0, s.offset, s.bytes).view(s.dtype).view(s.shape).copy_(inputs[i]);
     }
   }
-  return flat;
+  if (g.size == 1) {
+    u.recv = send.view({1, u.gather_bytes});
+    return;
+  }
+  u.recv_base = u.owner->take_buffer(g.size * u.gather_bytes);
+  u.recv = u.recv_base.narrow(0, 0, g.size * u.gather_bytes).view({g.size, u.gather_bytes});
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  for (int r = 0; r < g.size; ++r) outs[0].push_back(u.recv[r]);
+  std::vector<torch::Tensor> ins{send};
+  g.counter->add("all_gather", u.gather_bytes, (g.size - 1) * u.gather_bytes);
+  u.work = g.pg->allgather(outs, ins);
+}
+
+// Waits for the unit's all-gather and turns it into unsharded values: new
+// tensors, or (refill) written into the existing unsharded storage.
+std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
+  torch::NoGradGuard no_grad;
+  if (!u.recv.defined()) start_gather(u);
+  if (u.work) {
+    u.work->wait();
+    u.work.reset();
+  }
+  std::vector<torch::Tensor> values;
+  for (auto& p : u.params) {
+    std::vector<torch::Tensor> gathered;
+    for (const Slot& s : p.slots) {
+      std::vector<int64_t> shape{u.group->size};
+      shape.insert(shape.end(), s.shape.begin(), s.shape.end());
+      gathered.push_back(u.recv.narrow(1, s.offset, s.bytes).view(s.dtype).view(shape));
+    }
+    if (refill) {
+      auto& full = p.full;
+      at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), full.numel() * full.element_size());
+      // variable_data: .data semantics, so tensors autograd saved see no version bump.
+      p.ext->post_all_gather(gathered, p.info, p.compute_dtype, full.variable_data().view(p.info.full_shape));
+    } else {
+      values.push_back(p.ext->post_all_gather(gathered, p.info, p.compute_dtype, {}).view(p.shape));
+    }
+  }
+  u.owner->give_buffer(std::move(u.send_base));
+  if (u.recv_base.defined()) u.owner->give_buffer(std::move(u.recv_base));
+  u.send_base = u.recv_base = u.recv = torch::Tensor();
+  return values;
 }
 
 // One reduce-scatter (average) of the unit's gradients, including those held
-// back from earlier microbatches, into shard gradients. Without sync the
-// gradients are only held back, so accumulation reduce-scatters once.
+// back from earlier microbatches, into shard gradients; under HSDP then one
+// all-reduce (average) over the replicate group. Without sync the gradients
+// are only held back, so accumulation reduce-scatters once.
 std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
   Group& g = *u.group;
-  auto flat = pack_grads(u, grads);
-  if (u.pending.defined()) {
-    flat.add_(u.pending);
-    u.pending = torch::Tensor();
+  const bool sync = *u.sync;
+  torch::Tensor base, buf;
+  const bool accumulate = u.pending.defined();
+  if (accumulate) {
+    buf = u.pending;
+  } else if (!sync) {
+    buf = torch::zeros({g.size, u.grad_numel}, torch::TensorOptions().dtype(u.reduce_dtype));
+  } else {
+    const int64_t bytes = g.size * u.grad_numel * static_cast<int64_t>(c10::elementSize(u.reduce_dtype));
+    base = u.owner->take_buffer(bytes);
+    buf = base.narrow(0, 0, bytes).view(u.reduce_dtype).view({g.size, u.grad_numel}).zero_();
   }
-  if (!*u.sync) {
-    u.pending = flat;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    auto& p = u.params[i];
+    if (!grads[i].defined()) continue;
+    auto full = grads[i].reshape(p.info.full_shape);
+    for (int r = 0; r < g.size; ++r) {
+      if (!p.info.sizes[r]) continue;
+      auto piece = full.narrow(p.info.dim, p.info.offset(r), p.info.sizes[r]);
+      auto dst = buf[r].narrow(0, p.grad_offset, numel_of(p.info.shard_shape(r))).view(p.info.shard_shape(r));
+      if (accumulate) dst.add_(piece.to(u.reduce_dtype));
+      else dst.copy_(piece);
+    }
+  }
+  if (!sync) {
+    u.pending = buf;
     return std::vector<torch::Tensor>(u.params.size());
   }
-  auto mine = reduce_scatter_flat(g, flat, Reduce::kAvg);
+  u.pending = torch::Tensor();
+  auto mine = reduce_scatter_flat(g, buf.view({-1}), Reduce::kAvg);
+  if (u.replicate) all_reduce(*u.replicate, mine, Reduce::kAvg);
   std::vector<torch::Tensor> out;
   for (auto& p : u.params) {
-    auto shape = p.full_shape;
-    shape[0] = p.rows[g.rank];
-    out.push_back(mine.narrow(0, p.offset, p.rows[g.rank] * p.row_numel).view(shape).clone());
+    auto shape = p.info.shard_shape(g.rank);
+    out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape)).view(shape).to(p.param.scalar_type(), false, true));
   }
+  if (base.defined()) u.owner->give_buffer(std::move(base));
   return out;
 }
 
-// Forward: the unit's shards -> full parameters (one all-gather).
-// Backward: full gradients -> shard gradients (one reduce-scatter).
+// Forward: the unit's shards -> unsharded parameters (one all-gather, maybe
+// issued earlier by a prefetch). Backward: their gradients -> shard gradients
+// (one reduce-scatter).
 struct UnshardFn : torch::autograd::Function<UnshardFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList shards, int64_t unit) {
     ctx->saved_data["unit"] = unit;
-    return gather_unit(*reinterpret_cast<FullyShard::Unit*>(unit));
+    return finish_gather(*reinterpret_cast<FullyShard::Unit*>(unit), /*refill=*/false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto& u = *reinterpret_cast<FullyShard::Unit*>(ctx->saved_data["unit"].toInt());
@@ -139,13 +261,7 @@ void reshard_storage(FullyShard::Unit& u) {
 
 void refill_storage(FullyShard::Unit& u) {
   if (!u.freed) return;
-  torch::NoGradGuard no_grad;
-  auto values = gather_unit(u);
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    auto& full = u.params[i].full;
-    at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), full.numel() * full.element_size());
-    full.variable_data().copy_(values[i]);  // .data semantics: no version bump for saved tensors
-  }
+  finish_gather(u, /*refill=*/true);
   u.freed = false;
 }
 
@@ -158,6 +274,54 @@ bool matches_any(const std::vector<std::string>& patterns, const std::string& fq
 
 }  // namespace
 
+int64_t ShardInfo::offset(int r) const {
+  int64_t o = 0;
+  for (int i = 0; i < r; ++i) o += sizes[i];
+  return o;
+}
+
+std::vector<int64_t> ShardInfo::shard_shape(int r) const {
+  auto s = full_shape;
+  s[dim] = sizes[r];
+  return s;
+}
+
+std::vector<int64_t> ShardInfo::padded_shape() const { return shard_shape(0); }  // torch.chunk: rank 0's is largest
+
+torch::Tensor pad_shard(const torch::Tensor& shard, const ShardInfo& info) {
+  const auto padded = info.padded_shape();
+  if (shard.sizes().vec() == padded) return shard;
+  auto out = torch::zeros(padded, shard.options());
+  out.narrow(info.dim, 0, shard.size(info.dim)).copy_(shard);
+  return out;
+}
+
+torch::Tensor unpad_cat(const torch::Tensor& gathered, const ShardInfo& info, c10::ScalarType dtype,
+                        const torch::Tensor& out) {
+  std::vector<torch::Tensor> pieces;
+  for (int r = 0; r < info.world; ++r) {
+    if (info.sizes[r]) pieces.push_back(gathered[r].narrow(info.dim, 0, info.sizes[r]));
+  }
+  if (pieces.empty()) pieces.push_back(gathered[0].narrow(info.dim, 0, 0));
+  if (out.defined()) {
+    if (gathered.scalar_type() == out.scalar_type()) {
+      at::cat_out(const_cast<torch::Tensor&>(out), pieces, info.dim);
+    } else {
+      out.copy_(torch::cat(pieces, info.dim));
+    }
+    return out;
+  }
+  return torch::cat(pieces, info.dim).to(dtype);
+}
+
+std::shared_ptr<AllGatherExtension> make_all_gather_extension(const std::string& name) {
+  if (name == "bfloat16") return std::make_shared<Bfloat16Gather>();
+  if (name == "split_bfloat16") return std::make_shared<SplitBfloat16Gather>();
+  return nullptr;
+}
+
+std::vector<std::string> all_gather_extension_names() { return {"bfloat16", "split_bfloat16"}; }
+
 std::optional<std::string> check_units(models::Model& model, const std::vector<std::string>& units) {
   auto modules = nn::named_modules(model);
   for (const auto& pattern : units) {
@@ -169,7 +333,7 @@ std::optional<std::string> check_units(models::Model& model, const std::vector<s
 }
 
 FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptions& options)
-    : group_(group) {
+    : group_(group), options_(options) {
   // Units: every matching module, then the root. A parameter belongs to the
   // innermost unit whose module contains it.
   std::vector<std::pair<std::string, nn::Module*>> unit_modules;
@@ -198,7 +362,9 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     auto unit = std::make_unique<Unit>();
     unit->name = name;
     unit->module = m;
+    unit->owner = this;
     unit->group = &group_;
+    unit->replicate = options.replicate && options.replicate->size > 1 ? options.replicate : nullptr;
     unit->reshard_after_forward = options.reshard_after_forward && !name.empty();  // the root stays gathered
     unit->sync = &sync_;
     units_.push_back(std::move(unit));
@@ -208,32 +374,63 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     Unit& u = *units_[owner.at(p.unsafeGetTensorImpl())];
     Param q;
     q.param = p;
-    q.full_shape = p.sizes().vec();
-    if (q.full_shape.empty()) q.full_shape = {1};
-    q.rows = chunk_sizes(q.full_shape[0], group_.size);
-    q.row_numel = p.numel() / std::max<int64_t>(1, q.full_shape[0]);
-    q.offset = u.padded_numel;
-    u.padded_numel += q.rows[0] * q.row_numel;
+    q.shape = p.sizes().vec();
+    auto full_shape = q.shape.empty() ? std::vector<int64_t>{1} : q.shape;
+    int64_t dim = options.shard_dim ? options.shard_dim(p) : 0;
+    if (dim < 0) dim += static_cast<int64_t>(full_shape.size());
+    TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(full_shape.size()), "shard dim ", dim, " is out of range for ",
+                name, " of shape ", p.sizes());
+    q.info.full_shape = full_shape;
+    q.info.dim = dim;
+    q.info.sizes = chunk_sizes(full_shape[dim], group_.size);
+    q.info.rank = group_.rank;
+    q.info.world = group_.size;
+    q.compute_dtype = options.param_dtype.value_or(p.scalar_type());
+    q.ext = options.extension && p.scalar_type() == torch::kFloat ? options.extension.get() : &default_gather();
     q.users = users[p.unsafeGetTensorImpl()];
-    auto local = p.detach().reshape(q.full_shape).narrow(0, rank_offset(q.rows, group_.rank), q.rows[group_.rank]);
-    p.set_data(local.clone());
+    auto local = p.detach().reshape(full_shape).narrow(dim, q.info.offset(group_.rank), q.info.sizes[group_.rank]);
+    p.set_data(local.contiguous().clone());
+    q.grad_offset = u.grad_numel;
+    u.grad_numel += numel_of(q.info.padded_shape());
+    for (const auto& in : q.ext->pre_all_gather(p.detach(), q.info, q.compute_dtype)) {
+      Slot s{u.gather_bytes, bytes_of(in.sizes().vec(), in.scalar_type()), in.scalar_type(), in.sizes().vec()};
+      u.gather_bytes += aligned(s.bytes);
+      q.slots.push_back(s);
+    }
     u.params.push_back(q);
   }
   for (auto& u : units_) {
+    if (u->params.empty()) continue;
+    u->reduce_dtype = options.reduce_dtype.value_or(u->params.front().compute_dtype);
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
+  }
+  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype (the root's casts)
+    const auto compute = *options.param_dtype;
+    const auto train = units_.back()->params.empty() ? torch::kFloat : units_.back()->params.front().param.scalar_type();
+    model.add_pre_hook([compute](nn::Module&, torch::Tensor x) {
+      return x.is_floating_point() ? x.to(compute) : x;
+    });
+    model.add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+      return y.is_floating_point() ? y.to(train) : y;
+    });
   }
   for (auto& up : units_) {
     Unit* u = up.get();
     if (u->params.empty()) continue;
-    u->module->add_pre_hook([u](nn::Module&, torch::Tensor x) {
-      unshard(*u);  // every forward gathers the current shards
+    u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
+      if (recording_) record_forward(u);
+      unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
+      Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
+      if (next && !next->recv.defined()) start_gather(*next);
       return x;
     });
-    u->module->add_post_hook([u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
       if (!u->reshard_after_forward || !y.requires_grad()) return y;
       reshard_storage(*u);
-      y.register_hook([u](torch::Tensor g) {
+      y.register_hook([this, u](torch::Tensor g) {
         refill_storage(*u);  // runs before this unit's backward
+        Unit* prev = options_.prefetch ? prev_in_forward(u) : nullptr;  // the next unit in backward
+        if (prev && prev->freed && !prev->recv.defined()) start_gather(*prev);
         return g;
       });
       return y;
@@ -249,26 +446,60 @@ size_t FullyShard::num_units() const {
   return n;
 }
 
+void FullyShard::record_forward(Unit* u) {
+  if (std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end()) forward_order_.push_back(u);
+}
+
+FullyShard::Unit* FullyShard::next_in_forward(const Unit* u) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
+  return it == forward_order_.end() || it + 1 == forward_order_.end() ? nullptr : *(it + 1);
+}
+
+FullyShard::Unit* FullyShard::prev_in_forward(const Unit* u) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
+  return it == forward_order_.end() || it == forward_order_.begin() ? nullptr : *(it - 1);
+}
+
+torch::Tensor FullyShard::take_buffer(int64_t bytes) {
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+    if (it->numel() >= bytes && (best == pool_.end() || it->numel() < best->numel())) best = it;
+  }
+  if (best == pool_.end()) return torch::empty({std::max<int64_t>(bytes, 1)}, torch::kByte);
+  auto t = *best;
+  pool_.erase(best);
+  return t;
+}
+
+void FullyShard::give_buffer(torch::Tensor t) { pool_.push_back(std::move(t)); }
+
 void FullyShard::reshard() {
   for (auto& u : units_) {
+    if (u->recv.defined()) finish_gather(*u, /*refill=*/false);  // a prefetch nobody used
     for (auto& p : u->params) {
       for (auto* m : p.users) m->clear_view(p.param);
       p.full = torch::Tensor();
     }
     u->freed = false;
   }
+  recording_ = false;
 }
 
 bool FullyShard::is_sharded(const torch::Tensor& p) const { return by_impl_.count(p.unsafeGetTensorImpl()) > 0; }
+
+const ShardInfo* FullyShard::shard_info(const torch::Tensor& p) const {
+  auto it = by_impl_.find(p.unsafeGetTensorImpl());
+  return it == by_impl_.end() ? nullptr : &it->second->info;
+}
 
 torch::Tensor FullyShard::full(const torch::Tensor& p) {
   auto it = by_impl_.find(p.unsafeGetTensorImpl());
   if (it == by_impl_.end()) return p.detach().clone();
   const Param& q = *it->second;
-  std::vector<int64_t> shape = q.full_shape;
-  auto local = p.detach().reshape({q.rows[group_.rank], q.row_numel});
-  auto whole = all_gather(group_, local.contiguous(), q.rows);
-  return whole.view(p.dim() == 0 ? std::vector<int64_t>{} : shape).clone();
+  const auto& info = q.info;
+  auto local = p.detach().reshape(info.shard_shape(group_.rank)).movedim(info.dim, 0).contiguous();
+  auto whole = all_gather(group_, local, info.sizes).movedim(0, info.dim).contiguous();
+  return whole.view(q.shape).clone();
 }
 
 std::unique_ptr<FullyShard> apply_fully_shard(models::Model& model, Group& group, const FullyShardOptions& options) {

@@ -1,14 +1,23 @@
-// fully_shard (FSDP2 semantics): every parameter is sharded on dim 0 over the
-// data-parallel group (torch.chunk pieces, ranks with empty pieces allowed).
-// Modules matching `units` are sharding units, each with one all-gather of
-// all its parameters before its forward and one reduce-scatter (averaged) of
-// their gradients in backward; the root is the last unit and owns every
-// parameter no other unit owns. With reshard_after_forward the unsharded
-// storage is freed after the unit's forward and gathered again just before
-// its backward. The optimizer sees only the local shards.
+// fully_shard (FSDP2 semantics): every parameter is sharded over the
+// data-parallel group on one dim (torch.chunk pieces, ranks with empty pieces
+// allowed). Modules matching `units` are sharding units, each with one
+// all-gather of all its parameters before its forward and one reduce-scatter
+// (averaged) of their gradients in backward; the root is the last unit and
+// owns every parameter no other unit owns. With reshard_after_forward the
+// unsharded storage is freed after the unit's forward and gathered again just
+// before its backward. The next unit's all-gather is issued before the current
+// unit computes (prefetch), in forward and in backward. The optimizer sees only
+// the local shards.
+//
+// Mixed precision: the all-gather and the compute run in param_dtype, the
+// gradient reduction in reduce_dtype; shards, their gradients and optimizer
+// state keep the training dtype. HSDP: with a replicate group, gradients are
+// reduce-scattered over the shard group and then all-reduced (averaged) over
+// the replicate group.
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,9 +29,63 @@
 
 namespace composer::parallel {
 
+// How one parameter is sharded over the shard group.
+struct ShardInfo {
+  std::vector<int64_t> full_shape;  // the unsharded shape (tp-local under tensor parallelism)
+  int64_t dim = 0;                  // the sharded dim
+  std::vector<int64_t> sizes;       // every rank's size along `dim` (torch.chunk)
+  int rank = 0;
+  int world = 1;
+  int64_t offset(int r) const;              // where rank r's piece starts along `dim`
+  std::vector<int64_t> shard_shape(int r) const;
+  std::vector<int64_t> padded_shape() const;  // every piece padded to the largest
+};
+
+// An all-gather extension (FSDP2's fsdp_pre_all_gather / fsdp_post_all_gather
+// on the local shard): a parameter transforms its shard into the tensors to
+// all-gather, and the gathered tensors back into its unsharded value.
+class AllGatherExtension {
+ public:
+  virtual ~AllGatherExtension() = default;
+  virtual std::string name() const = 0;
+  // One or more tensors to all-gather for this rank's shard. Every rank must
+  // return the same shapes and dtypes, so uneven shards pad themselves
+  // (pad_shard). `param_dtype` is the compute dtype of the unsharded value.
+  virtual std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                                    c10::ScalarType param_dtype) const = 0;
+  // gathered[i] stacks every rank's input i on a new leading dim ([world, ...]).
+  // Returns the unsharded value in param_dtype. When `out` is defined (the
+  // unsharded tensor is reused: a re-gather before backward), writes into it.
+  virtual torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                        c10::ScalarType param_dtype, const torch::Tensor& out) const = 0;
+};
+
+// This rank's shard padded along info.dim to the largest piece.
+torch::Tensor pad_shard(const torch::Tensor& shard, const ShardInfo& info);
+// [world, padded...] pieces -> the unsharded tensor (cropped, concatenated on
+// info.dim), cast to `dtype`, written into `out` when it is defined.
+torch::Tensor unpad_cat(const torch::Tensor& gathered, const ShardInfo& info, c10::ScalarType dtype,
+                        const torch::Tensor& out);
+
+// Built-in extensions, by name: "bfloat16" all-gathers float32 parameters in
+// bfloat16 (half the bytes; the unsharded value is the bf16-rounded shard),
+// "split_bfloat16" all-gathers two tensors per parameter (the bf16 part and the
+// float32 remainder) and adds them back: exact, and a test of multi-tensor
+// extensions. Returns nullptr for an unknown name.
+std::shared_ptr<AllGatherExtension> make_all_gather_extension(const std::string& name);
+std::vector<std::string> all_gather_extension_names();
+
 struct FullyShardOptions {
   std::vector<std::string> units;     // module FQN patterns; each match is its own unit
   bool reshard_after_forward = true;  // free unsharded parameters between forward and backward
+  std::optional<c10::ScalarType> param_dtype;   // all-gather and compute dtype
+  std::optional<c10::ScalarType> reduce_dtype;  // gradient reduction dtype (default: param_dtype)
+  // Applied to every float32 parameter; nullptr all-gathers the shard itself.
+  std::shared_ptr<AllGatherExtension> extension;
+  // The dim to shard each parameter on (shard_placement_fn); nullptr = dim 0.
+  std::function<int64_t(const torch::Tensor&)> shard_dim;
+  Group* replicate = nullptr;         // HSDP: gradients are averaged over it too
+  bool prefetch = true;               // issue the next unit's all-gather early
 };
 
 // The unit FQNs that `units` selects in `model` (outermost first, root last as
@@ -37,6 +100,7 @@ class FullyShard {
   ~FullyShard();
 
   Group& group() { return group_; }
+  Group* replicate_group() { return options_.replicate; }
   size_t num_units() const;
   // With false, backward holds the unit gradients back (gradient
   // accumulation); the microbatch that should reduce-scatter sets true first.
@@ -48,10 +112,24 @@ class FullyShard {
   bool is_sharded(const torch::Tensor& p) const;
   // The unsharded value of `p` (a collective over the group: every rank calls it).
   torch::Tensor full(const torch::Tensor& p);
+  // How `p` is sharded, or nullptr.
+  const ShardInfo* shard_info(const torch::Tensor& p) const;
+
+  // Internal: the unit whose forward comes after `u` (nullptr at the end).
+  Unit* next_in_forward(const Unit* u) const;
+  Unit* prev_in_forward(const Unit* u) const;
+  void record_forward(Unit* u);
+  bool recording() const { return recording_; }
+  torch::Tensor take_buffer(int64_t bytes);
+  void give_buffer(torch::Tensor t);
 
  private:
   Group& group_;
+  FullyShardOptions options_;
   bool sync_ = true;
+  bool recording_ = true;  // the first forward records the unit order
+  std::vector<Unit*> forward_order_;
+  std::vector<torch::Tensor> pool_;  // reusable all-gather buffers
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const c10::TensorImpl*, Param*> by_impl_;
 };

@@ -66,6 +66,7 @@ void sum_grads_over(Group& g, torch::Tensor& p) {
   if (g.size == 1) return;
   Group* gp = &g;
   p.register_hook([gp](torch::Tensor grad) {
+    if (!grad.defined()) return grad;  // held back (gradient accumulation under fully_shard)
     auto out = grad.clone();
     all_reduce(*gp, out);
     return out;
@@ -97,17 +98,17 @@ void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   Group& g = tp.group();
   shard_param(tp, m.weight, 1);
   const Layout in = r.input, out = r.output;
-  torch::Tensor bias = m.bias;
-  if (bias.defined()) {
-    m.set_view(bias, torch::Tensor());  // the layer computes without bias; it is added after the reduction
-    if (out.sharded) sum_grads_over(g, bias);
+  const bool bias = m.bias.defined();
+  if (bias) {
+    m.bias_after = true;  // the layer computes without bias; it is added after the reduction
+    if (out.sharded) sum_grads_over(g, m.bias);
   }
   if (!in.sharded) {
     m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return scatter_along(g, x, -1); });
   }
-  m.add_post_hook([&g, out, bias](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+  m.add_post_hook([&g, out, bias, &m](nn::Module&, const torch::Tensor&, torch::Tensor y) {
     y = redistribute_output(g, y, out);
-    return bias.defined() ? y + bias : y;
+    return bias ? y + m.param(m.bias) : y;  // param(): the value a later transform (fully_shard) installed
   });
 }
 
@@ -199,10 +200,10 @@ const TpShard* TensorParallel::shard_of(const torch::Tensor& p) const {
   return it == shards_.end() ? nullptr : &it->second;
 }
 
-torch::Tensor TensorParallel::full(const torch::Tensor& p) {
+torch::Tensor TensorParallel::full(const torch::Tensor& p, const torch::Tensor& local) {
   const TpShard* s = shard_of(p);
-  if (!s || group_.size == 1) return p.detach().clone();
-  auto x = p.detach().movedim(s->dim, 0).contiguous();
+  if (!s || group_.size == 1) return local.detach().clone();
+  auto x = local.detach().movedim(s->dim, 0).contiguous();
   return all_gather(group_, x, chunk_sizes(s->global_size, group_.size)).movedim(0, s->dim).contiguous();
 }
 

@@ -47,7 +47,10 @@ class TensorParallel {
   // The shard layout of a parameter, or nullptr when it is replicated.
   const TpShard* shard_of(const torch::Tensor& p) const;
   // The full tensor of `p` on every tp rank (a collective: all tp ranks call it).
-  torch::Tensor full(const torch::Tensor& p);
+  torch::Tensor full(const torch::Tensor& p) { return full(p, p.detach()); }
+  // The same from `local`, this rank's tp-local value of `p` (e.g. gathered
+  // by fully_shard first).
+  torch::Tensor full(const torch::Tensor& p, const torch::Tensor& local);
 
   // Internal state the hooks share.
   std::unordered_map<const c10::TensorImpl*, TpShard> shards_;

@@ -34,6 +34,11 @@ const EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
 const EnumName<TargetKind> kTargets[] = {{TargetKind::kAuto, "auto"},       {TargetKind::kNone, "none"},
                                          {TargetKind::kNormal, "normal"},   {TargetKind::kUniform, "uniform"},
                                          {TargetKind::kTokens, "tokens"},   {TargetKind::kNextTokens, "next_tokens"}};
+const EnumName<ShardPlacement> kShardPlacements[] = {{ShardPlacement::kDim0, "dim0"},
+                                                     {ShardPlacement::kOppositeTp, "opposite_tp"}};
+const EnumName<AllGather> kAllGathers[] = {
+    {AllGather::kPlain, "plain"}, {AllGather::kBfloat16, "bfloat16"}, {AllGather::kSplitBfloat16, "split_bfloat16"}};
+const EnumName<Offload> kOffloads[] = {{Offload::kNone, "none"}, {Offload::kCpu, "cpu"}};
 const EnumName<Schedule> kSchedules[] = {{Schedule::kGpipe, "gpipe"},
                                          {Schedule::k1f1b, "1f1b"},
                                          {Schedule::kInterleaved1f1b, "interleaved_1f1b"},
@@ -227,6 +232,10 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
           out = name_of(d);
         }
       }
+      m.get_enum("shard_placement", t.shard_placement, kShardPlacements);
+      m.get_enum("all_gather", t.all_gather, kAllGathers);
+      m.get_enum("offload", t.offload, kOffloads);
+      m.get("prefetch", t.prefetch);
       break;
     case TransformKind::kReplicate:
       t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});
@@ -518,7 +527,10 @@ nlohmann::json transform_json(const TransformConfig& t) {
     case TransformKind::kActivationCheckpointing: j = {{"units", t.units}}; break;
     case TransformKind::kFullyShard:
       j = {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", t.reshard_after_forward},
-           {"param_dtype", t.param_dtype}, {"reduce_dtype", t.reduce_dtype}};
+           {"param_dtype", t.param_dtype}, {"reduce_dtype", t.reduce_dtype},
+           {"shard_placement", lookup(kShardPlacements, t.shard_placement)},
+           {"all_gather", lookup(kAllGathers, t.all_gather)}, {"offload", lookup(kOffloads, t.offload)},
+           {"prefetch", t.prefetch}};
       break;
     case TransformKind::kReplicate: j = {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}}; break;
     case TransformKind::kPipeline:

@@ -51,6 +51,12 @@ struct MeshConfig {
 };
 
 // One entry of `parallelize`; only the fields of its kind are meaningful.
+// fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
+// dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
+enum class ShardPlacement { kDim0, kOppositeTp };
+enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };
+enum class Offload { kNone, kCpu };
+
 struct TransformConfig {
   TransformKind kind = TransformKind::kReplicate;
   std::vector<std::string> mesh_dim;   // mesh dims it spans (fully_shard: [replicate, shard] for HSDP)
@@ -61,6 +67,10 @@ struct TransformConfig {
   bool reshard_after_forward = true;   // fully_shard: free unsharded params after forward
   std::string param_dtype;             // fully_shard: compute dtype ("" = parameter dtype)
   std::string reduce_dtype;            // fully_shard: gradient reduction dtype ("" = param_dtype)
+  ShardPlacement shard_placement = ShardPlacement::kDim0;  // fully_shard: dim each parameter is sharded on
+  AllGather all_gather = AllGather::kPlain;  // fully_shard: all-gather extension for float32 parameters
+  Offload offload = Offload::kNone;    // fully_shard: cpu keeps shards and optimizer state on the host
+  bool prefetch = true;                // fully_shard: issue the next unit's all-gather early
   double bucket_mb = 25;               // replicate: gradient bucket size
   Schedule schedule = Schedule::k1f1b; // pipeline: schedule name
   int64_t microbatches = 0;            // pipeline: microbatches per step (0 = pp size)

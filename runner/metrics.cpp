@@ -1,5 +1,6 @@
 #include "runner/metrics.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -11,9 +12,27 @@
 namespace composer {
 
 double peak_rss_mb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f) {
+    char line[256];
+    long kb = -1;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+    }
+    std::fclose(f);
+    if (kb >= 0) return static_cast<double>(kb) / 1024.0;
+  }
   struct rusage u {};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+void reset_peak_rss() {
+  malloc_trim(0);
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);  // resets VmHWM to the current RSS
+    std::fclose(f);
+  }
 }
 
 double loopback_tx_bytes() {

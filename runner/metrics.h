@@ -27,7 +27,10 @@ struct StepRecord {
 double loopback_tx_bytes();
 
 // Peak resident set size of this process, in MiB.
+// The process's peak resident set (VmHWM) in MiB since start or the last
+// reset_peak_rss(), which first returns freed heap memory to the system.
 double peak_rss_mb();
+void reset_peak_rss();
 
 class Metrics {
  public:

@@ -90,23 +90,22 @@ void check_supported(const ExperimentConfig& c) {
                                  " transform is not supported yet in this version; use tensor_parallel, fully_shard "
                                  "or replicate, or remove it");
     }
-    if (t.kind == TransformKind::kFullyShard) {
-      if (!t.param_dtype.empty() || !t.reduce_dtype.empty()) {
-        throw PlanError(t.ref, "fully_shard mixed precision (param_dtype, reduce_dtype) is not supported yet in this "
-                               "version; remove them to shard in the training dtype");
-      }
-      if (t.mesh_dim.size() > 1) {
-        throw PlanError(t.ref, "fully_shard over several mesh dims (HSDP) is not supported yet in this version; "
-                               "shard over one dim");
-      }
+    if (t.kind == TransformKind::kFullyShard && t.mesh_dim.size() > 2) {
+      throw PlanError(t.ref, "fully_shard spans one mesh dim (FSDP) or two, [replicate, shard] (HSDP), not " +
+                                 std::to_string(t.mesh_dim.size()));
     }
   }
   bool tp = false;
   for (const auto& t : c.parallelize) {
     tp = tp || t.kind == TransformKind::kTensorParallel;
-    if (t.kind == TransformKind::kFullyShard && tp) {
-      throw PlanError(t.ref, "fully_shard after tensor_parallel (2-D) is not supported yet in this version; use "
-                             "replicate for the data-parallel dim");
+    if (t.kind == TransformKind::kFullyShard && t.shard_placement == ShardPlacement::kOppositeTp && !tp) {
+      throw PlanError(t.ref, "shard_placement: opposite_tp shards the dim tensor parallelism does not, but no "
+                             "tensor_parallel comes before this fully_shard; use dim0 or add tensor_parallel");
+    }
+    if (t.kind == TransformKind::kFullyShard && t.all_gather != AllGather::kPlain &&
+        c.train.dtype != DType::kFloat32) {
+      throw PlanError(t.ref, "the all_gather extensions transform float32 parameters, but train.dtype is " +
+                                 std::string(name_of(c.train.dtype)) + "; use all_gather: plain or dtype float32");
     }
   }
 }

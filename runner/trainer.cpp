@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
 #include "models/registry.h"
@@ -23,11 +24,42 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 
 // The transforms applied to this rank's model, in the plan's order.
 struct Parallel {
-  parallel::Group* dp = nullptr;
+  parallel::Group* dp = nullptr;  // every data-parallel rank (replicate and shard dims flattened)
   std::unique_ptr<parallel::Replicate> replicate;
   std::unique_ptr<parallel::TensorParallel> tp;
   std::unique_ptr<parallel::FullyShard> fsdp;
 };
+
+torch::ScalarType dtype_named(const std::string& name) {
+  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    if (name == name_of(d)) return scalar_type_of(d);
+  }
+  TORCH_INTERNAL_ASSERT(false, "dtype ", name, " passed config validation but is unknown");
+}
+
+parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parallel& p, RankContext& rank) {
+  parallel::FullyShardOptions o;
+  o.units = t.units;
+  o.reshard_after_forward = t.reshard_after_forward;
+  o.prefetch = t.prefetch;
+  if (!t.param_dtype.empty()) o.param_dtype = dtype_named(t.param_dtype);
+  if (!t.reduce_dtype.empty()) o.reduce_dtype = dtype_named(t.reduce_dtype);
+  if (t.all_gather == AllGather::kBfloat16) o.extension = parallel::make_all_gather_extension("bfloat16");
+  if (t.all_gather == AllGather::kSplitBfloat16) o.extension = parallel::make_all_gather_extension("split_bfloat16");
+  if (t.shard_placement == ShardPlacement::kOppositeTp && p.tp) {
+    parallel::TensorParallel* tp = p.tp.get();
+    o.shard_dim = [tp](const torch::Tensor& param) -> int64_t {  // shard the dim tp does not
+      const parallel::TpShard* s = tp->shard_of(param);
+      return s ? param.dim() - 1 - s->dim : 0;
+    };
+  }
+  if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(t.mesh_dim[0]);  // HSDP: [replicate, shard]
+  if (t.offload == Offload::kCpu && rank.is_main()) {
+    std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
+              << "already live in host memory; nothing to move\n";
+  }
+  return o;
+}
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank) {
   Parallel p;
@@ -36,7 +68,7 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
       p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
     } else if (t.kind == TransformKind::kFullyShard) {
       p.dp = &rank.mesh->group(t.mesh_dim);
-      p.fsdp = parallel::apply_fully_shard(model, *p.dp, {t.units, t.reshard_after_forward});
+      p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
       p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
@@ -45,40 +77,32 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
   return p;
 }
 
-// The global gradient norm: tp-sharded gradients contribute their squares
-// summed over the tp group, replicated ones once (as one device sees them).
+// The global gradient norm as one device sees it: tp-sharded gradients sum
+// their squares over tp, tp-replicated ones count once; fully_shard shards
+// then sum over the shard group (HSDP replicas hold the same shards).
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
-  if (par.fsdp) {  // every rank holds distinct shards: sum the squares over the group
-    double sq = 0;
-    for (const auto& p : params) {
-      if (p.grad().defined()) sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-    }
-    auto t = torch::tensor({sq}, torch::kDouble);
-    parallel::all_reduce(par.fsdp->group(), t);
-    return std::sqrt(t.item<double>());
-  }
-  if (!par.tp) return grad_norm(params);
+  if (!par.tp && !par.fsdp) return grad_norm(params);
   double sharded = 0, replicated = 0;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
     double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-    (par.tp->shard_of(p) ? sharded : replicated) += sq;
+    (par.tp && par.tp->shard_of(p) ? sharded : replicated) += sq;
   }
   auto t = torch::tensor({sharded}, torch::kDouble);
-  parallel::all_reduce(par.tp->group(), t);
-  return std::sqrt(t.item<double>() + replicated);
+  if (par.tp) parallel::all_reduce(par.tp->group(), t);
+  t += replicated;
+  if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);
+  return std::sqrt(t.item<double>());
 }
 
 // Full parameters by FQN; every rank takes part in the gathers.
 NamedTensors full_params(models::Model& model, Parallel& par) {
-  if (par.fsdp) {
-    NamedTensors out;
-    for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.fsdp->full(p));
-    return out;
-  }
-  if (!par.tp) return snapshot_params(model);
+  if (!par.fsdp && !par.tp) return snapshot_params(model);
   NamedTensors out;
-  for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.tp->full(p));
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    torch::Tensor local = par.fsdp ? par.fsdp->full(p) : p.detach();  // tp-local
+    out.emplace_back(name, par.tp ? par.tp->full(p, local) : local.clone());
+  }
   return out;
 }
 
@@ -139,6 +163,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) params.push_back(p);
   auto optimizer = make_optimizer(t.optimizer, params);
+  // Peak RSS in the metrics covers training: building the full model before
+  // sharding (and writing init weights) is setup.
+  reset_peak_rss();
 
   std::unique_ptr<Metrics> metrics;
   if (rank.is_main()) metrics = std::make_unique<Metrics>(out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix);

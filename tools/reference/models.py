@@ -72,6 +72,10 @@ def mlp_stack(mlp_dim=16, with_seq_parallel=False):  # M6
     return nn.Sequential(*modules)
 
 
+def mlp_seq(n_mlps=3, dim=8, bias=False, dim_multiplier=4):  # M16's model, plain tensors
+    return nn.Sequential(*[MLP(dim, bias=bias, dim_multiplier=dim_multiplier) for _ in range(n_mlps)])
+
+
 class SimpleModel(nn.Module):  # M7
     def __init__(self):
         super().__init__()
@@ -342,6 +346,7 @@ REGISTRY = {
     "mlp_module_layers": MLPModuleLayers,
     "mlp": MLP,
     "mlp_stack": mlp_stack,
+    "mlp_seq": mlp_seq,
     "simple_model": SimpleModel,
     "simple_model_uneven": SimpleModelUneven,
     "transformer": Transformer,
