@@ -1,5 +1,7 @@
 #include "parallelisms/collectives.h"
 
+#include <future>
+
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace composer::parallel {
@@ -163,6 +165,40 @@ std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat) 
   g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
   g.pg->allgather(outs, ins)->wait();
   return outs[0];
+}
+
+namespace {
+
+constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. size-2
+
+void ring_all_gather(Group& g, torch::Tensor out) {
+  const int n = g.size, r = g.rank;
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_idx = ((r - s) % n + n) % n, recv_idx = ((r - s - 1) % n + n) % n;
+    std::vector<torch::Tensor> out_t{out[send_idx]}, in_t{out[recv_idx]};
+    auto sw = g.pg->send(out_t, next, kAllGatherTag + s);
+    auto rw = g.pg->recv(in_t, prev, kAllGatherTag + s);
+    rw->wait();
+    sw->wait();
+  }
+}
+
+}  // namespace
+
+Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async) {
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == g.size && out.size(1) == flat.numel() && out.is_contiguous(),
+              "all_gather_into needs a contiguous [group size, numel] output");
+  out[g.rank].copy_(flat.view({-1}));
+  if (g.size == 1) return {};
+  g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
+  if (!async) {
+    ring_all_gather(g, out);
+    return {};
+  }
+  Group* gp = &g;
+  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] { ring_all_gather(*gp, out); }));
+  return Handle(c10::intrusive_ptr<c10d::Work>(), [done] { done->get(); });
 }
 
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {

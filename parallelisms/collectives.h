@@ -66,6 +66,12 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Re
 // and the sum (or average) of a [size * chunk] buffer's chunk of this rank,
 // reduced in place in `flat`.
 std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat);
+// Every rank's `flat` into the rows of `out` ([size, flat.numel()], same
+// dtype): a ring over send/recv straight into `out`, with no staging buffer.
+// With async the ring runs on a helper thread and the handle's wait() joins
+// it; at most one may be in flight per group next to the blocking
+// collectives (it uses its own tags).
+Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async = false);
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
 void send(Group& g, const torch::Tensor& t, int dst, int tag = 0);

@@ -1,7 +1,5 @@
 #include "parallelisms/fully_shard.h"
 
-#include <ATen/native/Resize.h>
-
 #include <algorithm>
 
 #include "parallelisms/tensor_parallel.h"
@@ -24,6 +22,7 @@ struct FullyShard::Param {
   const AllGatherExtension* ext = nullptr;
   std::vector<Slot> slots;               // its all-gather inputs
   int64_t grad_offset = 0;               // in the unit's per-rank gradient chunk
+  int64_t unsharded_offset = 0;          // bytes, in the unit's unsharded buffer
   std::vector<nn::Module*> users;        // modules that compute with it
   torch::Tensor full;                    // the unsharded tensor while gathered
 };
@@ -41,10 +40,12 @@ struct FullyShard::Unit {
   std::optional<c10::ScalarType> input_dtype;  // the root casts float inputs to param_dtype
   int64_t gather_bytes = 0;              // per rank
   int64_t grad_numel = 0;                // per rank, in reduce_dtype
+  int64_t unsharded_bytes = 0;           // every unsharded parameter, in compute dtypes
+  torch::Tensor unsharded_base;          // a pooled buffer the unsharded parameters live in
   bool freed = false;                    // storage released after forward
   torch::Tensor pending;                 // unreduced gradients of earlier microbatches
   // An all-gather in flight (or finished but not yet copied out).
-  c10::intrusive_ptr<c10d::Work> work;
+  Handle gather;
   torch::Tensor send_base, recv_base, recv;
 };
 
@@ -106,6 +107,17 @@ class SplitBfloat16Gather : public AllGatherExtension {
   }
 };
 
+void no_delete(void*) {}
+
+// Points a tensor's storage at `bytes` bytes at `ptr` (owned by the pool), or at nothing.
+void bind_storage(const torch::Tensor& t, uint8_t* ptr, int64_t bytes) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(ptr, ptr, &no_delete, c10::Device(c10::kCPU)));
+  s->set_nbytes(static_cast<size_t>(bytes));
+}
+
+int64_t unsharded_bytes_of(const FullyShard::Param& p) { return bytes_of(p.info.full_shape, p.compute_dtype); }
+
 const AllGatherExtension& default_gather() {
   static DefaultGather d;
   return d;
@@ -117,7 +129,7 @@ void start_gather(FullyShard::Unit& u) {
   TORCH_INTERNAL_ASSERT(!u.recv.defined(), "unit ", u.name, " is already being gathered");
   torch::NoGradGuard no_grad;
   Group& g = *u.group;
-  u.send_base = u.owner->take_buffer(u.gather_bytes);
+  u.send_base = u.owner->take_buffer(FullyShard::kSend);
   auto send = u.send_base.narrow(0, 0, u.gather_bytes);
   for (auto& p : u.params) {
     auto inputs = p.ext->pre_all_gather(p.param.detach(), p.info, p.compute_dtype);
@@ -134,13 +146,12 @@ void start_gather(FullyShard::Unit& u) {
     u.recv = send.view({1, u.gather_bytes});
     return;
   }
-  u.recv_base = u.owner->take_buffer(g.size * u.gather_bytes);
+  u.recv_base = u.owner->take_buffer(FullyShard::kRecv);
   u.recv = u.recv_base.narrow(0, 0, g.size * u.gather_bytes).view({g.size, u.gather_bytes});
-  std::vector<std::vector<torch::Tensor>> outs(1);
-  for (int r = 0; r < g.size; ++r) outs[0].push_back(u.recv[r]);
-  std::vector<torch::Tensor> ins{send};
-  g.counter->add("all_gather", u.gather_bytes, (g.size - 1) * u.gather_bytes);
-  u.work = g.pg->allgather(outs, ins);
+  // One ring in flight per group: finish another unit's prefetch first.
+  if (FullyShard::Unit* other = u.owner->in_flight) other->gather.wait();
+  u.gather = all_gather_into(g, send, u.recv, /*async=*/true);
+  u.owner->in_flight = &u;
 }
 
 // Waits for the unit's all-gather and turns it into unsharded values: new
@@ -148,11 +159,11 @@ void start_gather(FullyShard::Unit& u) {
 std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
   torch::NoGradGuard no_grad;
   if (!u.recv.defined()) start_gather(u);
-  if (u.work) {
-    u.work->wait();
-    u.work.reset();
-  }
+  u.gather.wait();
+  if (u.owner->in_flight == &u) u.owner->in_flight = nullptr;
   std::vector<torch::Tensor> values;
+  TORCH_INTERNAL_ASSERT(!u.unsharded_base.defined(), "unit ", u.name, " is gathered twice");
+  u.unsharded_base = u.owner->take_buffer(FullyShard::kUnsharded);
   for (auto& p : u.params) {
     std::vector<torch::Tensor> gathered;
     for (const Slot& s : p.slots) {
@@ -160,17 +171,22 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
       shape.insert(shape.end(), s.shape.begin(), s.shape.end());
       gathered.push_back(u.recv.narrow(1, s.offset, s.bytes).view(s.dtype).view(shape));
     }
+    // The unsharded values live in one pooled buffer per unit: a re-gather
+    // (refill) binds the existing tensors, whose autograd-saved handles stay
+    // valid, to it again.
+    uint8_t* at = u.unsharded_base.data_ptr<uint8_t>() + p.unsharded_offset;
+    torch::Tensor out;
     if (refill) {
-      auto& full = p.full;
-      at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), full.numel() * full.element_size());
-      // variable_data: .data semantics, so tensors autograd saved see no version bump.
-      p.ext->post_all_gather(gathered, p.info, p.compute_dtype, full.variable_data().view(p.info.full_shape));
+      bind_storage(p.full, at, unsharded_bytes_of(p));
+      out = p.full.variable_data().view(p.info.full_shape);  // .data semantics: no version bump
     } else {
-      values.push_back(p.ext->post_all_gather(gathered, p.info, p.compute_dtype, {}).view(p.shape));
+      out = torch::from_blob(at, p.info.full_shape, torch::TensorOptions().dtype(p.compute_dtype));
     }
+    p.ext->post_all_gather(gathered, p.info, p.compute_dtype, out);
+    if (!refill) values.push_back(out.view(p.shape));
   }
-  u.owner->give_buffer(std::move(u.send_base));
-  if (u.recv_base.defined()) u.owner->give_buffer(std::move(u.recv_base));
+  u.owner->give_buffer(FullyShard::kSend, std::move(u.send_base));
+  if (u.recv_base.defined()) u.owner->give_buffer(FullyShard::kRecv, std::move(u.recv_base));
   u.send_base = u.recv_base = u.recv = torch::Tensor();
   return values;
 }
@@ -190,7 +206,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
     buf = torch::zeros({g.size, u.grad_numel}, torch::TensorOptions().dtype(u.reduce_dtype));
   } else {
     const int64_t bytes = g.size * u.grad_numel * static_cast<int64_t>(c10::elementSize(u.reduce_dtype));
-    base = u.owner->take_buffer(bytes);
+    base = u.owner->take_buffer(FullyShard::kGrad);
     buf = base.narrow(0, 0, bytes).view(u.reduce_dtype).view({g.size, u.grad_numel}).zero_();
   }
   for (size_t i = 0; i < u.params.size(); ++i) {
@@ -217,7 +233,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
     auto shape = p.info.shard_shape(g.rank);
     out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape)).view(shape).to(p.param.scalar_type(), false, true));
   }
-  if (base.defined()) u.owner->give_buffer(std::move(base));
+  if (base.defined()) u.owner->give_buffer(FullyShard::kGrad, std::move(base));
   return out;
 }
 
@@ -237,32 +253,45 @@ struct UnshardFn : torch::autograd::Function<UnshardFn> {
   }
 };
 
-void free_storage(const torch::Tensor& t) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), 0);
+// Unbinds the unsharded tensors from their buffer and returns it to the pool.
+void release_unsharded(FullyShard::Unit& u) {
+  if (!u.unsharded_base.defined()) return;
+  for (auto& p : u.params) {
+    if (p.full.defined()) bind_storage(p.full, nullptr, 0);
+  }
+  u.owner->give_buffer(FullyShard::kUnsharded, std::move(u.unsharded_base));
+  u.unsharded_base = torch::Tensor();
 }
 
-void unshard(FullyShard::Unit& u) {
-  std::vector<torch::Tensor> shards;
-  for (auto& p : u.params) shards.push_back(p.param);
-  auto fulls = UnshardFn::apply(at::TensorList(shards), reinterpret_cast<int64_t>(&u));
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    auto& p = u.params[i];
-    p.full = fulls[i];
+void set_views(FullyShard::Unit& u) {
+  for (auto& p : u.params) {
     for (auto* m : p.users) m->set_view(p.param, p.full);
   }
-  u.freed = false;
-}
-
-// Frees the unsharded storage; autograd keeps its handles, refilled before backward.
-void reshard_storage(FullyShard::Unit& u) {
-  for (auto& p : u.params) free_storage(p.full);
-  u.freed = true;
 }
 
 void refill_storage(FullyShard::Unit& u) {
   if (!u.freed) return;
   finish_gather(u, /*refill=*/true);
   u.freed = false;
+}
+
+void unshard(FullyShard::Unit& u) {
+  if (u.unsharded_base.defined() || u.freed) {  // a second forward of the unit in this step
+    refill_storage(u);
+    set_views(u);
+    return;
+  }
+  std::vector<torch::Tensor> shards;
+  for (auto& p : u.params) shards.push_back(p.param);
+  auto fulls = UnshardFn::apply(at::TensorList(shards), reinterpret_cast<int64_t>(&u));
+  for (size_t i = 0; i < u.params.size(); ++i) u.params[i].full = fulls[i];
+  set_views(u);
+}
+
+// Frees the unsharded storage; autograd keeps its handles, refilled before backward.
+void reshard_storage(FullyShard::Unit& u) {
+  release_unsharded(u);
+  u.freed = true;
 }
 
 bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn) {
@@ -397,11 +426,18 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
       u.gather_bytes += aligned(s.bytes);
       q.slots.push_back(s);
     }
+    q.unsharded_offset = u.unsharded_bytes;
+    u.unsharded_bytes += aligned(unsharded_bytes_of(q));
     u.params.push_back(q);
   }
   for (auto& u : units_) {
     if (u->params.empty()) continue;
     u->reduce_dtype = options.reduce_dtype.value_or(u->params.front().compute_dtype);
+    const int64_t grad_bytes = group_.size * u->grad_numel * static_cast<int64_t>(c10::elementSize(u->reduce_dtype));
+    for (auto [kind, bytes] : {std::pair{kSend, u->gather_bytes}, std::pair{kRecv, group_.size * u->gather_bytes},
+                               std::pair{kGrad, grad_bytes}, std::pair{kUnsharded, u->unsharded_bytes}}) {
+      largest_[kind] = std::max(largest_[kind], bytes);
+    }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }
   if (options.param_dtype) {  // inputs in, outputs out of the compute dtype (the root's casts)
@@ -460,22 +496,28 @@ FullyShard::Unit* FullyShard::prev_in_forward(const Unit* u) const {
   return it == forward_order_.end() || it == forward_order_.begin() ? nullptr : *(it - 1);
 }
 
-torch::Tensor FullyShard::take_buffer(int64_t bytes) {
-  auto best = pool_.end();
-  for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-    if (it->numel() >= bytes && (best == pool_.end() || it->numel() < best->numel())) best = it;
-  }
-  if (best == pool_.end()) return torch::empty({std::max<int64_t>(bytes, 1)}, torch::kByte);
-  auto t = *best;
-  pool_.erase(best);
+// Buffers of one kind are all as large as the largest unit needs, so any
+// unit can reuse any of them (a caching allocator per kind).
+torch::Tensor FullyShard::take_buffer(BufferKind kind) {
+  auto& free = pool_[kind];
+  if (free.empty()) return torch::empty({std::max<int64_t>(largest_[kind], 1)}, torch::kByte);
+  auto t = std::move(free.back());
+  free.pop_back();
   return t;
 }
 
-void FullyShard::give_buffer(torch::Tensor t) { pool_.push_back(std::move(t)); }
+void FullyShard::give_buffer(BufferKind kind, torch::Tensor t) { pool_[kind].push_back(std::move(t)); }
 
 void FullyShard::reshard() {
   for (auto& u : units_) {
-    if (u->recv.defined()) finish_gather(*u, /*refill=*/false);  // a prefetch nobody used
+    if (u->recv.defined()) {  // a prefetch nobody used
+      u->gather.wait();
+      in_flight = nullptr;
+      give_buffer(kSend, std::move(u->send_base));
+      if (u->recv_base.defined()) give_buffer(kRecv, std::move(u->recv_base));
+      u->send_base = u->recv_base = u->recv = torch::Tensor();
+    }
+    release_unsharded(*u);
     for (auto& p : u->params) {
       for (auto* m : p.users) m->clear_view(p.param);
       p.full = torch::Tensor();

@@ -54,8 +54,8 @@ class AllGatherExtension {
   virtual std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
                                                     c10::ScalarType param_dtype) const = 0;
   // gathered[i] stacks every rank's input i on a new leading dim ([world, ...]).
-  // Returns the unsharded value in param_dtype. When `out` is defined (the
-  // unsharded tensor is reused: a re-gather before backward), writes into it.
+  // Writes the unsharded value (param_dtype, info.full_shape) into `out`,
+  // which fully_shard owns and reuses (FSDP2's out= form), and returns it.
   virtual torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
                                         c10::ScalarType param_dtype, const torch::Tensor& out) const = 0;
 };
@@ -63,7 +63,7 @@ class AllGatherExtension {
 // This rank's shard padded along info.dim to the largest piece.
 torch::Tensor pad_shard(const torch::Tensor& shard, const ShardInfo& info);
 // [world, padded...] pieces -> the unsharded tensor (cropped, concatenated on
-// info.dim), cast to `dtype`, written into `out` when it is defined.
+// info.dim), cast to `dtype`; written into `out` when it is defined.
 torch::Tensor unpad_cat(const torch::Tensor& gathered, const ShardInfo& info, c10::ScalarType dtype,
                         const torch::Tensor& out);
 
@@ -120,8 +120,10 @@ class FullyShard {
   Unit* prev_in_forward(const Unit* u) const;
   void record_forward(Unit* u);
   bool recording() const { return recording_; }
-  torch::Tensor take_buffer(int64_t bytes);
-  void give_buffer(torch::Tensor t);
+  Unit* in_flight = nullptr;  // the unit whose all-gather runs in the background
+  enum BufferKind { kSend, kRecv, kGrad, kUnsharded, kNumBufferKinds };
+  torch::Tensor take_buffer(BufferKind kind);
+  void give_buffer(BufferKind kind, torch::Tensor t);
 
  private:
   Group& group_;
@@ -129,7 +131,8 @@ class FullyShard {
   bool sync_ = true;
   bool recording_ = true;  // the first forward records the unit order
   std::vector<Unit*> forward_order_;
-  std::vector<torch::Tensor> pool_;  // reusable all-gather buffers
+  std::vector<torch::Tensor> pool_[kNumBufferKinds];  // reusable buffers, by kind
+  int64_t largest_[kNumBufferKinds] = {};
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const c10::TensorImpl*, Param*> by_impl_;
 };

@@ -180,6 +180,13 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
         {"MASTER_ADDR", node.master_addr},         {"MASTER_PORT", std::to_string(port)},
         {"COMPOSER_LAUNCHED", "1"},                {"GLOG_minloglevel", "2"},
         {"COMPOSER_ERROR_DIR", error_dir}};
+    // OpenBLAS sizes its thread pool when it loads, from the environment: give
+    // each rank its share of the cores, or its spinning threads fight the
+    // other ranks for them (the trainer sets LibTorch's threads the same way).
+    if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, cores / local)));
+    }
     c.pid = spawn(argv, env, out, err);
     close(out[1]);
     close(err[1]);

@@ -68,6 +68,9 @@ void Metrics::record(const StepRecord& r) {
                       {"grad_norm", r.grad_norm},
                       {"lr", r.lr},
                       {"step_ms", r.step_ms},
+                      {"forward_ms", r.forward_ms},
+                      {"backward_ms", r.backward_ms},
+                      {"optimizer_ms", r.optimizer_ms},
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;

@@ -12,6 +12,9 @@ struct StepRecord {
   double grad_norm = 0;
   double lr = 0;
   double step_ms = 0;
+  double forward_ms = 0;    // of step_ms: forward and loss (all microbatches)
+  double backward_ms = 0;   // backward, gradient communication included
+  double optimizer_ms = 0;  // gradient norm, clipping and the optimizer step
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;
@@ -26,7 +29,6 @@ struct StepRecord {
 // Bytes sent on the loopback interface so far (all processes of the machine), or -1.
 double loopback_tx_bytes();
 
-// Peak resident set size of this process, in MiB.
 // The process's peak resident set (VmHWM) in MiB since start or the last
 // reset_peak_rss(), which first returns freed heap memory to the system.
 double peak_rss_mb();

@@ -189,26 +189,36 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     set_lr(*optimizer, r.lr);
     for (auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
     double local_loss = 0;
+    using Clock = std::chrono::steady_clock;
+    auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
     for (int64_t m = 0; m < t.microbatches; ++m) {
       if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
       if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
       const int64_t begin = dp_rank * plan.local_batch + m * mb;
       Batch b = dataset->batch(step, begin, begin + mb);
+      auto phase = Clock::now();
       auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);
+      r.forward_ms += ms_since(phase);
+      phase = Clock::now();
       (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
       local_loss += loss.item<double>();
       if (par.fsdp) par.fsdp->reshard();
+      r.backward_ms += ms_since(phase);
     }
+    auto phase = Clock::now();
     if (par.replicate) par.replicate->finish();
+    r.backward_ms += ms_since(phase);
     r.loss = local_loss;
     if (par.dp) {
       auto l = torch::tensor({local_loss}, torch::kDouble);
       parallel::all_reduce(*par.dp, l);
       r.loss = l.item<double>();
     }
+    phase = Clock::now();
     r.grad_norm = global_grad_norm(params, par);
     if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
     optimizer->step();
+    r.optimizer_ms = ms_since(phase);
     r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     r.samples_per_s = static_cast<double>(t.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);
