@@ -1,10 +1,13 @@
 // fully_shard on real Gloo groups: per unit and pass one all-gather and one
 // reduce-scatter, unsharded storage really freed after forward, gradients
-// equal to the single-device average, and 1-way sharding issues nothing.
+// equal to the single-device average, 1-way sharding issues nothing, and the
+// extensions: prefetch, mixed precision, all-gather extensions, HSDP, the
+// shard-dim rule and 2-D with tensor parallel.
 #include <gtest/gtest.h>
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/tensor_parallel.h"
 #include "tests/dist/ranks.h"
 
 namespace composer::parallel {
@@ -101,6 +104,214 @@ TEST(FullyShard, OneWayShardingIssuesNoCollective) {
     auto fs = apply_fully_shard(*m, g, {{"*"}, true});
     (*m)(input_of(0)).sum().backward();
     EXPECT_EQ(g.counter->total().calls, 0);
+  });
+}
+
+
+// The average over `ranks` inputs of the single-device gradients.
+std::map<std::string, torch::Tensor> reference_grads(int ranks) {
+  auto ref = make_stack();
+  for (int r = 0; r < ranks; ++r) (*ref)(input_of(r)).sum().backward();
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [n, p] : nn::unique_named_parameters(*ref)) out[n] = p.grad() / ranks;
+  return out;
+}
+
+TEST(FullyShard, PrefetchIssuesTheNextUnitsAllGatherBeforeItComputes) {
+  for (bool prefetch : {true, false}) {
+    testing::run_ranks({"dp"}, {2}, [prefetch](DeviceMesh& mesh) {
+      auto& g = mesh.group("dp");
+      auto m = make_stack();
+      FullyShardOptions o{{"*"}, true};
+      o.prefetch = prefetch;
+      auto fs = apply_fully_shard(*m, g, o);
+      std::vector<int64_t> seen;  // all-gathers issued when each unit starts computing
+      for (const char* unit : {"0", "1", "2"}) {
+        dynamic_cast<nn::Module*>(m->named_modules()[unit].get())->add_pre_hook([&](nn::Module&, torch::Tensor x) {
+          seen.push_back(g.counter->get("all_gather").calls);
+          return x;
+        });
+      }
+      for (int step = 0; step < 2; ++step) {  // the first step records the order
+        seen.clear();
+        g.counter->reset();
+        (*m)(input_of(g.rank)).sum().backward();
+        fs->reshard();
+      }
+      // With prefetch, unit i computes after i+2 gathers (its own and the next's).
+      EXPECT_EQ(seen, prefetch ? std::vector<int64_t>({2, 3, 3}) : std::vector<int64_t>({1, 2, 3}));
+      EXPECT_EQ(g.counter->get("all_gather").calls, 6);  // still one per unit and pass
+      EXPECT_EQ(g.counter->get("reduce_scatter").calls, 3);
+    });
+  }
+}
+
+TEST(FullyShard, MixedPrecisionComputesInBf16AndKeepsFloat32Shards) {
+  testing::run_ranks({"dp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto m = make_stack();
+    FullyShardOptions o{{"*"}, true};
+    o.param_dtype = torch::kBFloat16;
+    o.reduce_dtype = torch::kFloat;
+    auto fs = apply_fully_shard(*m, g, o);
+    auto* first = dynamic_cast<nn::Module*>(m->named_modules()["0.in_proj"].get());
+    auto weight = m->named_parameters()["0.in_proj.weight"];
+    torch::ScalarType computed = torch::kFloat;
+    first->add_pre_hook([&](nn::Module& mod, torch::Tensor x) {
+      computed = mod.param(weight).scalar_type();
+      return x;
+    });
+    g.counter->reset();
+    auto y = (*m)(input_of(g.rank));
+    EXPECT_EQ(computed, torch::kBFloat16);
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);  // outputs come back in the parameters' dtype
+    // bf16 all-gathers move half the bytes: every unit's padded shards, 2 bytes each.
+    int64_t padded = 0;
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      const ShardInfo& info = *fs->shard_info(p);
+      int64_t numel = 1;
+      for (auto d : info.padded_shape()) numel *= d;
+      padded += numel;
+    }
+    EXPECT_LE(g.counter->get("all_gather").bytes, padded * 2 + 3 * 4 * 16);  // plus per-slot alignment
+    y.sum().backward();
+    auto ref = reference_grads(2);
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      EXPECT_EQ(p.scalar_type(), torch::kFloat) << n;
+      EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << n;
+      auto expect = ref[n].chunk(2, 0)[g.rank];
+      EXPECT_TRUE(torch::allclose(p.grad(), expect, 5e-2, 5e-2)) << n;  // bf16 compute
+    }
+  });
+}
+
+// An extension with two all-gather inputs per parameter (as TwoTensor has):
+// the shard and its negation; the unsharded value is their half-difference.
+class TwoInputs : public AllGatherExtension {
+ public:
+  std::string name() const override { return "two_inputs"; }
+  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                            c10::ScalarType) const override {
+    ++pre_calls;
+    auto x = pad_shard(shard, info);
+    return {x, -x};
+  }
+  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                c10::ScalarType dtype, const torch::Tensor& out) const override {
+    ++post_calls;
+    EXPECT_EQ(gathered.size(), 2u);
+    EXPECT_EQ(gathered[0].size(0), info.world);
+    out.copy_((unpad_cat(gathered[0], info, dtype, {}) - unpad_cat(gathered[1], info, dtype, {})) / 2);
+    return out;
+  }
+  mutable std::atomic<int> pre_calls{0}, post_calls{0};
+};
+
+TEST(FullyShard, AllGatherExtensionsGatherSeveralTensorsPerParameterInOneCollective) {
+  testing::run_ranks({"dp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto m = make_stack();
+    auto ext = std::make_shared<TwoInputs>();
+    FullyShardOptions o{{"*"}, true};
+    o.extension = ext;
+    auto fs = apply_fully_shard(*m, g, o);
+    const int setup_calls = ext->pre_calls;  // one per parameter, to lay out the buffers
+    g.counter->reset();
+    auto y = (*m)(input_of(g.rank));
+    EXPECT_EQ(g.counter->get("all_gather").calls, 3);  // one per unit, however many inputs
+    EXPECT_EQ(ext->pre_calls - setup_calls, 12);      // 12 parameters, once each
+    EXPECT_EQ(ext->post_calls, 12);
+    y.sum().backward();  // re-gathers write into the existing unsharded tensors
+    EXPECT_EQ(ext->post_calls, 24);
+    auto ref = reference_grads(2);
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      EXPECT_TRUE(torch::allclose(p.grad(), ref[n].chunk(2, 0)[g.rank], 1e-5, 1e-6)) << n;
+    }
+  });
+}
+
+TEST(FullyShard, HsdpReduceScattersOverShardAndAllReducesOverReplicate) {
+  testing::run_ranks({"rep", "shard"}, {2, 2}, [](DeviceMesh& mesh) {
+    auto& shard = mesh.group("shard");
+    auto& rep = mesh.group("rep");
+    const int dp_rank = rep.rank * 2 + shard.rank;
+    auto m = make_stack();
+    FullyShardOptions o{{"*"}, true};
+    o.replicate = &rep;
+    auto fs = apply_fully_shard(*m, shard, o);
+    shard.counter->reset();
+    rep.counter->reset();
+    (*m)(input_of(dp_rank)).sum().backward();
+    EXPECT_EQ(shard.counter->get("all_gather").calls, 6);
+    EXPECT_EQ(shard.counter->get("reduce_scatter").calls, 3);
+    EXPECT_EQ(rep.counter->get("all_reduce").calls, 3);  // one per unit
+    EXPECT_EQ(rep.counter->total().calls, 3);
+    auto ref = reference_grads(4);
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      EXPECT_TRUE(torch::allclose(p.grad(), ref[n].chunk(2, 0)[shard.rank], 1e-5, 1e-6)) << n;
+    }
+  });
+}
+
+models::TpPlan stack_plan() {
+  const auto* spec = models::find_model("mlp_stack");
+  models::ModelArgs a;
+  for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
+  a.set("mlp_dim", int64_t{17});
+  return spec->tp_plan(a, false);
+}
+
+TEST(FullyShard, TwoDShardsTheTpLocalShardsOnTheOtherDim) {
+  auto ref = reference_grads(2);
+  testing::run_ranks({"dp", "tp"}, {2, 2}, [&](DeviceMesh& mesh) {
+    auto& dp = mesh.group("dp");
+    auto& tpg = mesh.group("tp");
+    auto m = make_stack();
+    auto tp = apply_tensor_parallel(*m, tpg, stack_plan());
+    FullyShardOptions o{{"*"}, true};
+    o.shard_dim = [&](const torch::Tensor& p) -> int64_t {
+      const TpShard* s = tp->shard_of(p);
+      return s ? p.dim() - 1 - s->dim : 0;
+    };
+    auto fs = apply_fully_shard(*m, dp, o);
+    auto w = m->named_parameters()["0.in_proj.weight"];  // [51, 17]: colwise Shard(0) -> fsdp dim 1
+    EXPECT_EQ(fs->shard_info(w)->dim, 1);
+    EXPECT_EQ(w.size(0), 26 - tpg.rank);                 // 51 rows over tp: 26, 25
+    EXPECT_EQ(w.size(1), 9 - dp.rank);                   // 17 columns over dp: 9, 8
+    dp.counter->reset();
+    (*m)(input_of(dp.rank)).sum().backward();
+    EXPECT_EQ(dp.counter->get("all_gather").calls, 6);
+    EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 3);
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      // Full gradient: gather over dp on the fsdp dim, then over tp.
+      const ShardInfo& info = *fs->shard_info(p);
+      auto local = all_gather(dp, p.grad().movedim(info.dim, 0).contiguous(), info.sizes).movedim(0, info.dim);
+      auto full = tp->full(p, local.contiguous());
+      EXPECT_TRUE(torch::allclose(full, ref[n], 1e-5, 1e-5)) << n;
+    }
+  });
+}
+
+TEST(FullyShard, OneWayShardingAfterTp4KeepsTheScenarioCounts) {
+  testing::run_ranks({"dp", "tp"}, {1, 4}, [](DeviceMesh& mesh) {
+    auto& dp = mesh.group("dp");
+    auto& tpg = mesh.group("tp");
+    auto m = testing::seeded_model("mlp_stack", 3);
+    const auto* spec = models::find_model("mlp_stack");
+    models::ModelArgs a;
+    for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
+    apply_tensor_parallel(*m, tpg, spec->tp_plan(a, false));
+    auto fs = apply_fully_shard(*m, dp, {{"*"}, true});
+    auto x = torch::linspace(-2, 2, 64).view({4, 16}).cos();
+    tpg.counter->reset();
+    auto y = (*m)(x);
+    EXPECT_EQ(tpg.counter->get("all_reduce").calls, 3);  // SCENARIOS.md 2.A.3
+    EXPECT_EQ(tpg.counter->total().calls, 3);
+    tpg.counter->reset();
+    y.sum().backward();
+    EXPECT_EQ(tpg.counter->get("all_reduce").calls, 2);
+    EXPECT_EQ(tpg.counter->total().calls, 2);
+    EXPECT_EQ(dp.counter->total().calls, 0);  // 1-way fully_shard: no all-gather, no reduce-scatter
   });
 }
 
