@@ -133,6 +133,19 @@ class Llama : public Model {
     return (*output)((*norm)(h)).to(torch::kFloat);
   }
   InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
+  std::vector<PipelinePiece> pipeline_pieces() override {
+    std::vector<PipelinePiece> out;
+    out.push_back({"tok_embeddings", {"tok_embeddings"}, false,
+                   [this](torch::Tensor tokens) { return (*tok_embeddings)(tokens); }});
+    for (size_t i = 0; i < layers->size(); ++i) {
+      auto layer = layers->at(i);
+      out.push_back({"layers." + std::to_string(i), {"layers." + std::to_string(i)}, true,
+                     [layer](torch::Tensor h) { return (*layer)(h); }});
+    }
+    out.push_back({"norm", {"norm", "output"}, false,
+                   [this](torch::Tensor h) { return (*output)((*norm)(h)).to(torch::kFloat); }});
+    return out;
+  }
 
   std::shared_ptr<nn::Embedding> tok_embeddings;
   std::shared_ptr<nn::ModuleList> layers;

@@ -85,6 +85,14 @@ class SequentialModel : public Model {
     return x;
   }
   InputSpec input_spec() const override { return {false, features_}; }
+  std::vector<PipelinePiece> pipeline_pieces() override {
+    std::vector<PipelinePiece> out;
+    for (size_t i = 0; i < items_.size(); ++i) {
+      auto m = items_[i];
+      out.push_back({std::to_string(i), {std::to_string(i)}, true, [m](torch::Tensor x) { return (*m)(x); }});
+    }
+    return out;
+  }
 
  private:
   std::vector<nn::ModulePtr> items_;
@@ -127,6 +135,15 @@ class MLPModuleLayers : public Model {
     return x;
   }
   InputSpec input_spec() const override { return {false, dim_}; }
+  std::vector<PipelinePiece> pipeline_pieces() override {
+    std::vector<PipelinePiece> out;
+    for (size_t i = 0; i < layers->size(); ++i) {
+      auto m = layers->at(i);
+      out.push_back({"layers." + std::to_string(i), {"layers." + std::to_string(i)}, true,
+                     [m](torch::Tensor x) { return (*m)(x); }});
+    }
+    return out;
+  }
   std::shared_ptr<nn::ModuleList> layers;
 
  private:

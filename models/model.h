@@ -60,10 +60,24 @@ struct InputSpec {
   int64_t max_seq_len = 0;  // for token inputs
 };
 
+// One piece of a model's forward that a pipeline stage can hold: the pieces,
+// run in order, compute the model's forward. `name` is the FQN a split point
+// names (e.g. "layers.2"); `modules` are the FQNs of the modules whose
+// parameters the piece computes with; `layer` marks the repeated middle
+// pieces that layers_per_stage counts.
+struct PipelinePiece {
+  std::string name;
+  std::vector<std::string> modules;
+  bool layer = true;
+  std::function<torch::Tensor(torch::Tensor)> run;
+};
+
 class Model : public nn::Module {
  public:
   using nn::Module::Module;
   virtual InputSpec input_spec() const = 0;
+  // The model as pipeline pieces; empty when it cannot be split into stages.
+  virtual std::vector<PipelinePiece> pipeline_pieces() { return {}; }
 };
 
 using ModelPtr = std::shared_ptr<Model>;

@@ -250,6 +250,8 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       m.get("virtual_stages", t.virtual_stages);
       require_positive(m.ref("virtual_stages"), static_cast<double>(t.virtual_stages), "virtual_stages");
       m.get("split_points", t.split_points);
+      m.get("layers_per_stage", t.layers_per_stage);
+      require_non_negative(m.ref("layers_per_stage"), static_cast<double>(t.layers_per_stage), "layers_per_stage");
       m.get("scale_grads", t.scale_grads);
       break;
   }
@@ -536,7 +538,8 @@ nlohmann::json transform_json(const TransformConfig& t) {
     case TransformKind::kPipeline:
       j = {{"mesh_dim", t.mesh_dim},         {"schedule", name_of(t.schedule)},
            {"microbatches", t.microbatches}, {"virtual_stages", t.virtual_stages},
-           {"split_points", t.split_points}, {"scale_grads", t.scale_grads}};
+           {"split_points", t.split_points}, {"layers_per_stage", t.layers_per_stage},
+           {"scale_grads", t.scale_grads}};
       break;
   }
   return {{name_of(t.kind), j}};

@@ -76,6 +76,7 @@ struct TransformConfig {
   int64_t microbatches = 0;            // pipeline: microbatches per step (0 = pp size)
   int64_t virtual_stages = 1;          // pipeline: stages per rank
   std::vector<std::string> split_points;  // pipeline: FQNs where a stage starts
+  int64_t layers_per_stage = 0;        // pipeline: layers per stage (0 = split evenly)
   bool scale_grads = true;             // pipeline: divide gradients by the microbatch count
   SourceRef ref;                       // the entry's position
 };

@@ -15,6 +15,7 @@ struct StepRecord {
   double forward_ms = 0;    // of step_ms: forward and loss (all microbatches)
   double backward_ms = 0;   // backward, gradient communication included
   double optimizer_ms = 0;  // gradient norm, clipping and the optimizer step
+  double pipeline_bubble = -1;  // idle fraction over the pipeline ranks this step; -1 without a pipeline
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;

@@ -5,6 +5,7 @@
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/pipeline.h"
 #include "parallelisms/tensor_parallel.h"
 
 namespace composer {
@@ -84,11 +85,14 @@ void check_order_and_dims(const ExperimentConfig& c) {
 
 void check_supported(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) {
-    if (t.kind != TransformKind::kReplicate && t.kind != TransformKind::kTensorParallel &&
-        t.kind != TransformKind::kFullyShard) {
+    if (t.kind == TransformKind::kActivationCheckpointing) {
       throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
-                                 " transform is not supported yet in this version; use tensor_parallel, fully_shard "
-                                 "or replicate, or remove it");
+                                 " transform is not supported yet in this version; use tensor_parallel, fully_shard, "
+                                 "replicate or pipeline, or remove it");
+    }
+    if (t.kind == TransformKind::kPipeline && c.parallelize.size() > 1) {
+      throw PlanError(t.ref, "pipeline composed with other transforms is not supported yet in this version; run "
+                             "pipeline alone on its mesh dim");
     }
     if (t.kind == TransformKind::kFullyShard && t.mesh_dim.size() > 2) {
       throw PlanError(t.ref, "fully_shard spans one mesh dim (FSDP) or two, [replicate, shard] (HSDP), not " +
@@ -181,6 +185,50 @@ void plan_tensor_parallel(const ExperimentConfig& c, Plan& p) {
   }
 }
 
+// Pipeline: the schedule runs on pp x virtual_stages stages with enough
+// microbatches, the model splits as asked, and each rank's batch divides.
+void plan_pipeline(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kPipeline) continue;
+    if (t.mesh_dim.size() != 1) throw PlanError(t.ref, "pipeline spans exactly one mesh dim");
+    const int pp = static_cast<int>(dim_size(c.mesh, t.mesh_dim[0]));
+    const auto kind = *parallel::schedule_named(name_of(t.schedule));
+    const int v = static_cast<int>(t.virtual_stages);
+    // The pipeline's microbatches are the step's: train.microbatches (when > 1)
+    // or the pipeline's own count, which must then agree.
+    int m = static_cast<int>(t.microbatches);
+    if (c.train.microbatches > 1) {
+      if (m && m != c.train.microbatches) {
+        throw PlanError(t.ref, "pipeline microbatches " + std::to_string(m) + " differ from train.microbatches " +
+                                   std::to_string(c.train.microbatches) + "; they are the same split: give one");
+      }
+      m = static_cast<int>(c.train.microbatches);
+    }
+    if (!m) m = kind == parallel::ScheduleKind::kZbv ? 2 * pp : pp;
+    if (auto why = parallel::check_shape(kind, parallel::shape_for(kind, pp, v, m))) {
+      throw PlanError(t.ref, "schedule " + std::string(name_of(t.schedule)) + ": " + *why);
+    }
+    if (p.local_batch % m != 0) {
+      throw PlanError(t.ref, "the " + std::to_string(p.local_batch) + " samples per data-parallel rank do not split into " +
+                                 std::to_string(m) + " pipeline microbatches; make global_batch a multiple of " +
+                                 std::to_string(m * p.dp_size));
+    }
+    torch::manual_seed(c.seed);
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    auto pieces = model->pipeline_pieces();
+    if (pieces.empty()) {
+      throw PlanError(t.ref, "model " + c.model.name + " cannot be split into pipeline stages; models that can: "
+                             "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama");
+    }
+    std::vector<std::pair<size_t, size_t>> ranges;
+    if (auto why = parallel::split_stages(pieces, pp * v, t.split_points, t.layers_per_stage, ranges)) {
+      throw PlanError(t.ref, *why);
+    }
+    p.pp_size = pp;
+    p.pp_microbatches = m;
+  }
+}
+
 }  // namespace
 
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
@@ -193,6 +241,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   plan_data_parallel(c, p);
   plan_tensor_parallel(c, p);
   plan_fully_shard(c);
+  plan_pipeline(c, p);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "

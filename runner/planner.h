@@ -20,6 +20,8 @@ struct Plan {
   models::TpPlan tp_plan;                 // the model's plan, when tensor_parallel is used
   std::vector<TransformConfig> transforms;           // validated, in application order
   std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
+  int64_t pp_size = 1;                    // pipeline ranks (1 = no pipeline)
+  int64_t pp_microbatches = 0;            // pipeline microbatches per step
   std::vector<std::string> summary;       // what will run, one line each
 };
 

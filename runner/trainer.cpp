@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/pipeline.h"
 #include "parallelisms/replicate.h"
 #include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
@@ -28,6 +30,7 @@ struct Parallel {
   std::unique_ptr<parallel::Replicate> replicate;
   std::unique_ptr<parallel::TensorParallel> tp;
   std::unique_ptr<parallel::FullyShard> fsdp;
+  std::unique_ptr<parallel::Pipeline> pipe;
 };
 
 torch::ScalarType dtype_named(const std::string& name) {
@@ -61,7 +64,7 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
   return o;
 }
 
-Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank) {
+Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank, const torch::Tensor& example) {
   Parallel p;
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kTensorParallel) {
@@ -72,6 +75,14 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
     } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
       p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
+    } else if (t.kind == TransformKind::kPipeline) {
+      parallel::PipelineOptions o;
+      o.schedule = *parallel::schedule_named(name_of(t.schedule));
+      o.virtual_stages = static_cast<int>(t.virtual_stages);
+      o.microbatches = static_cast<int>(plan.pp_microbatches);
+      o.split_points = t.split_points;
+      o.layers_per_stage = t.layers_per_stage;
+      p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
     }
   }
   return p;
@@ -81,6 +92,15 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
 // their squares over tp, tp-replicated ones count once; fully_shard shards
 // then sum over the shard group (HSDP replicas hold the same shards).
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
+  if (par.pipe) {  // every stage's parameters, each counted on one rank
+    double sq = 0;
+    for (const auto& p : params) {
+      if (par.pipe->counts(p) && p.grad().defined()) sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+    }
+    auto t = torch::tensor({sq}, torch::kDouble);
+    parallel::all_reduce(par.pipe->group(), t);
+    return std::sqrt(t.item<double>());
+  }
   if (!par.tp && !par.fsdp) return grad_norm(params);
   double sharded = 0, replicated = 0;
   for (const auto& p : params) {
@@ -97,6 +117,11 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
 
 // Full parameters by FQN; every rank takes part in the gathers.
 NamedTensors full_params(models::Model& model, Parallel& par) {
+  if (par.pipe) {
+    NamedTensors out;
+    for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.pipe->full(p));
+    return out;
+  }
   if (!par.fsdp && !par.tp) return snapshot_params(model);
   NamedTensors out;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
@@ -120,6 +145,45 @@ void add_comm(RankContext& rank, StepRecord& r) {
     r.comm_bytes += t.bytes;
     r.comm_ring_bytes += t.ring_bytes;
   }
+}
+
+// One pipeline step over this rank's batch. Backward runs on each microbatch
+// loss x grad_scale x the factor that gives PyTorch's scale_grads semantics:
+// its microbatch loss is loss_fn over the microbatch (a mean-type loss is n x
+// the microbatch's share of the batch loss), divided by n when scale_grads.
+// Returns the sum of the microbatch shares: the batch loss.
+double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
+                     double grad_scale) {
+  const auto& t = c.train;
+  const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
+  bool scale = true;
+  for (const auto& tr : plan.transforms) {
+    if (tr.kind == TransformKind::kPipeline) scale = tr.scale_grads;
+  }
+  const bool sum_type = t.loss.name == LossKind::kSum;
+  const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
+  auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
+  auto loss_of = [&](int mb, const torch::Tensor& out) {
+    return compute_loss(t.loss, out, b.targets.narrow(0, mb * k, k), k, t.global_batch);
+  };
+  double loss = pipe.run(input_of, loss_of, factor * grad_scale);
+  pipe.sync_shared_grads();
+  return loss;
+}
+
+// The idle fraction of the last step over the pipeline ranks: 1 - busy time
+// / (ranks x the longest rank's span).
+double pipeline_bubble(parallel::Pipeline& pipe) {
+  double busy = 0, span = 0;
+  for (const auto& e : pipe.timeline()) {
+    busy += e.end_ms - e.start_ms;
+    span = std::max(span, e.end_ms);
+  }
+  auto t = torch::tensor({busy, span}, torch::kDouble);
+  auto all = parallel::all_gather(pipe.group(), t.view({1, 2}), std::vector<int64_t>(pipe.group().size, 1));
+  const double total_busy = all.select(1, 0).sum().item<double>();
+  const double makespan = all.select(1, 1).max().item<double>();
+  return makespan > 0 ? 1.0 - total_busy / (pipe.group().size * makespan) : 0.0;
 }
 
 }  // namespace
@@ -158,10 +222,14 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   DataPlan data = plan_data(c, *model);
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, data));
   auto dataset = make_dataset(c, data);
-  Parallel par = apply_transforms(*model, plan, rank);
+  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
+  torch::Tensor example = pp_mb ? dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
+  Parallel par = apply_transforms(*model, plan, rank, example);
 
-  std::vector<torch::Tensor> params;
-  for (auto& [name, p] : nn::unique_named_parameters(*model)) params.push_back(p);
+  std::vector<torch::Tensor> params;  // this rank's (a pipeline rank holds its stages' only)
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+    if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
+  }
   auto optimizer = make_optimizer(t.optimizer, params);
   // Peak RSS in the metrics covers training: building the full model before
   // sharding (and writing init weights) is setup.
@@ -191,7 +259,14 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     double local_loss = 0;
     using Clock = std::chrono::steady_clock;
     auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-    for (int64_t m = 0; m < t.microbatches; ++m) {
+    if (par.pipe) {
+      auto phase = Clock::now();
+      Batch b = dataset->batch(step, dp_rank * plan.local_batch, (dp_rank + 1) * plan.local_batch);
+      local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
+      r.backward_ms = ms_since(phase);  // forward and backward interleave
+      r.pipeline_bubble = pipeline_bubble(*par.pipe);
+    }
+    for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
       if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
       if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
       const int64_t begin = dp_rank * plan.local_batch + m * mb;
@@ -209,8 +284,13 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (par.replicate) par.replicate->finish();
     r.backward_ms += ms_since(phase);
     r.loss = local_loss;
-    if (par.dp) {
+    if (par.pipe) {  // the last stage's rank has it
       auto l = torch::tensor({local_loss}, torch::kDouble);
+      parallel::all_reduce(par.pipe->group(), l);
+      r.loss = l.item<double>();
+    }
+    if (par.dp) {
+      auto l = torch::tensor({r.loss}, torch::kDouble);
       parallel::all_reduce(*par.dp, l);
       r.loss = l.item<double>();
     }
@@ -229,6 +309,13 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     }
     if (metrics) metrics->record(r);
     result.steps.push_back(r);
+  }
+  if (par.pipe) {  // every rank writes the timeline of its last step
+    nlohmann::json tl = nlohmann::json::array();
+    for (const auto& e : par.pipe->timeline()) tl.push_back({{"action", e.action}, {"start_ms", e.start_ms}, {"end_ms", e.end_ms}});
+    std::filesystem::create_directories(out_dir);
+    write_json(out_dir + "/timeline.rank" + std::to_string(rank.rank) + ".json",
+               {{"rank", rank.rank}, {"stages", par.pipe->local_stages()}, {"timeline", tl}});
   }
   NamedTensors full = full_params(*model, par);
   if (rank.is_main()) {

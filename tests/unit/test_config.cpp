@@ -222,8 +222,9 @@ TEST(Planner, ADimServesOneTransform) {
 
 TEST(Planner, UnexecutedTransformsAreRejectedBeforeAnyRankStarts) {
   std::string e =
-      plan_error(std::string(kMinimal) + "mesh: {shape: [2], names: [pp]}\nparallelize:\n  - pipeline: {}\n", 2);
-  EXPECT_NE(e.find("x.yaml:5:5: parallelize[0]: the pipeline transform is not supported yet"), std::string::npos)
+      plan_error(std::string(kMinimal) + "parallelize:\n  - activation_checkpointing: {}\n", 1);
+  EXPECT_NE(e.find("x.yaml:4:5: parallelize[0]: the activation_checkpointing transform is not supported yet"),
+            std::string::npos)
       << e;
 }
 

@@ -1,0 +1,262 @@
+#include "parallelisms/pipeline.h"
+
+#include <chrono>
+#include <map>
+
+namespace composer::parallel {
+
+std::optional<std::string> split_stages(const std::vector<models::PipelinePiece>& pieces, int stages,
+                                        const std::vector<std::string>& split_points, int64_t layers_per_stage,
+                                        std::vector<std::pair<size_t, size_t>>& ranges) {
+  ranges.clear();
+  if (pieces.empty()) return std::string("the model cannot be split into pipeline stages");
+  std::vector<std::string> names;
+  for (size_t i = 1; i < pieces.size(); ++i) names.push_back(pieces[i].name);
+  auto list = [&] {
+    std::string s;
+    for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+    return s;
+  };
+  std::vector<size_t> starts{0};
+  if (!split_points.empty()) {
+    if (static_cast<int>(split_points.size()) != stages - 1) {
+      return std::to_string(split_points.size()) + " split points make " + std::to_string(split_points.size() + 1) +
+             " stages, but pp x virtual_stages is " + std::to_string(stages) + "; give " + std::to_string(stages - 1);
+    }
+    for (const auto& sp : split_points) {
+      size_t at = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) {
+        if (pieces[i].name == sp) at = i;
+      }
+      if (at == 0) return "split point '" + sp + "' is not where a stage can start; valid: " + list();
+      if (at <= starts.back()) return "split point '" + sp + "' does not come after the previous one";
+      starts.push_back(at);
+    }
+  } else {
+    std::vector<size_t> layers;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (pieces[i].layer) layers.push_back(i);
+    }
+    const int64_t n = static_cast<int64_t>(layers.size());
+    const int64_t k = layers_per_stage ? layers_per_stage : (n % stages == 0 ? n / stages : 0);
+    if (k == 0 || k * stages != n) {
+      return "the model's " + std::to_string(n) + " layers do not split into " + std::to_string(stages) +
+             " stages" + (layers_per_stage ? " of " + std::to_string(layers_per_stage) + " layers" : std::string()) +
+             "; give split_points (valid: " + list() + ") or a layers_per_stage that makes " + std::to_string(n);
+    }
+    for (int s = 1; s < stages; ++s) starts.push_back(layers[s * k]);
+  }
+  starts.push_back(pieces.size());
+  for (int s = 0; s < stages; ++s) ranges.emplace_back(starts[s], starts[s + 1]);
+  return std::nullopt;
+}
+
+struct Pipeline::Slot {
+  torch::Tensor input;       // the stage's input (a leaf requiring grad after stage 0)
+  torch::Tensor output;      // the stage's output, or the loss on the last stage
+  torch::Tensor grad_out;    // the gradient of `output` (received, or handed over locally)
+  torch::Tensor input_grad;  // the gradient of `input`, once computed
+};
+
+namespace {
+
+bool is_float(const torch::Tensor& t) { return t.is_floating_point(); }
+
+double now_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& options, const torch::Tensor& example)
+    : model_(model), group_(pp), options_(options) {
+  shape_ = shape_for(options.schedule, pp.size, options.virtual_stages, options.microbatches);
+  if (auto why = check_shape(options.schedule, shape_)) TORCH_CHECK(false, *why);
+  pieces_ = model.pipeline_pieces();
+  if (auto why = split_stages(pieces_, shape_.stages(), options.split_points, options.layers_per_stage, ranges_)) {
+    TORCH_CHECK(false, *why);
+  }
+  actions_ = with_communication(compute_schedule(options.schedule, shape_), shape_);
+  // Which ranks hold each parameter.
+  std::map<std::string, nn::Module*> modules;
+  for (auto& [name, m] : nn::named_modules(model)) modules[name] = m;
+  const int S = shape_.stages();
+  for (int s = 0; s < S; ++s) {
+    for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
+      for (const auto& name : pieces_[i].modules) {
+        auto it = modules.find(name);
+        TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
+        for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
+          auto& info = params_[item.value().unsafeGetTensorImpl()];
+          const int r = shape_.rank_of(s);
+          if (std::find(info.ranks.begin(), info.ranks.end(), r) == info.ranks.end()) info.ranks.push_back(r);
+          std::sort(info.ranks.begin(), info.ranks.end());
+        }
+      }
+    }
+  }
+  // Stage input and output shapes, from one example microbatch.
+  {
+    torch::NoGradGuard no_grad;
+    const bool training = model.is_training();
+    model.eval();
+    torch::Tensor x = example;
+    for (int s = 0; s < S; ++s) {
+      input_shape_.push_back(x.sizes().vec());
+      input_dtype_.push_back(x.scalar_type());
+      x = stage_forward(s, x);
+      output_shape_.push_back(x.sizes().vec());
+    }
+    model.train(training);
+  }
+  // This rank keeps only its stages' parameters.
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    auto& info = params_[p.unsafeGetTensorImpl()];
+    info.shape = p.sizes().vec();
+    info.dtype = p.scalar_type();
+    if (!holds(p)) p.set_data(torch::empty({0}, p.options()));
+  }
+}
+
+torch::Tensor Pipeline::stage_forward(int stage, torch::Tensor x) {
+  for (size_t i = ranges_[stage].first; i < ranges_[stage].second; ++i) x = pieces_[i].run(x);
+  return x;
+}
+
+int Pipeline::tag(Op op, int stage, int mb) const {
+  return (static_cast<int>(op) * shape_.stages() + stage) * shape_.microbatches + mb + 1;
+}
+
+bool Pipeline::holds(const torch::Tensor& p) const {
+  auto it = params_.find(p.unsafeGetTensorImpl());
+  if (it == params_.end()) return false;
+  const auto& r = it->second.ranks;
+  return std::find(r.begin(), r.end(), group_.rank) != r.end();
+}
+
+bool Pipeline::counts(const torch::Tensor& p) const {
+  auto it = params_.find(p.unsafeGetTensorImpl());
+  return it != params_.end() && !it->second.ranks.empty() && it->second.ranks.front() == group_.rank;
+}
+
+double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
+                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
+  const int S = shape_.stages();
+  const int me = group_.rank;
+  const auto t0 = std::chrono::steady_clock::now();
+  timeline_.clear();
+  std::map<std::pair<int, int>, Slot> slots;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> sends;
+  auto send_async = [&](torch::Tensor t, int dst, int tg) {
+    t = t.contiguous();
+    std::vector<torch::Tensor> ts{t};
+    group_.counter->add("send", t.numel() * t.element_size(), t.numel() * t.element_size());
+    sends.emplace_back(group_.pg->send(ts, dst, tg), t);
+  };
+  auto recv_into = [&](torch::Tensor t, int src, int tg) {
+    std::vector<torch::Tensor> ts{t};
+    group_.pg->recv(ts, src, tg)->wait();
+  };
+  // The tensor backward starts from and its gradient.
+  auto root_of = [&](int s, int mb, Slot& slot) -> std::pair<torch::Tensor, torch::Tensor> {
+    if (s == S - 1) return {slot.output * loss_factor, torch::Tensor()};
+    if (shape_.rank_of(s + 1) == me) return {slot.output, slots[{s + 1, mb}].input_grad};
+    return {slot.output, slot.grad_out};
+  };
+  double loss_sum = 0;
+  for (const Action& a : actions_[me]) {
+    const int s = a.stage, mb = a.microbatch;
+    Slot& slot = slots[{s, mb}];
+    const double start = now_ms(t0);
+    switch (a.op) {
+      case Op::kRecvActivation: {
+        auto buf = torch::empty(input_shape_[s], torch::TensorOptions().dtype(input_dtype_[s]));
+        recv_into(buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
+        slot.input = is_float(buf) ? buf.requires_grad_() : buf;
+        break;
+      }
+      case Op::kRecvGradient: {
+        auto buf = torch::empty(output_shape_[s], torch::TensorOptions().dtype(slot.output.scalar_type()));
+        recv_into(buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
+        slot.grad_out = buf;
+        break;
+      }
+      case Op::kForward: {
+        if (s == 0) {
+          slot.input = input_of(mb);
+        } else if (shape_.rank_of(s - 1) == me) {
+          auto x = slots[{s - 1, mb}].output.detach();
+          slot.input = is_float(x) ? x.requires_grad_() : x;
+        }
+        auto out = stage_forward(s, slot.input);
+        if (s == S - 1) {
+          out = loss_of(mb, out);
+          loss_sum += out.item<double>();
+        }
+        slot.output = out;
+        break;
+      }
+      case Op::kSendActivation: send_async(slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb)); break;
+      case Op::kBackward: {
+        auto [root, grad] = root_of(s, mb, slot);
+        torch::autograd::backward({root}, {grad});
+        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
+        slot.output = torch::Tensor();
+        break;
+      }
+      case Op::kBackwardInput: {
+        if (s > 0 && slot.input.requires_grad()) {
+          auto [root, grad] = root_of(s, mb, slot);
+          slot.input_grad = torch::autograd::grad({root}, {slot.input}, {grad}, /*retain_graph=*/true)[0];
+        }
+        break;
+      }
+      case Op::kBackwardWeight: {
+        auto [root, grad] = root_of(s, mb, slot);
+        std::vector<torch::Tensor> weights;
+        for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
+          for (const auto& name : pieces_[i].modules) {
+            for (auto& [n, m] : nn::named_modules(model_)) {
+              if (n != name) continue;
+              for (auto& item : m->named_parameters(true)) {
+                if (item.value().requires_grad()) weights.push_back(item.value());
+              }
+            }
+          }
+        }
+        torch::autograd::backward({root}, {grad}, /*retain_graph=*/false, /*create_graph=*/false, weights);
+        slot.output = torch::Tensor();
+        break;
+      }
+      case Op::kSendGradient: send_async(slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb)); break;
+    }
+    if (a.op == Op::kForward || a.op == Op::kBackward || a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight) {
+      timeline_.push_back({a.str(), start, now_ms(t0)});
+    }
+  }
+  for (auto& [work, t] : sends) work->wait();
+  return loss_sum;
+}
+
+void Pipeline::sync_shared_grads() {
+  for (auto& [name, p] : nn::unique_named_parameters(model_)) {
+    const auto& info = params_.at(p.unsafeGetTensorImpl());
+    if (info.ranks.size() < 2) continue;
+    auto g = holds(p) && p.grad().defined() ? p.grad().detach().clone()
+                                           : torch::zeros(info.shape, torch::TensorOptions().dtype(info.dtype));
+    all_reduce(group_, g);
+    if (holds(p)) p.mutable_grad() = g;
+  }
+}
+
+torch::Tensor Pipeline::full(const torch::Tensor& p) {
+  const auto& info = params_.at(p.unsafeGetTensorImpl());
+  const int owner = info.ranks.empty() ? 0 : info.ranks.front();
+  torch::Tensor t = group_.rank == owner ? p.detach().clone()
+                                          : torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype));
+  broadcast(group_, t, owner);
+  return t;
+}
+
+}  // namespace composer::parallel
