@@ -42,7 +42,7 @@ std::optional<std::string> split_stages(const std::vector<models::PipelinePiece>
     if (k == 0 || k * stages != n) {
       return "the model's " + std::to_string(n) + " layers do not split into " + std::to_string(stages) +
              " stages" + (layers_per_stage ? " of " + std::to_string(layers_per_stage) + " layers" : std::string()) +
-             "; give split_points (valid: " + list() + ") or a layers_per_stage that makes " + std::to_string(n);
+             "; give split_points (valid: " + list() + ") or a layers_per_stage such that layers_per_stage x " + std::to_string(stages) + " = " + std::to_string(n);
     }
     for (int s = 1; s < stages; ++s) starts.push_back(layers[s * k]);
   }
