@@ -45,6 +45,7 @@ class Pipeline {
 
   const PipelineShape& shape() const { return shape_; }
   Group& group() { return group_; }
+  ScheduleKind kind() const { return options_.schedule; }
   // Runs one step's actions. `input_of(mb)` gives a microbatch's inputs (read
   // on the first stage's rank), `loss_of(mb, output)` its loss on the last
   // stage's rank; backward runs on loss x `loss_factor`. Returns the sum of

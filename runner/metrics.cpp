@@ -73,7 +73,10 @@ void Metrics::record(const StepRecord& r) {
                       {"optimizer_ms", r.optimizer_ms},
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
-  if (r.pipeline_bubble >= 0) j["pipeline_bubble"] = r.pipeline_bubble;
+  if (r.pipeline_bubble >= 0) {
+    j["pipeline_bubble"] = r.pipeline_bubble;
+    j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;
+  }
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
   if (r.parallel) {
     j["comm_calls"] = r.comm_calls;

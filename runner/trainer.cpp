@@ -265,6 +265,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
       r.backward_ms = ms_since(phase);  // forward and backward interleave
       r.pipeline_bubble = pipeline_bubble(*par.pipe);
+      r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
     }
     for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
       if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
