@@ -80,11 +80,12 @@ void Replicate::finish() {
   if (group_.size == 1) return;
   for (auto& b : buckets_) {
     if (b.ready < b.params.size()) {
-      // Parameters without a gradient this step contribute zeros.
+      // Gradients that arrived while sync was off, or never (as zeros).
+      torch::NoGradGuard no_grad;
       for (size_t k : b.params) {
-        if (!params_[k].grad().defined()) {
-          b.buffer.narrow(0, static_cast<int64_t>(offset_of_[k]), params_[k].numel()).zero_();
-        }
+        auto dst = b.buffer.narrow(0, static_cast<int64_t>(offset_of_[k]), params_[k].numel());
+        if (params_[k].grad().defined()) dst.copy_(params_[k].grad().detach().reshape({-1}));
+        else dst.zero_();
       }
       b.ready = b.params.size();
     }

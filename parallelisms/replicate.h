@@ -25,8 +25,9 @@ class Replicate {
   // With false, backward only accumulates locally (gradient accumulation);
   // the microbatch whose backward should synchronise sets true first.
   void set_requires_sync(bool sync) { sync_ = sync; }
-  // Waits for every bucket (launching any whose gradients never arrived, as
-  // zeros) and writes the averaged gradients back. Call after backward.
+  // Waits for every bucket (launching any not launched yet with the current
+  // gradients, zeros for parameters without one) and writes the averaged
+  // gradients back. Call after backward.
   void finish();
 
   size_t num_buckets() const { return buckets_.size(); }

@@ -66,6 +66,18 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank, const torch::Tensor& example) {
   Parallel p;
+  // A pipeline keeps only its stages' parameters, so it is built first and
+  // data parallelism then replicates what this rank holds.
+  for (const auto& t : plan.transforms) {
+    if (t.kind != TransformKind::kPipeline) continue;
+    parallel::PipelineOptions o;
+    o.schedule = *parallel::schedule_named(name_of(t.schedule));
+    o.virtual_stages = static_cast<int>(t.virtual_stages);
+    o.microbatches = static_cast<int>(plan.pp_microbatches);
+    o.split_points = t.split_points;
+    o.layers_per_stage = t.layers_per_stage;
+    p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
+  }
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kTensorParallel) {
       p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
@@ -74,15 +86,18 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
       p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
-      p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
-    } else if (t.kind == TransformKind::kPipeline) {
-      parallel::PipelineOptions o;
-      o.schedule = *parallel::schedule_named(name_of(t.schedule));
-      o.virtual_stages = static_cast<int>(t.virtual_stages);
-      o.microbatches = static_cast<int>(plan.pp_microbatches);
-      o.split_points = t.split_points;
-      o.layers_per_stage = t.layers_per_stage;
-      p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
+      if (p.pipe) {
+        std::vector<torch::Tensor> held;
+        torch::NoGradGuard no_grad;
+        for (auto& [name, param] : nn::unique_named_parameters(model)) {
+          if (!p.pipe->holds(param)) continue;
+          parallel::broadcast(*p.dp, param, 0);
+          held.push_back(param);
+        }
+        p.replicate = std::make_unique<parallel::Replicate>(held, *p.dp, parallel::ReplicateOptions{t.bucket_mb});
+      } else {
+        p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
+      }
     }
   }
   return p;
@@ -163,8 +178,9 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   const bool sum_type = t.loss.name == LossKind::kSum;
   const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
   auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
+  const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
   auto loss_of = [&](int mb, const torch::Tensor& out) {
-    return compute_loss(t.loss, out, b.targets.narrow(0, mb * k, k), k, t.global_batch);
+    return compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
   };
   double loss = pipe.run(input_of, loss_of, factor * grad_scale);
   pipe.sync_shared_grads();
@@ -262,6 +278,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (par.pipe) {
       auto phase = Clock::now();
       Batch b = dataset->batch(step, dp_rank * plan.local_batch, (dp_rank + 1) * plan.local_batch);
+      if (par.replicate) par.replicate->set_requires_sync(false);  // one all-reduce after the last microbatch
       local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
       r.backward_ms = ms_since(phase);  // forward and backward interleave
       r.pipeline_bubble = pipeline_bubble(*par.pipe);
