@@ -400,6 +400,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (options.param_filter && !options.param_filter(p)) continue;
     Unit& u = *units_[owner.at(p.unsafeGetTensorImpl())];
     Param q;
     q.param = p;
@@ -440,15 +441,25 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }
-  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype (the root's casts)
+  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype (the root's casts, or every unit's)
     const auto compute = *options.param_dtype;
-    const auto train = units_.back()->params.empty() ? torch::kFloat : units_.back()->params.front().param.scalar_type();
-    model.add_pre_hook([compute](nn::Module&, torch::Tensor x) {
-      return x.is_floating_point() ? x.to(compute) : x;
-    });
-    model.add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
-      return y.is_floating_point() ? y.to(train) : y;
-    });
+    c10::ScalarType train = torch::kFloat;
+    for (auto& u : units_) {
+      if (!u->params.empty()) train = u->params.front().param.scalar_type();
+    }
+    std::vector<nn::Module*> casting{&model};
+    if (options.cast_at_units) {
+      casting.clear();
+      for (auto& u : units_) {
+        if (!u->params.empty()) casting.push_back(u->module);
+      }
+    }
+    for (nn::Module* m : casting) {
+      m->add_pre_hook([compute](nn::Module&, torch::Tensor x) { return x.is_floating_point() ? x.to(compute) : x; });
+      m->add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+        return y.is_floating_point() ? y.to(train) : y;
+      });
+    }
   }
   for (auto& up : units_) {
     Unit* u = up.get();
@@ -525,6 +536,22 @@ void FullyShard::reshard() {
     u->freed = false;
   }
   recording_ = false;
+}
+
+void FullyShard::flush() {
+  const bool sync = sync_;
+  sync_ = true;
+  torch::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    if (!u->pending.defined()) continue;
+    auto grads = reduce_unit(*u, torch::autograd::variable_list(u->params.size()));
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      auto& p = u->params[i].param;
+      if (p.grad().defined()) p.mutable_grad().add_(grads[i]);
+      else p.mutable_grad() = grads[i];
+    }
+  }
+  sync_ = sync;
 }
 
 bool FullyShard::is_sharded(const torch::Tensor& p) const { return by_impl_.count(p.unsafeGetTensorImpl()) > 0; }

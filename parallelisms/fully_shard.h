@@ -86,6 +86,12 @@ struct FullyShardOptions {
   std::function<int64_t(const torch::Tensor&)> shard_dim;
   Group* replicate = nullptr;         // HSDP: gradients are averaged over it too
   bool prefetch = true;               // issue the next unit's all-gather early
+  // Only parameters it accepts are sharded (a pipeline rank's own stages);
+  // nullptr shards every parameter.
+  std::function<bool(const torch::Tensor&)> param_filter;
+  // Mixed precision casts at every unit's entry and exit instead of the
+  // model's (under a pipeline the model's own forward never runs).
+  bool cast_at_units = false;
 };
 
 // The unit FQNs that `units` selects in `model` (outermost first, root last as
@@ -108,6 +114,9 @@ class FullyShard {
   // Drops the unsharded parameters (after backward; the next forward gathers
   // the updated shards again).
   void reshard();
+  // Reduce-scatters the gradients held back while sync was off, one
+  // collective per unit, into the shard gradients (a pipeline step's end).
+  void flush();
   // Whether `p` is one of the sharded parameters.
   bool is_sharded(const torch::Tensor& p) const;
   // The unsharded value of `p` (a collective over the group: every rank calls it).

@@ -250,10 +250,10 @@ void Pipeline::sync_shared_grads() {
   }
 }
 
-torch::Tensor Pipeline::full(const torch::Tensor& p) {
+torch::Tensor Pipeline::full(const torch::Tensor& p, const torch::Tensor& local) {
   const auto& info = params_.at(p.unsafeGetTensorImpl());
   const int owner = info.ranks.empty() ? 0 : info.ranks.front();
-  torch::Tensor t = group_.rank == owner ? p.detach().clone()
+  torch::Tensor t = group_.rank == owner ? local.detach().clone().view(info.shape)
                                           : torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype));
   broadcast(group_, t, owner);
   return t;

@@ -60,7 +60,9 @@ class Pipeline {
   // the group; call after run().
   void sync_shared_grads();
   // The value of `p` on every rank (a collective: every pp rank calls it).
-  torch::Tensor full(const torch::Tensor& p);
+  torch::Tensor full(const torch::Tensor& p) { return full(p, p.detach()); }
+  // The same from `local`, the holding ranks' value of `p` (e.g. gathered by fully_shard).
+  torch::Tensor full(const torch::Tensor& p, const torch::Tensor& local);
   // This rank's timeline of the last run (compute actions, ms since its start).
   const std::vector<TimelineEntry>& timeline() const { return timeline_; }
   std::vector<int> local_stages() const { return shape_.stages_of(group_.rank); }

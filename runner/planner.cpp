@@ -90,7 +90,7 @@ void check_supported(const ExperimentConfig& c) {
                                  " transform is not supported yet in this version; use tensor_parallel, fully_shard, "
                                  "replicate or pipeline, or remove it");
     }
-    if (t.kind == TransformKind::kTensorParallel || t.kind == TransformKind::kFullyShard) {
+    if (t.kind == TransformKind::kTensorParallel) {
       for (const auto& u : c.parallelize) {
         if (u.kind == TransformKind::kPipeline) {
           throw PlanError(u.ref, std::string("pipeline composed with ") + name_of(t.kind) +
@@ -140,13 +140,32 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
   p.local_microbatch = p.local_batch / c.train.microbatches;
 }
 
-// fully_shard: every unit pattern must name a module.
+// fully_shard: every unit pattern must name a module; under a pipeline every
+// parameter must be in a unit (a stage never runs the model's own forward,
+// where the root unit would gather).
 void plan_fully_shard(const ExperimentConfig& c) {
+  bool pipeline = false;
+  for (const auto& t : c.parallelize) pipeline = pipeline || t.kind == TransformKind::kPipeline;
   for (const auto& t : c.parallelize) {
-    if (t.kind != TransformKind::kFullyShard || t.units.empty()) continue;
+    if (t.kind != TransformKind::kFullyShard) continue;
     torch::manual_seed(c.seed);
     models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
     if (auto problem = parallel::check_units(*model, t.units)) throw PlanError(t.ref, *problem);
+    if (!pipeline) continue;
+    std::vector<std::string> unit_names;
+    for (auto& [name, m] : nn::named_modules(*model)) {
+      for (const auto& pattern : t.units) {
+        if (!name.empty() && parallel::fqn_matches(pattern, name)) unit_names.push_back(name);
+      }
+    }
+    for (auto& [fqn, p] : nn::unique_named_parameters(*model)) {
+      bool covered = false;
+      for (const auto& u : unit_names) covered = covered || fqn.rfind(u + ".", 0) == 0;
+      if (!covered) {
+        throw PlanError(t.ref, "with a pipeline every parameter must belong to a fully_shard unit (a stage never runs "
+                               "the model's own forward), but " + fqn + " is in none; add a units pattern for it");
+      }
+    }
   }
 }
 

@@ -57,6 +57,11 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
     };
   }
   if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(t.mesh_dim[0]);  // HSDP: [replicate, shard]
+  if (p.pipe) {  // shard this rank's stages only; the stage pieces never run the model's own forward
+    parallel::Pipeline* pipe = p.pipe.get();
+    o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
+    o.cast_at_units = true;
+  }
   if (t.offload == Offload::kCpu && rank.is_main()) {
     std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
               << "already live in host memory; nothing to move\n";
@@ -114,6 +119,7 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
     }
     auto t = torch::tensor({sq}, torch::kDouble);
     parallel::all_reduce(par.pipe->group(), t);
+    if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);  // shards
     return std::sqrt(t.item<double>());
   }
   if (!par.tp && !par.fsdp) return grad_norm(params);
@@ -134,7 +140,11 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
 NamedTensors full_params(models::Model& model, Parallel& par) {
   if (par.pipe) {
     NamedTensors out;
-    for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, par.pipe->full(p));
+    for (auto& [name, p] : nn::unique_named_parameters(model)) {
+      // Holders gather their shards over dp first (all of a dp group hold the same stages).
+      torch::Tensor local = par.fsdp && par.pipe->holds(p) ? par.fsdp->full(p) : p.detach();
+      out.emplace_back(name, par.pipe->full(p, local));
+    }
     return out;
   }
   if (!par.fsdp && !par.tp) return snapshot_params(model);
@@ -279,7 +289,12 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       auto phase = Clock::now();
       Batch b = dataset->batch(step, dp_rank * plan.local_batch, (dp_rank + 1) * plan.local_batch);
       if (par.replicate) par.replicate->set_requires_sync(false);  // one all-reduce after the last microbatch
+      if (par.fsdp) par.fsdp->set_requires_sync(false);            // one reduce-scatter per unit, after it
       local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
+      if (par.fsdp) {
+        par.fsdp->flush();
+        par.fsdp->reshard();
+      }
       r.backward_ms = ms_since(phase);  // forward and backward interleave
       r.pipeline_bubble = pipeline_bubble(*par.pipe);
       r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
