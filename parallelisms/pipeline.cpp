@@ -253,10 +253,19 @@ void Pipeline::sync_shared_grads() {
 torch::Tensor Pipeline::full(const torch::Tensor& p, const torch::Tensor& local) {
   const auto& info = params_.at(p.unsafeGetTensorImpl());
   const int owner = info.ranks.empty() ? 0 : info.ranks.front();
-  torch::Tensor t = group_.rank == owner ? local.detach().clone().view(info.shape)
-                                          : torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype));
+  // `local` may be larger than what this rank holds (gathered over tp): send the shape first.
+  auto dims = torch::zeros({9}, torch::kLong);
+  if (group_.rank == owner) {
+    dims[0] = local.dim();
+    for (int64_t d = 0; d < local.dim(); ++d) dims[d + 1] = local.size(d);
+  }
+  broadcast(group_, dims, owner);
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
+  torch::Tensor t = group_.rank == owner ? local.detach().contiguous().clone()
+                                          : torch::empty(shape, torch::TensorOptions().dtype(info.dtype));
   broadcast(group_, t, owner);
-  return t;
+  return t.view(shape);
 }
 
 }  // namespace composer::parallel

@@ -90,14 +90,6 @@ void check_supported(const ExperimentConfig& c) {
                                  " transform is not supported yet in this version; use tensor_parallel, fully_shard, "
                                  "replicate or pipeline, or remove it");
     }
-    if (t.kind == TransformKind::kTensorParallel) {
-      for (const auto& u : c.parallelize) {
-        if (u.kind == TransformKind::kPipeline) {
-          throw PlanError(u.ref, std::string("pipeline composed with ") + name_of(t.kind) +
-                                     " is not supported yet in this version; compose it with replicate, or run it alone");
-        }
-      }
-    }
     if (t.kind == TransformKind::kFullyShard && t.mesh_dim.size() > 2) {
       throw PlanError(t.ref, "fully_shard spans one mesh dim (FSDP) or two, [replicate, shard] (HSDP), not " +
                                  std::to_string(t.mesh_dim.size()));

@@ -71,8 +71,14 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank, const torch::Tensor& example) {
   Parallel p;
-  // A pipeline keeps only its stages' parameters, so it is built first and
-  // data parallelism then replicates what this rank holds.
+  // Tensor parallelism shards the math first; a pipeline then keeps only its
+  // stages' parameters, and data parallelism shards or replicates what this
+  // rank holds.
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kTensorParallel) {
+      p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
+    }
+  }
   for (const auto& t : plan.transforms) {
     if (t.kind != TransformKind::kPipeline) continue;
     parallel::PipelineOptions o;
@@ -84,9 +90,7 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
     p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
   }
   for (const auto& t : plan.transforms) {
-    if (t.kind == TransformKind::kTensorParallel) {
-      p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
-    } else if (t.kind == TransformKind::kFullyShard) {
+    if (t.kind == TransformKind::kFullyShard) {
       p.dp = &rank.mesh->group(t.mesh_dim);
       p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
@@ -112,14 +116,18 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
 // their squares over tp, tp-replicated ones count once; fully_shard shards
 // then sum over the shard group (HSDP replicas hold the same shards).
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
-  if (par.pipe) {  // every stage's parameters, each counted on one rank
-    double sq = 0;
+  if (par.pipe) {  // every stage's parameters, each counted on one pp rank
+    double sharded = 0, replicated = 0;
     for (const auto& p : params) {
-      if (par.pipe->counts(p) && p.grad().defined()) sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+      if (!par.pipe->counts(p) || !p.grad().defined()) continue;
+      double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
+      (par.tp && par.tp->shard_of(p) ? sharded : replicated) += sq;
     }
-    auto t = torch::tensor({sq}, torch::kDouble);
-    parallel::all_reduce(par.pipe->group(), t);
+    auto t = torch::tensor({sharded}, torch::kDouble);
+    if (par.tp) parallel::all_reduce(par.tp->group(), t);
+    t += replicated;
     if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);  // shards
+    parallel::all_reduce(par.pipe->group(), t);
     return std::sqrt(t.item<double>());
   }
   if (!par.tp && !par.fsdp) return grad_norm(params);
@@ -142,7 +150,11 @@ NamedTensors full_params(models::Model& model, Parallel& par) {
     NamedTensors out;
     for (auto& [name, p] : nn::unique_named_parameters(model)) {
       // Holders gather their shards over dp first (all of a dp group hold the same stages).
-      torch::Tensor local = par.fsdp && par.pipe->holds(p) ? par.fsdp->full(p) : p.detach();
+      torch::Tensor local = p.detach();
+      if (par.pipe->holds(p)) {
+        if (par.fsdp) local = par.fsdp->full(p);
+        if (par.tp) local = par.tp->full(p, local);
+      }
       out.emplace_back(name, par.pipe->full(p, local));
     }
     return out;
