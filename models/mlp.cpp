@@ -135,15 +135,7 @@ class MLPModuleLayers : public Model {
     return x;
   }
   InputSpec input_spec() const override { return {false, dim_}; }
-  std::vector<PipelinePiece> pipeline_pieces() override {
-    std::vector<PipelinePiece> out;
-    for (size_t i = 0; i < layers->size(); ++i) {
-      auto m = layers->at(i);
-      out.push_back({"layers." + std::to_string(i), {"layers." + std::to_string(i)}, true,
-                     [m](torch::Tensor x) { return (*m)(x); }});
-    }
-    return out;
-  }
+  std::vector<PipelinePiece> pipeline_pieces() override { return layer_pieces("layers", *layers); }
   std::shared_ptr<nn::ModuleList> layers;
 
  private:

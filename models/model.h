@@ -72,6 +72,17 @@ struct PipelinePiece {
   std::function<torch::Tensor(torch::Tensor)> run;
 };
 
+// One layer piece per child of `list`, named "<prefix>.<i>".
+inline std::vector<PipelinePiece> layer_pieces(const std::string& prefix, const nn::ModuleList& list) {
+  std::vector<PipelinePiece> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    nn::ModulePtr layer = list.at(i);
+    const std::string name = prefix + "." + std::to_string(i);
+    out.push_back({name, {name}, true, [layer](torch::Tensor x) { return (*layer)(x); }});
+  }
+  return out;
+}
+
 class Model : public nn::Module {
  public:
   using nn::Module::Module;

@@ -97,11 +97,7 @@ class Transformer : public Model {
                      auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
                      return torch::dropout(h, args_.dropout_p, is_training());
                    }});
-    for (size_t i = 0; i < layers->size(); ++i) {
-      auto layer = layers->at(i);
-      out.push_back({"layers." + std::to_string(i), {"layers." + std::to_string(i)}, true,
-                     [layer](torch::Tensor h) { return (*layer)(h); }});
-    }
+    for (auto& piece : layer_pieces("layers", *layers)) out.push_back(std::move(piece));
     out.push_back({"norm", {"norm", "output"}, false,
                    [this](torch::Tensor h) { return (*output)((*norm)(h)).to(torch::kFloat); }});
     return out;

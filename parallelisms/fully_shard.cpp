@@ -63,30 +63,24 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 int64_t bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t) { return numel_of(shape) * c10::elementSize(t); }
 
-class DefaultGather : public AllGatherExtension {
+// One tensor per parameter: the padded shard, cast for the wire to `wire`
+// (or to the compute dtype), and back to the compute dtype after.
+class CastGather : public AllGatherExtension {
  public:
-  std::string name() const override { return "default"; }
+  CastGather(std::string name, std::optional<c10::ScalarType> wire) : name_(std::move(name)), wire_(wire) {}
+  std::string name() const override { return name_; }
   std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
                                             c10::ScalarType param_dtype) const override {
-    return {pad_shard(shard, info).to(param_dtype)};
+    return {pad_shard(shard, info).to(wire_.value_or(param_dtype))};
   }
   torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
                                 c10::ScalarType param_dtype, const torch::Tensor& out) const override {
     return unpad_cat(gathered[0], info, param_dtype, out);
   }
-};
 
-class Bfloat16Gather : public AllGatherExtension {
- public:
-  std::string name() const override { return "bfloat16"; }
-  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
-                                            c10::ScalarType) const override {
-    return {pad_shard(shard, info).to(torch::kBFloat16)};
-  }
-  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
-                                c10::ScalarType param_dtype, const torch::Tensor& out) const override {
-    return unpad_cat(gathered[0], info, param_dtype, out);
-  }
+ private:
+  std::string name_;
+  std::optional<c10::ScalarType> wire_;
 };
 
 class SplitBfloat16Gather : public AllGatherExtension {
@@ -119,7 +113,7 @@ void bind_storage(const torch::Tensor& t, uint8_t* ptr, int64_t bytes) {
 int64_t unsharded_bytes_of(const FullyShard::Param& p) { return bytes_of(p.info.full_shape, p.compute_dtype); }
 
 const AllGatherExtension& default_gather() {
-  static DefaultGather d;
+  static CastGather d("default", std::nullopt);
   return d;
 }
 
@@ -344,7 +338,7 @@ torch::Tensor unpad_cat(const torch::Tensor& gathered, const ShardInfo& info, c1
 }
 
 std::shared_ptr<AllGatherExtension> make_all_gather_extension(const std::string& name) {
-  if (name == "bfloat16") return std::make_shared<Bfloat16Gather>();
+  if (name == "bfloat16") return std::make_shared<CastGather>("bfloat16", torch::kBFloat16);
   if (name == "split_bfloat16") return std::make_shared<SplitBfloat16Gather>();
   return nullptr;
 }
