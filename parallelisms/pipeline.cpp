@@ -165,6 +165,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     return {slot.output, slot.grad_out};
   };
   double loss_sum = 0;
+  losses_.assign(shape_.microbatches, 0.0);
   for (const Action& a : actions_[me]) {
     const int s = a.stage, mb = a.microbatch;
     Slot& slot = slots[{s, mb}];
@@ -192,7 +193,8 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
         auto out = stage_forward(s, slot.input);
         if (s == S - 1) {
           out = loss_of(mb, out);
-          loss_sum += out.item<double>();
+          losses_[mb] = out.item<double>();
+          loss_sum += losses_[mb];
         }
         slot.output = out;
         break;

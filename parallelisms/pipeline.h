@@ -65,6 +65,9 @@ class Pipeline {
   torch::Tensor full(const torch::Tensor& p, const torch::Tensor& local);
   // This rank's timeline of the last run (compute actions, ms since its start).
   const std::vector<TimelineEntry>& timeline() const { return timeline_; }
+  // The last run's loss of each microbatch (before the factor) on the last
+  // stage's rank, zeros elsewhere.
+  const std::vector<double>& microbatch_losses() const { return losses_; }
   std::vector<int> local_stages() const { return shape_.stages_of(group_.rank); }
 
  private:
@@ -89,6 +92,7 @@ class Pipeline {
   };
   std::unordered_map<const c10::TensorImpl*, ParamInfo> params_;
   std::vector<TimelineEntry> timeline_;
+  std::vector<double> losses_;
 };
 
 }  // namespace composer::parallel

@@ -76,6 +76,7 @@ void Metrics::record(const StepRecord& r) {
   if (r.pipeline_bubble >= 0) {
     j["pipeline_bubble"] = r.pipeline_bubble;
     j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;
+    j["microbatch_losses"] = r.microbatch_losses;
   }
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
   if (r.parallel) {

@@ -329,16 +329,20 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (par.replicate) par.replicate->finish();
     r.backward_ms += ms_since(phase);
     r.loss = local_loss;
-    if (par.pipe) {  // the last stage's rank has it
-      auto l = torch::tensor({local_loss}, torch::kDouble);
+    if (par.pipe) {  // the last stage's rank has them: the loss, then each microbatch's
+      std::vector<double> v{local_loss};
+      for (double x : par.pipe->microbatch_losses()) v.push_back(x);
+      auto l = torch::tensor(v, torch::kDouble);
       parallel::all_reduce(par.pipe->group(), l);
-      r.loss = l.item<double>();
-    }
-    if (par.dp) {
+      if (par.dp) parallel::all_reduce(*par.dp, l);
+      r.loss = l[0].item<double>();
+      for (int64_t i = 1; i < l.size(0); ++i) r.microbatch_losses.push_back(l[i].item<double>());
+    } else if (par.dp) {
       auto l = torch::tensor({r.loss}, torch::kDouble);
       parallel::all_reduce(*par.dp, l);
       r.loss = l.item<double>();
     }
+
     phase = Clock::now();
     r.grad_norm = global_grad_norm(params, par);
     if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
