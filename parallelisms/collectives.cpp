@@ -157,16 +157,6 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   return mine.view(shape);
 }
 
-std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat) {
-  if (g.size == 1) return {flat};
-  std::vector<std::vector<torch::Tensor>> outs(1);
-  for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(flat));
-  std::vector<torch::Tensor> ins{flat};
-  g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
-  g.pg->allgather(outs, ins)->wait();
-  return outs[0];
-}
-
 namespace {
 
 constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. size-2
@@ -210,10 +200,13 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   return mine;
 }
 
-void send(Group& g, const torch::Tensor& t, int dst, int tag) {
-  g.counter->add("send", nbytes(t), nbytes(t));
-  std::vector<torch::Tensor> ts{t.contiguous()};
-  g.pg->send(ts, dst, tag)->wait();
+Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
+  auto c = t.contiguous();
+  g.counter->add("send", nbytes(c), nbytes(c));
+  std::vector<torch::Tensor> ts{c};
+  Handle h(g.pg->send(ts, dst, tag), [c] {});  // the handle keeps the tensor alive until wait()
+  if (!async) h.wait();
+  return h;
 }
 
 void recv(Group& g, torch::Tensor& t, int src, int tag) {

@@ -61,20 +61,19 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
 // Sums `full` over the group and returns this rank's torch.chunk piece of dim 0.
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Reduce::kSum);
 
-// Flat-buffer forms for sharding engines, without extra full-size copies:
-// every rank's equal-size `flat` (one tensor per group rank, in rank order),
-// and the sum (or average) of a [size * chunk] buffer's chunk of this rank,
-// reduced in place in `flat`.
-std::vector<torch::Tensor> all_gather_flat(Group& g, const torch::Tensor& flat);
+// Flat-buffer forms for sharding engines, without extra full-size copies.
 // Every rank's `flat` into the rows of `out` ([size, flat.numel()], same
 // dtype): a ring over send/recv straight into `out`, with no staging buffer.
 // With async the ring runs on a helper thread and the handle's wait() joins
 // it; at most one may be in flight per group next to the blocking
 // collectives (it uses its own tags).
 Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async = false);
+// The sum (or average) of a [size * chunk] buffer's chunk of this rank,
+// reduced in place in `flat`.
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
-void send(Group& g, const torch::Tensor& t, int dst, int tag = 0);
+// Point to point; an async send completes at the handle's wait().
+Handle send(Group& g, const torch::Tensor& t, int dst, int tag = 0, bool async = false);
 void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
 
 // Dim-0 sizes of torch.chunk(n, parts): ceil-sized chunks, the tail smaller or empty.

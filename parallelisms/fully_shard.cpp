@@ -548,8 +548,6 @@ void FullyShard::flush() {
   sync_ = sync;
 }
 
-bool FullyShard::is_sharded(const torch::Tensor& p) const { return by_impl_.count(p.unsafeGetTensorImpl()) > 0; }
-
 const ShardInfo* FullyShard::shard_info(const torch::Tensor& p) const {
   auto it = by_impl_.find(p.unsafeGetTensorImpl());
   return it == by_impl_.end() ? nullptr : &it->second->info;

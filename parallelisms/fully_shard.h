@@ -117,8 +117,6 @@ class FullyShard {
   // Reduce-scatters the gradients held back while sync was off, one
   // collective per unit, into the shard gradients (a pipeline step's end).
   void flush();
-  // Whether `p` is one of the sharded parameters.
-  bool is_sharded(const torch::Tensor& p) const;
   // The unsharded value of `p` (a collective over the group: every rank calls it).
   torch::Tensor full(const torch::Tensor& p);
   // How `p` is sharded, or nullptr.

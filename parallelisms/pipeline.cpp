@@ -81,12 +81,14 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   std::map<std::string, nn::Module*> modules;
   for (auto& [name, m] : nn::named_modules(model)) modules[name] = m;
   const int S = shape_.stages();
+  stage_weights_.resize(S);
   for (int s = 0; s < S; ++s) {
     for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
       for (const auto& name : pieces_[i].modules) {
         auto it = modules.find(name);
         TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
         for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
+          if (item.value().requires_grad()) stage_weights_[s].push_back(item.value());
           auto& info = params_[item.value().unsafeGetTensorImpl()];
           const int r = shape_.rank_of(s);
           if (std::find(info.ranks.begin(), info.ranks.end(), r) == info.ranks.end()) info.ranks.push_back(r);
@@ -147,17 +149,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   const auto t0 = std::chrono::steady_clock::now();
   timeline_.clear();
   std::map<std::pair<int, int>, Slot> slots;
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> sends;
-  auto send_async = [&](torch::Tensor t, int dst, int tg) {
-    t = t.contiguous();
-    std::vector<torch::Tensor> ts{t};
-    group_.counter->add("send", t.numel() * t.element_size(), t.numel() * t.element_size());
-    sends.emplace_back(group_.pg->send(ts, dst, tg), t);
-  };
-  auto recv_into = [&](torch::Tensor t, int src, int tg) {
-    std::vector<torch::Tensor> ts{t};
-    group_.pg->recv(ts, src, tg)->wait();
-  };
+  std::vector<Handle> sends;  // waited for at the end; receives block where they stand
   // The tensor backward starts from and its gradient.
   auto root_of = [&](int s, int mb, Slot& slot) -> std::pair<torch::Tensor, torch::Tensor> {
     if (s == S - 1) return {slot.output * loss_factor, torch::Tensor()};
@@ -173,13 +165,13 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     switch (a.op) {
       case Op::kRecvActivation: {
         auto buf = torch::empty(input_shape_[s], torch::TensorOptions().dtype(input_dtype_[s]));
-        recv_into(buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
+        recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
         slot.input = is_float(buf) ? buf.requires_grad_() : buf;
         break;
       }
       case Op::kRecvGradient: {
         auto buf = torch::empty(output_shape_[s], torch::TensorOptions().dtype(slot.output.scalar_type()));
-        recv_into(buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
+        recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
         slot.grad_out = buf;
         break;
       }
@@ -199,7 +191,9 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
         slot.output = out;
         break;
       }
-      case Op::kSendActivation: send_async(slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb)); break;
+      case Op::kSendActivation:
+        sends.push_back(send(group_, slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb), true));
+        break;
       case Op::kBackward: {
         auto [root, grad] = root_of(s, mb, slot);
         torch::autograd::backward({root}, {grad});
@@ -216,28 +210,19 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
       }
       case Op::kBackwardWeight: {
         auto [root, grad] = root_of(s, mb, slot);
-        std::vector<torch::Tensor> weights;
-        for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
-          for (const auto& name : pieces_[i].modules) {
-            for (auto& [n, m] : nn::named_modules(model_)) {
-              if (n != name) continue;
-              for (auto& item : m->named_parameters(true)) {
-                if (item.value().requires_grad()) weights.push_back(item.value());
-              }
-            }
-          }
-        }
-        torch::autograd::backward({root}, {grad}, /*retain_graph=*/false, /*create_graph=*/false, weights);
+        torch::autograd::backward({root}, {grad}, /*retain_graph=*/false, /*create_graph=*/false, stage_weights_[s]);
         slot.output = torch::Tensor();
         break;
       }
-      case Op::kSendGradient: send_async(slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb)); break;
+      case Op::kSendGradient:
+        sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
+        break;
     }
     if (a.op == Op::kForward || a.op == Op::kBackward || a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight) {
       timeline_.push_back({a.str(), start, now_ms(t0)});
     }
   }
-  for (auto& [work, t] : sends) work->wait();
+  for (auto& h : sends) h.wait();
   return loss_sum;
 }
 

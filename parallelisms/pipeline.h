@@ -81,6 +81,7 @@ class Pipeline {
   PipelineShape shape_;
   std::vector<models::PipelinePiece> pieces_;
   std::vector<std::pair<size_t, size_t>> ranges_;
+  std::vector<std::vector<torch::Tensor>> stage_weights_;  // per stage: what W differentiates
   std::vector<RankActions> actions_;                 // with communication, every rank's
   std::vector<std::vector<int64_t>> input_shape_;    // per stage
   std::vector<c10::ScalarType> input_dtype_;

@@ -110,6 +110,7 @@ std::unique_ptr<Replicate> apply_replicate(models::Model& model, Group& group, c
   std::vector<torch::Tensor> params;
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (options.param_filter && !options.param_filter(p)) continue;
     broadcast(group, p, 0);
     params.push_back(p);
   }

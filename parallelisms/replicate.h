@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,6 +15,9 @@ namespace composer::parallel {
 
 struct ReplicateOptions {
   double bucket_mb = 25;  // gradient bytes per all-reduce bucket
+  // Only parameters it accepts are replicated (a pipeline rank's own stages);
+  // nullptr replicates every parameter.
+  std::function<bool(const torch::Tensor&)> param_filter;
 };
 
 // Owns the gradient hooks of one replicated model.

@@ -63,7 +63,6 @@ std::vector<RankActions> zero_bubble_schedule(const PipelineShape& s) {
   const int S = s.stages(), M = s.microbatches;
   // finish time of F and I per (stage, mb); -1 = not yet
   std::vector<std::vector<int64_t>> f_end(S, std::vector<int64_t>(M, -1)), i_end = f_end;
-  std::vector<std::vector<bool>> w_done(S, std::vector<bool>(M, false));
   std::vector<RankActions> out(s.pp);
   std::vector<int> in_flight(s.pp, 0);
   std::vector<int> next_f(s.pp, 0);  // loop placement: the next forward in interleaved order

@@ -224,13 +224,11 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});
       m.get("units", t.units);
       m.get("reshard_after_forward", t.reshard_after_forward);
-      for (auto key : {"param_dtype", "reduce_dtype"}) {
-        std::string& out = std::string(key) == "param_dtype" ? t.param_dtype : t.reduce_dtype;
+      for (auto [key, out] : {std::pair{"param_dtype", &t.param_dtype}, std::pair{"reduce_dtype", &t.reduce_dtype}}) {
+        if (!m.has(key)) continue;
         DType d = DType::kFloat32;
-        if (m.has(key)) {
-          m.get_enum(key, d, kDTypes);
-          out = name_of(d);
-        }
+        m.get_enum(key, d, kDTypes);
+        *out = d;
       }
       m.get_enum("shard_placement", t.shard_placement, kShardPlacements);
       m.get_enum("all_gather", t.all_gather, kAllGathers);
@@ -455,7 +453,10 @@ const char* name_of(LossKind v) { return lookup(kLosses, v); }
 const char* name_of(DataSource v) { return lookup(kSources, v); }
 const char* name_of(InputKind v) { return lookup(kInputs, v); }
 const char* name_of(TargetKind v) { return lookup(kTargets, v); }
-const char* name_of(Schedule v) { return lookup(kSchedules, v); }
+const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
+const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
+const char* name_of(Offload v) { return lookup(kOffloads, v); }
+const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
 
 int64_t MeshConfig::world_size() const {
   int64_t n = 1;
@@ -504,106 +505,6 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(ss.str(), path, overrides);
-}
-
-namespace {
-nlohmann::json args_json(const models::ModelArgs& args) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : args.values()) std::visit([&](const auto& x) { j[k] = x; }, v);
-  return j;
-}
-nlohmann::json transform_json(const TransformConfig& t) {
-  nlohmann::json j;
-  switch (t.kind) {
-    case TransformKind::kTensorParallel:
-      j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel}};
-      for (const auto& r : t.styles) {
-        auto layout = [](const models::Layout& l) {
-          return l.sharded ? "shard(" + std::to_string(l.dim) + ")" : std::string("replicate");
-        };
-        j["styles"].push_back({{"module", r.pattern}, {"style", lookup(kTpStyles, r.style)},
-                               {"input", layout(r.input)}, {"output", layout(r.output)},
-                               {"desired_input", layout(r.desired_input)}});
-      }
-      break;
-    case TransformKind::kActivationCheckpointing: j = {{"units", t.units}}; break;
-    case TransformKind::kFullyShard:
-      j = {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", t.reshard_after_forward},
-           {"param_dtype", t.param_dtype}, {"reduce_dtype", t.reduce_dtype},
-           {"shard_placement", lookup(kShardPlacements, t.shard_placement)},
-           {"all_gather", lookup(kAllGathers, t.all_gather)}, {"offload", lookup(kOffloads, t.offload)},
-           {"prefetch", t.prefetch}};
-      break;
-    case TransformKind::kReplicate: j = {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}}; break;
-    case TransformKind::kPipeline:
-      j = {{"mesh_dim", t.mesh_dim},         {"schedule", name_of(t.schedule)},
-           {"microbatches", t.microbatches}, {"virtual_stages", t.virtual_stages},
-           {"split_points", t.split_points}, {"layers_per_stage", t.layers_per_stage},
-           {"scale_grads", t.scale_grads}};
-      break;
-  }
-  return {{name_of(t.kind), j}};
-}
-}  // namespace
-
-nlohmann::json to_json(const ExperimentConfig& c) {
-  const auto& t = c.train;
-  nlohmann::json j;
-  j["name"] = c.name;
-  j["seed"] = c.seed;
-  j["model"] = {{"name", c.model.name}, {"args", args_json(c.model.args)}, {"init_from", c.model.init_from}};
-  j["mesh"] = {{"shape", c.mesh.shape},
-               {"names", c.mesh.names},
-               {"backend", name_of(c.mesh.backend)},
-               {"timeout_s", c.mesh.timeout_s}};
-  j["parallelize"] = nlohmann::json::array();
-  for (const auto& p : c.parallelize) j["parallelize"].push_back(transform_json(p));
-  j["train"] = {
-      {"steps", t.steps},
-      {"global_batch", t.global_batch},
-      {"microbatches", t.microbatches},
-      {"dtype", name_of(t.dtype)},
-      {"optimizer",
-       {{"name", name_of(t.optimizer.name)}, {"lr", t.optimizer.lr}, {"momentum", t.optimizer.momentum},
-        {"dampening", t.optimizer.dampening}, {"nesterov", t.optimizer.nesterov},
-        {"weight_decay", t.optimizer.weight_decay}, {"betas", t.optimizer.betas}, {"eps", t.optimizer.eps}}},
-      {"lr_schedule",
-       {{"warmup_steps", t.lr_schedule.warmup_steps}, {"decay", name_of(t.lr_schedule.decay)},
-        {"min_lr", t.lr_schedule.min_lr}}},
-      {"loss", {{"name", name_of(t.loss.name)}, {"scale", t.loss.scale}}},
-      {"grad_clip", t.grad_clip},
-      {"log_every", t.log_every},
-      {"threads", t.threads}};
-  j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
-               {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
-  j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
-                {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
-  j["debug"] = {{"fail_rank", c.debug.fail_rank}, {"fail_step", c.debug.fail_step}};
-  return j;
-}
-
-std::string config_hash(const ExperimentConfig& c) {
-  nlohmann::json j = to_json(c);
-  nlohmann::json part = {{"seed", j["seed"]}, {"model", j["model"]}, {"train", j["train"]}, {"data", j["data"]}};
-  // Logging and threading do not change what is computed.
-  part["train"].erase("log_every");
-  part["train"].erase("threads");
-  std::string s = part.dump();
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  std::ostringstream os;
-  os << std::hex;
-  os.width(16);
-  os.fill('0');
-  os << h;
-  return os.str();
-}
-
-std::string golden_path(const ExperimentConfig& c) {
-  return c.check.golden.empty() ? "tests/golden/" + c.name + ".json" : c.check.golden;
 }
 
 }  // namespace composer

@@ -4,10 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
+#include "parallelisms/schedule.h"
 #include "runner/errors.h"
 
 namespace composer {
@@ -21,7 +23,12 @@ enum class LossKind { kSum, kMean, kMse, kCrossEntropy, kSoftCrossEntropy };
 enum class DataSource { kSynthetic, kFile };
 enum class InputKind { kAuto, kNormal, kUniform, kTokens };
 enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
-enum class Schedule { kGpipe, k1f1b, kInterleaved1f1b, kLoopedBfs, kInterleavedZeroBubble, kZbv };
+using Schedule = parallel::ScheduleKind;  // named by parallel::name_of
+// fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
+// dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
+enum class ShardPlacement { kDim0, kOppositeTp };
+enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };  // names are the extensions'
+enum class Offload { kNone, kCpu };
 
 const char* name_of(DType v);
 const char* name_of(Backend v);
@@ -32,7 +39,10 @@ const char* name_of(LossKind v);
 const char* name_of(DataSource v);
 const char* name_of(InputKind v);
 const char* name_of(TargetKind v);
-const char* name_of(Schedule v);
+const char* name_of(ShardPlacement v);
+const char* name_of(AllGather v);
+const char* name_of(Offload v);
+const char* name_of(models::TpStyle v);
 
 struct ModelConfig {
   std::string name;             // registry name, e.g. transformer (required)
@@ -51,12 +61,6 @@ struct MeshConfig {
 };
 
 // One entry of `parallelize`; only the fields of its kind are meaningful.
-// fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
-// dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
-enum class ShardPlacement { kDim0, kOppositeTp };
-enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };
-enum class Offload { kNone, kCpu };
-
 struct TransformConfig {
   TransformKind kind = TransformKind::kReplicate;
   std::vector<std::string> mesh_dim;   // mesh dims it spans (fully_shard: [replicate, shard] for HSDP)
@@ -65,8 +69,8 @@ struct TransformConfig {
   models::TpPlan styles;               // tensor_parallel: the custom plan's rules
   bool sequence_parallel = false;      // tensor_parallel: shard norms and residuals on the sequence dim
   bool reshard_after_forward = true;   // fully_shard: free unsharded params after forward
-  std::string param_dtype;             // fully_shard: compute dtype ("" = parameter dtype)
-  std::string reduce_dtype;            // fully_shard: gradient reduction dtype ("" = param_dtype)
+  std::optional<DType> param_dtype;    // fully_shard: compute dtype (unset = parameter dtype)
+  std::optional<DType> reduce_dtype;   // fully_shard: gradient reduction dtype (unset = param_dtype)
   ShardPlacement shard_placement = ShardPlacement::kDim0;  // fully_shard: dim each parameter is sharded on
   AllGather all_gather = AllGather::kPlain;  // fully_shard: all-gather extension for float32 parameters
   Offload offload = Offload::kNone;    // fully_shard: cpu keeps shards and optimizer state on the host

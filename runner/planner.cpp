@@ -207,7 +207,7 @@ void plan_pipeline(const ExperimentConfig& c, Plan& p) {
     if (t.kind != TransformKind::kPipeline) continue;
     if (t.mesh_dim.size() != 1) throw PlanError(t.ref, "pipeline spans exactly one mesh dim");
     const int pp = static_cast<int>(dim_size(c.mesh, t.mesh_dim[0]));
-    const auto kind = *parallel::schedule_named(name_of(t.schedule));
+    const auto kind = t.schedule;
     const int v = static_cast<int>(t.virtual_stages);
     // The pipeline's microbatches are the step's: train.microbatches (when > 1)
     // or the pipeline's own count, which must then agree.

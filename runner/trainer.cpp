@@ -33,22 +33,14 @@ struct Parallel {
   std::unique_ptr<parallel::Pipeline> pipe;
 };
 
-torch::ScalarType dtype_named(const std::string& name) {
-  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
-    if (name == name_of(d)) return scalar_type_of(d);
-  }
-  TORCH_INTERNAL_ASSERT(false, "dtype ", name, " passed config validation but is unknown");
-}
-
 parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parallel& p, RankContext& rank) {
   parallel::FullyShardOptions o;
   o.units = t.units;
   o.reshard_after_forward = t.reshard_after_forward;
   o.prefetch = t.prefetch;
-  if (!t.param_dtype.empty()) o.param_dtype = dtype_named(t.param_dtype);
-  if (!t.reduce_dtype.empty()) o.reduce_dtype = dtype_named(t.reduce_dtype);
-  if (t.all_gather == AllGather::kBfloat16) o.extension = parallel::make_all_gather_extension("bfloat16");
-  if (t.all_gather == AllGather::kSplitBfloat16) o.extension = parallel::make_all_gather_extension("split_bfloat16");
+  if (t.param_dtype) o.param_dtype = scalar_type_of(*t.param_dtype);
+  if (t.reduce_dtype) o.reduce_dtype = scalar_type_of(*t.reduce_dtype);
+  if (t.all_gather != AllGather::kPlain) o.extension = parallel::make_all_gather_extension(name_of(t.all_gather));
   if (t.shard_placement == ShardPlacement::kOppositeTp && p.tp) {
     parallel::TensorParallel* tp = p.tp.get();
     o.shard_dim = [tp](const torch::Tensor& param) -> int64_t {  // shard the dim tp does not
@@ -82,7 +74,7 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
   for (const auto& t : plan.transforms) {
     if (t.kind != TransformKind::kPipeline) continue;
     parallel::PipelineOptions o;
-    o.schedule = *parallel::schedule_named(name_of(t.schedule));
+    o.schedule = t.schedule;
     o.virtual_stages = static_cast<int>(t.virtual_stages);
     o.microbatches = static_cast<int>(plan.pp_microbatches);
     o.split_points = t.split_points;
@@ -95,18 +87,12 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
       p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
       p.dp = &rank.mesh->group(t.mesh_dim);
-      if (p.pipe) {
-        std::vector<torch::Tensor> held;
-        torch::NoGradGuard no_grad;
-        for (auto& [name, param] : nn::unique_named_parameters(model)) {
-          if (!p.pipe->holds(param)) continue;
-          parallel::broadcast(*p.dp, param, 0);
-          held.push_back(param);
-        }
-        p.replicate = std::make_unique<parallel::Replicate>(held, *p.dp, parallel::ReplicateOptions{t.bucket_mb});
-      } else {
-        p.replicate = parallel::apply_replicate(model, *p.dp, {t.bucket_mb});
+      parallel::ReplicateOptions o{t.bucket_mb};
+      if (p.pipe) {  // replicate this rank's stages only
+        parallel::Pipeline* pipe = p.pipe.get();
+        o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
       }
+      p.replicate = parallel::apply_replicate(model, *p.dp, o);
     }
   }
   return p;
@@ -114,26 +100,13 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
 
 // The global gradient norm as one device sees it: tp-sharded gradients sum
 // their squares over tp, tp-replicated ones count once; fully_shard shards
-// then sum over the shard group (HSDP replicas hold the same shards).
+// then sum over the shard group (HSDP replicas hold the same shards); pipeline
+// stages sum over pp, each parameter counted on one rank.
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
-  if (par.pipe) {  // every stage's parameters, each counted on one pp rank
-    double sharded = 0, replicated = 0;
-    for (const auto& p : params) {
-      if (!par.pipe->counts(p) || !p.grad().defined()) continue;
-      double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-      (par.tp && par.tp->shard_of(p) ? sharded : replicated) += sq;
-    }
-    auto t = torch::tensor({sharded}, torch::kDouble);
-    if (par.tp) parallel::all_reduce(par.tp->group(), t);
-    t += replicated;
-    if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);  // shards
-    parallel::all_reduce(par.pipe->group(), t);
-    return std::sqrt(t.item<double>());
-  }
-  if (!par.tp && !par.fsdp) return grad_norm(params);
+  if (!par.tp && !par.fsdp && !par.pipe) return grad_norm(params);
   double sharded = 0, replicated = 0;
   for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
+    if (!p.grad().defined() || (par.pipe && !par.pipe->counts(p))) continue;
     double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
     (par.tp && par.tp->shard_of(p) ? sharded : replicated) += sq;
   }
@@ -141,29 +114,23 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
   if (par.tp) parallel::all_reduce(par.tp->group(), t);
   t += replicated;
   if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);
+  if (par.pipe) parallel::all_reduce(par.pipe->group(), t);
   return std::sqrt(t.item<double>());
 }
 
-// Full parameters by FQN; every rank takes part in the gathers.
+// Full parameters by FQN; every rank takes part in the gathers: over dp
+// (fully_shard), then tp, among the ranks holding a parameter (all of a dp or
+// tp group hold the same stages), then from its pipeline rank.
 NamedTensors full_params(models::Model& model, Parallel& par) {
-  if (par.pipe) {
-    NamedTensors out;
-    for (auto& [name, p] : nn::unique_named_parameters(model)) {
-      // Holders gather their shards over dp first (all of a dp group hold the same stages).
-      torch::Tensor local = p.detach();
-      if (par.pipe->holds(p)) {
-        if (par.fsdp) local = par.fsdp->full(p);
-        if (par.tp) local = par.tp->full(p, local);
-      }
-      out.emplace_back(name, par.pipe->full(p, local));
-    }
-    return out;
-  }
-  if (!par.fsdp && !par.tp) return snapshot_params(model);
+  if (!par.fsdp && !par.tp && !par.pipe) return snapshot_params(model);
   NamedTensors out;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
-    torch::Tensor local = par.fsdp ? par.fsdp->full(p) : p.detach();  // tp-local
-    out.emplace_back(name, par.tp ? par.tp->full(p, local) : local.clone());
+    torch::Tensor local = p.detach();
+    if (!par.pipe || par.pipe->holds(p)) {
+      if (par.fsdp) local = par.fsdp->full(p);
+      if (par.tp) local = par.tp->full(p, local);
+    }
+    out.emplace_back(name, par.pipe ? par.pipe->full(p, local) : local.clone());
   }
   return out;
 }
