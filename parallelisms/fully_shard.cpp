@@ -33,7 +33,6 @@ struct FullyShard::Unit {
   FullyShard* owner = nullptr;
   std::vector<Param> params;
   Group* group = nullptr;
-  Group* replicate = nullptr;
   bool reshard_after_forward = true;
   const bool* sync = nullptr;            // the owner's requires-sync flag
   c10::ScalarType reduce_dtype = c10::kFloat;
@@ -44,6 +43,7 @@ struct FullyShard::Unit {
   torch::Tensor unsharded_base;          // a pooled buffer the unsharded parameters live in
   bool freed = false;                    // storage released after forward
   torch::Tensor pending;                 // unreduced gradients of earlier microbatches
+  std::vector<char> has_grad;            // per parameter: a gradient arrived since the last reduction
   // An all-gather in flight (or finished but not yet copied out).
   Handle gather;
   torch::Tensor send_base, recv_base, recv;
@@ -186,9 +186,11 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
 }
 
 // One reduce-scatter (average) of the unit's gradients, including those held
-// back from earlier microbatches, into shard gradients; under HSDP then one
-// all-reduce (average) over the replicate group. Without sync the gradients
-// are only held back, so accumulation reduce-scatters once.
+// back from earlier microbatches, into shard gradients. Without sync the
+// gradients are only held back, so accumulation reduce-scatters once. The
+// reductions over other dims (HSDP's replicate dim, tp sums, tied pipeline
+// weights) are the gradient synchronisation's, read from the placements. A
+// parameter that got no gradient keeps none.
 std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
   Group& g = *u.group;
   const bool sync = *u.sync;
@@ -203,9 +205,11 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
     base = u.owner->take_buffer(FullyShard::kGrad);
     buf = base.narrow(0, 0, bytes).view(u.reduce_dtype).view({g.size, u.grad_numel}).zero_();
   }
+  u.has_grad.resize(u.params.size(), 0);
   for (size_t i = 0; i < u.params.size(); ++i) {
     auto& p = u.params[i];
     if (!grads[i].defined()) continue;
+    u.has_grad[i] = 1;
     auto full = grads[i].reshape(p.info.full_shape);
     for (int r = 0; r < g.size; ++r) {
       if (!p.info.sizes[r]) continue;
@@ -221,12 +225,17 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
   }
   u.pending = torch::Tensor();
   auto mine = reduce_scatter_flat(g, buf.view({-1}), Reduce::kAvg);
-  if (u.replicate) all_reduce(*u.replicate, mine, Reduce::kAvg);
   std::vector<torch::Tensor> out;
-  for (auto& p : u.params) {
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    auto& p = u.params[i];
     auto shape = p.info.shard_shape(g.rank);
+    if (!u.has_grad[i]) {
+      out.emplace_back();
+      continue;
+    }
     out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape)).view(shape).to(p.param.scalar_type(), false, true));
   }
+  std::fill(u.has_grad.begin(), u.has_grad.end(), 0);
   if (base.defined()) u.owner->give_buffer(FullyShard::kGrad, std::move(base));
   return out;
 }
@@ -237,6 +246,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
 struct UnshardFn : torch::autograd::Function<UnshardFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList shards, int64_t unit) {
     ctx->saved_data["unit"] = unit;
+    ctx->set_materialize_grads(false);  // an unused parameter's gradient stays undefined
     return finish_gather(*reinterpret_cast<FullyShard::Unit*>(unit), /*refill=*/false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -282,6 +292,13 @@ void unshard(FullyShard::Unit& u) {
   set_views(u);
 }
 
+// Whether a prefetch of `u` would bring anything: not while its gather is in
+// flight or its unsharded storage is bound (units kept gathered over a
+// pipeline's microbatches).
+bool needs_gather(const FullyShard::Unit& u) {
+  return !u.recv.defined() && (!u.unsharded_base.defined() || u.freed) && !u.params.empty();
+}
+
 // Frees the unsharded storage; autograd keeps its handles, refilled before backward.
 void reshard_storage(FullyShard::Unit& u) {
   release_unsharded(u);
@@ -293,6 +310,37 @@ bool matches_any(const std::vector<std::string>& patterns, const std::string& fq
     if (fqn_matches(p, fqn)) return true;
   }
   return false;
+}
+
+// The modules `patterns` select, outermost first. A matched module without a
+// forward of its own (a ModuleList) never runs, so its children are the units.
+std::vector<std::pair<std::string, nn::Module*>> select_units(models::Model& model,
+                                                              const std::vector<std::string>& patterns) {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  std::vector<std::string> containers;
+  for (auto& [name, m] : nn::named_modules(model)) {
+    const bool child_of_container =
+        !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
+        name.find('.', containers.back().size() + 1) == std::string::npos;
+    if (name.empty() || !(matches_any(patterns, name) || child_of_container)) continue;
+    if (dynamic_cast<nn::ModuleList*>(m)) {
+      containers.push_back(name);
+      continue;
+    }
+    out.emplace_back(name, m);
+  }
+  return out;
+}
+
+// fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate
+// dim and Shard over the shard dim; gradients are averaged over both.
+void record_placement(ShardSpec& spec, Group& shard, Group* replicate, int64_t dim) {
+  if (replicate) {
+    spec.dims.push_back({replicate->name, replicate, replicate->size, replicate->rank, Placement::replicate(),
+                         Placement::partial(Reduce::kAvg)});
+  }
+  spec.dims.push_back({shard.name, &shard, shard.size, shard.rank, Placement::shard(dim),
+                       Placement::partial(Reduce::kAvg)});
 }
 
 }  // namespace
@@ -358,28 +406,37 @@ std::optional<std::string> check_units(models::Model& model, const std::vector<s
 FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptions& options)
     : group_(group), options_(options) {
   // Units: every matching module, then the root. A parameter belongs to the
-  // innermost unit whose module contains it.
-  std::vector<std::pair<std::string, nn::Module*>> unit_modules;
-  for (auto& [name, m] : nn::named_modules(model)) {
-    if (!name.empty() && matches_any(options.units, name)) unit_modules.emplace_back(name, m);
-  }
+  // innermost unit that contains every module computing with it on this rank
+  // (a weight tied across two units belongs to their common ancestor, so it is
+  // gathered for as long as either uses it).
+  std::vector<std::pair<std::string, nn::Module*>> unit_modules = select_units(model, options.units);
   unit_modules.emplace_back("", &model);
   std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
+  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> user_names;
   for (auto& [name, m] : nn::named_modules(model)) {
-    for (auto& item : m->named_parameters(/*recurse=*/false)) users[item.value().unsafeGetTensorImpl()].push_back(m);
+    if (options.module_filter && !options.module_filter(name)) continue;
+    for (auto& item : m->named_parameters(/*recurse=*/false)) {
+      users[item.value().unsafeGetTensorImpl()].push_back(m);
+      user_names[item.value().unsafeGetTensorImpl()].push_back(name);
+    }
   }
+  auto inside = [](const std::string& prefix, const std::string& name) {
+    return prefix.empty() || name == prefix || name.rfind(prefix + ".", 0) == 0;
+  };
   std::unordered_map<const c10::TensorImpl*, size_t> owner;
-  std::unordered_map<const c10::TensorImpl*, size_t> depth;
-  for (size_t u = 0; u < unit_modules.size(); ++u) {
-    const auto& prefix = unit_modules[u].first;
-    for (auto& [name, p] : nn::unique_named_parameters(*unit_modules[u].second)) {
-      auto* impl = p.unsafeGetTensorImpl();
-      size_t d = prefix.empty() ? 0 : prefix.size() + 1;
-      if (!owner.count(impl) || d > depth[impl]) {
-        owner[impl] = u;
-        depth[impl] = d;
+  for (auto& [impl, names] : user_names) {
+    size_t best = unit_modules.size() - 1;  // the root
+    size_t depth = 0;
+    for (size_t u = 0; u + 1 < unit_modules.size(); ++u) {
+      const auto& prefix = unit_modules[u].first;
+      bool all = true;
+      for (const auto& n : names) all = all && inside(prefix, n);
+      if (all && prefix.size() + 1 > depth) {
+        best = u;
+        depth = prefix.size() + 1;
       }
     }
+    owner[impl] = best;
   }
   for (auto& [name, m] : unit_modules) {
     auto unit = std::make_unique<Unit>();
@@ -387,7 +444,6 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     unit->module = m;
     unit->owner = this;
     unit->group = &group_;
-    unit->replicate = options.replicate && options.replicate->size > 1 ? options.replicate : nullptr;
     unit->reshard_after_forward = options.reshard_after_forward && !name.empty();  // the root stays gathered
     unit->sync = &sync_;
     units_.push_back(std::move(unit));
@@ -395,7 +451,8 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
     if (options.param_filter && !options.param_filter(p)) continue;
-    Unit& u = *units_[owner.at(p.unsafeGetTensorImpl())];
+    auto own = owner.find(p.unsafeGetTensorImpl());
+    Unit& u = *units_[own == owner.end() ? units_.size() - 1 : own->second];
     Param q;
     q.param = p;
     q.shape = p.sizes().vec();
@@ -412,6 +469,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     q.compute_dtype = options.param_dtype.value_or(p.scalar_type());
     q.ext = options.extension && p.scalar_type() == torch::kFloat ? options.extension.get() : &default_gather();
     q.users = users[p.unsafeGetTensorImpl()];
+    if (options.placements) record_placement(options.placements->of(p), group_, options.replicate, dim);
     auto local = p.detach().reshape(full_shape).narrow(dim, q.info.offset(group_.rank), q.info.sizes[group_.rank]);
     p.set_data(local.contiguous().clone());
     q.grad_offset = u.grad_numel;
@@ -462,7 +520,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
       if (recording_) record_forward(u);
       unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
       Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
-      if (next && !next->recv.defined()) start_gather(*next);
+      if (next && needs_gather(*next)) start_gather(*next);
       return x;
     });
     u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
@@ -471,7 +529,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
       y.register_hook([this, u](torch::Tensor g) {
         refill_storage(*u);  // runs before this unit's backward
         Unit* prev = options_.prefetch ? prev_in_forward(u) : nullptr;  // the next unit in backward
-        if (prev && prev->freed && !prev->recv.defined()) start_gather(*prev);
+        if (prev && prev->freed && needs_gather(*prev)) start_gather(*prev);
         return g;
       });
       return y;
@@ -551,16 +609,6 @@ void FullyShard::flush() {
 const ShardInfo* FullyShard::shard_info(const torch::Tensor& p) const {
   auto it = by_impl_.find(p.unsafeGetTensorImpl());
   return it == by_impl_.end() ? nullptr : &it->second->info;
-}
-
-torch::Tensor FullyShard::full(const torch::Tensor& p) {
-  auto it = by_impl_.find(p.unsafeGetTensorImpl());
-  if (it == by_impl_.end()) return p.detach().clone();
-  const Param& q = *it->second;
-  const auto& info = q.info;
-  auto local = p.detach().reshape(info.shard_shape(group_.rank)).movedim(info.dim, 0).contiguous();
-  auto whole = all_gather(group_, local, info.sizes).movedim(0, info.dim).contiguous();
-  return whole.view(q.shape).clone();
 }
 
 std::unique_ptr<FullyShard> apply_fully_shard(models::Model& model, Group& group, const FullyShardOptions& options) {

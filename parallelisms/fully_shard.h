@@ -11,9 +11,10 @@
 //
 // Mixed precision: the all-gather and the compute run in param_dtype, the
 // gradient reduction in reduce_dtype; shards, their gradients and optimizer
-// state keep the training dtype. HSDP: with a replicate group, gradients are
-// reduce-scattered over the shard group and then all-reduced (averaged) over
-// the replicate group.
+// state keep the training dtype. HSDP: with a replicate group, parameters
+// are Replicate over it; its gradient all-reduce, like every reduction other
+// than the unit's reduce-scatter, is the gradient synchronisation's
+// (grad_sync.h), read from the placements this transform records.
 #pragma once
 #include <torch/torch.h>
 
@@ -26,6 +27,7 @@
 
 #include "models/model.h"
 #include "parallelisms/collectives.h"
+#include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
@@ -84,7 +86,7 @@ struct FullyShardOptions {
   std::shared_ptr<AllGatherExtension> extension;
   // The dim to shard each parameter on (shard_placement_fn); nullptr = dim 0.
   std::function<int64_t(const torch::Tensor&)> shard_dim;
-  Group* replicate = nullptr;         // HSDP: gradients are averaged over it too
+  Group* replicate = nullptr;         // HSDP: parameters are replicated over it
   bool prefetch = true;               // issue the next unit's all-gather early
   // Only parameters it accepts are sharded (a pipeline rank's own stages);
   // nullptr shards every parameter.
@@ -92,6 +94,11 @@ struct FullyShardOptions {
   // Mixed precision casts at every unit's entry and exit instead of the
   // model's (under a pipeline the model's own forward never runs).
   bool cast_at_units = false;
+  // The modules (by FQN) that compute on this rank (a pipeline rank's stages);
+  // nullptr: all. A parameter's unit contains every module using it here.
+  std::function<bool(const std::string&)> module_filter;
+  // Where each sharded parameter's placement is recorded (nullptr: nowhere).
+  Placements* placements = nullptr;
 };
 
 // The unit FQNs that `units` selects in `model` (outermost first, root last as
@@ -117,8 +124,6 @@ class FullyShard {
   // Reduce-scatters the gradients held back while sync was off, one
   // collective per unit, into the shard gradients (a pipeline step's end).
   void flush();
-  // The unsharded value of `p` (a collective over the group: every rank calls it).
-  torch::Tensor full(const torch::Tensor& p);
   // How `p` is sharded, or nullptr.
   const ShardInfo* shard_info(const torch::Tensor& p) const;
 

@@ -39,7 +39,7 @@ std::vector<int> group_ranks(int rank, const std::vector<int64_t>& shape, const 
 DeviceMesh::DeviceMesh(std::vector<std::string> names, std::vector<int64_t> shape, int rank,
                        c10::intrusive_ptr<c10d::Store> store, const MeshOptions& options,
                        const std::vector<std::vector<std::string>>& flattened)
-    : names_(std::move(names)), shape_(std::move(shape)), rank_(rank), world_(1) {
+    : names_(std::move(names)), shape_(std::move(shape)), rank_(rank), world_(1), store_(store), options_(options) {
   for (auto s : shape_) world_ *= static_cast<int>(s);
   create({}, store, options);
   for (const auto& n : names_) create({n}, store, options);
@@ -72,19 +72,41 @@ void DeviceMesh::create(const std::vector<std::string>& dims, c10::intrusive_ptr
   g.size = static_cast<int>(g.ranks.size());
   g.rank = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank_) - g.ranks.begin());
   g.counter = std::make_shared<CommCounter>();
-  if (g.size > 1) {
-    // Every slice gets its own key space in the store: its name and first rank.
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>("mesh/" + k + "/" + std::to_string(g.ranks.front()), store);
-    if (options.backend != "gloo") {
-      throw std::runtime_error("backend " + options.backend + " is not available in this build");
-    }
-    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    opts->devices.push_back(options.host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                                 : c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
-    opts->threads = 2;
-    g.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, g.rank, g.size, opts);
-  }
+  connect(g, k);
   groups_.emplace(k, std::move(g));
+}
+
+void DeviceMesh::connect(Group& g, const std::string& key) {
+  if (g.size < 2) return;
+  // Every slice gets its own key space in the store: its name and first rank.
+  auto prefix = c10::make_intrusive<c10d::PrefixStore>("mesh/" + key + "/" + std::to_string(g.ranks.front()), store_);
+  if (options_.backend != "gloo") {
+    throw std::runtime_error("backend " + options_.backend + " is not available in this build");
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+  opts->devices.push_back(options_.host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                                : c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
+  opts->threads = 2;
+  g.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, g.rank, g.size, opts);
+}
+
+Group& DeviceMesh::subgroup(const std::string& dim, const std::vector<int>& members) {
+  Group& parent = group(dim);
+  std::string k = dim + "{";
+  for (size_t i = 0; i < members.size(); ++i) k += (i ? "," : "") + std::to_string(members[i]);
+  k += "}";
+  auto it = groups_.find(k);
+  if (it != groups_.end()) return it->second;
+  Group g;
+  g.name = k;
+  for (int m : members) g.ranks.push_back(parent.ranks.at(m));
+  g.size = static_cast<int>(g.ranks.size());
+  auto me = std::find(members.begin(), members.end(), parent.rank);
+  TORCH_INTERNAL_ASSERT(me != members.end(), "rank ", rank_, " asked for a subgroup it is not in");
+  g.rank = static_cast<int>(me - members.begin());
+  g.counter = std::make_shared<CommCounter>();
+  connect(g, k);
+  return groups_.emplace(k, std::move(g)).first->second;
 }
 
 Group& DeviceMesh::group(const std::vector<std::string>& dims) {

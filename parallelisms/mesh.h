@@ -58,16 +58,24 @@ class DeviceMesh {
   Group& group(const std::string& dim) { return group(std::vector<std::string>{dim}); }
   Group& world() { return group(std::vector<std::string>{}); }
 
+  // The group of the ranks at indices `members` of this rank's `dim` group
+  // (this rank among them), created on first use; only the members take part,
+  // and they must ask for their shared subgroups in the same order.
+  Group& subgroup(const std::string& dim, const std::vector<int>& members);
+
   std::vector<Group*> all_groups();
 
  private:
   std::string key(const std::vector<std::string>& dims) const;
   void create(const std::vector<std::string>& dims, c10::intrusive_ptr<c10d::Store> store,
               const MeshOptions& options);
+  void connect(Group& g, const std::string& key);
 
   std::vector<std::string> names_;
   std::vector<int64_t> shape_;
   int rank_, world_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  MeshOptions options_;
   std::map<std::string, Group> groups_;
 };
 

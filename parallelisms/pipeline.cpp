@@ -87,6 +87,7 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
       for (const auto& name : pieces_[i].modules) {
         auto it = modules.find(name);
         TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
+        if (shape_.rank_of(s) == pp.rank) local_modules_.push_back(name);
         for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
           if (item.value().requires_grad()) stage_weights_[s].push_back(item.value());
           auto& info = params_[item.value().unsafeGetTensorImpl()];
@@ -111,14 +112,31 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
     }
     model.train(training);
   }
-  // This rank keeps only its stages' parameters.
+  // Every parameter's placement on pp; this rank keeps only its stages' parameters.
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
     auto& info = params_[p.unsafeGetTensorImpl()];
+    TORCH_CHECK(!info.ranks.empty(), "parameter ", name, " is in no pipeline piece of ", model.type());
     info.shape = p.sizes().vec();
     info.dtype = p.scalar_type();
+    if (options.placements) {
+      SpecDim d{pp.name, &group_, pp.size, pp.rank, Placement::replicate(), Placement::partial(Reduce::kSum)};
+      d.members = info.ranks;
+      if (info.ranks.size() > 1 && holds(p)) {
+        TORCH_CHECK(options.subgroup, "pipeline: a parameter held by several stages needs a subgroup factory");
+        d.member_group = options.subgroup(info.ranks);
+      }
+      options.placements->add(p, d);
+    }
     if (!holds(p)) p.set_data(torch::empty({0}, p.options()));
   }
+}
+
+bool Pipeline::runs(const std::string& fqn) const {
+  for (const auto& m : local_modules_) {
+    if (fqn == m || fqn.rfind(m + ".", 0) == 0) return true;
+  }
+  return false;
 }
 
 torch::Tensor Pipeline::stage_forward(int stage, torch::Tensor x) {
@@ -135,11 +153,6 @@ bool Pipeline::holds(const torch::Tensor& p) const {
   if (it == params_.end()) return false;
   const auto& r = it->second.ranks;
   return std::find(r.begin(), r.end(), group_.rank) != r.end();
-}
-
-bool Pipeline::counts(const torch::Tensor& p) const {
-  auto it = params_.find(p.unsafeGetTensorImpl());
-  return it != params_.end() && !it->second.ranks.empty() && it->second.ranks.front() == group_.rank;
 }
 
 double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
@@ -224,35 +237,6 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   }
   for (auto& h : sends) h.wait();
   return loss_sum;
-}
-
-void Pipeline::sync_shared_grads() {
-  for (auto& [name, p] : nn::unique_named_parameters(model_)) {
-    const auto& info = params_.at(p.unsafeGetTensorImpl());
-    if (info.ranks.size() < 2) continue;
-    auto g = holds(p) && p.grad().defined() ? p.grad().detach().clone()
-                                           : torch::zeros(info.shape, torch::TensorOptions().dtype(info.dtype));
-    all_reduce(group_, g);
-    if (holds(p)) p.mutable_grad() = g;
-  }
-}
-
-torch::Tensor Pipeline::full(const torch::Tensor& p, const torch::Tensor& local) {
-  const auto& info = params_.at(p.unsafeGetTensorImpl());
-  const int owner = info.ranks.empty() ? 0 : info.ranks.front();
-  // `local` may be larger than what this rank holds (gathered over tp): send the shape first.
-  auto dims = torch::zeros({9}, torch::kLong);
-  if (group_.rank == owner) {
-    dims[0] = local.dim();
-    for (int64_t d = 0; d < local.dim(); ++d) dims[d + 1] = local.size(d);
-  }
-  broadcast(group_, dims, owner);
-  std::vector<int64_t> shape;
-  for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
-  torch::Tensor t = group_.rank == owner ? local.detach().contiguous().clone()
-                                          : torch::empty(shape, torch::TensorOptions().dtype(info.dtype));
-  broadcast(group_, t, owner);
-  return t.view(shape);
 }
 
 }  // namespace composer::parallel

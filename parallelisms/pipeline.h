@@ -15,6 +15,7 @@
 
 #include "models/model.h"
 #include "parallelisms/collectives.h"
+#include "parallelisms/placement.h"
 #include "parallelisms/schedule.h"
 
 namespace composer::parallel {
@@ -25,6 +26,12 @@ struct PipelineOptions {
   int microbatches = 1;
   std::vector<std::string> split_points;  // piece names where stages 1.. start
   int64_t layers_per_stage = 0;           // 0: split the layers evenly
+  // Where every parameter's pp placement is recorded: Replicate on the pp
+  // ranks whose stages hold it (its members), gradients Partial (summed over
+  // the members: a tied weight on two stages).
+  Placements* placements = nullptr;
+  // The group over some pp ranks (for a parameter several stages hold).
+  std::function<Group*(const std::vector<int>& members)> subgroup;
 };
 
 // [begin, end) piece ranges of every stage, or the reason the split fails.
@@ -54,15 +61,8 @@ class Pipeline {
              const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor);
   // Whether this rank computes with `p` (one of its stages holds it).
   bool holds(const torch::Tensor& p) const;
-  // Whether this rank is the one that counts `p` (the lowest stage holding it).
-  bool counts(const torch::Tensor& p) const;
-  // Sums the gradients of parameters held on several ranks (tied weights) over
-  // the group; call after run().
-  void sync_shared_grads();
-  // The value of `p` on every rank (a collective: every pp rank calls it).
-  torch::Tensor full(const torch::Tensor& p) { return full(p, p.detach()); }
-  // The same from `local`, the holding ranks' value of `p` (e.g. gathered by fully_shard).
-  torch::Tensor full(const torch::Tensor& p, const torch::Tensor& local);
+  // Whether one of this rank's stages computes with the module `fqn`.
+  bool runs(const std::string& fqn) const;
   // This rank's timeline of the last run (compute actions, ms since its start).
   const std::vector<TimelineEntry>& timeline() const { return timeline_; }
   // The last run's loss of each microbatch (before the factor) on the last
@@ -82,6 +82,7 @@ class Pipeline {
   std::vector<models::PipelinePiece> pieces_;
   std::vector<std::pair<size_t, size_t>> ranges_;
   std::vector<std::vector<torch::Tensor>> stage_weights_;  // per stage: what W differentiates
+  std::vector<std::string> local_modules_;                 // the modules this rank's stages run
   std::vector<RankActions> actions_;                 // with communication, every rank's
   std::vector<std::vector<int64_t>> input_shape_;    // per stage
   std::vector<c10::ScalarType> input_dtype_;

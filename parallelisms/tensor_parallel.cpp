@@ -42,6 +42,15 @@ std::optional<std::string> unsuitable(const TpRule& r, nn::Module* m) {
   return std::nullopt;
 }
 
+// This parameter's tp dim in its spec (Replicate until a rule says otherwise).
+SpecDim& tp_dim(TensorParallel& tp, const torch::Tensor& p) {
+  ShardSpec& spec = tp.placements().of(p);
+  Group& g = tp.group();
+  if (SpecDim* d = spec.find(g.name)) return *d;
+  spec.dims.push_back({g.name, &g, g.size, g.rank, Placement::replicate(), Placement::replicate()});
+  return spec.dims.back();
+}
+
 // Replaces a parameter's data by this rank's torch.chunk piece of `dim`.
 void shard_param(TensorParallel& tp, torch::Tensor& p, int64_t dim) {
   auto* impl = p.unsafeGetTensorImpl();
@@ -55,22 +64,18 @@ void shard_param(TensorParallel& tp, torch::Tensor& p, int64_t dim) {
   int64_t start = 0;
   for (int i = 0; i < g.rank; ++i) start += sizes[i];
   TpShard s{dim, p.size(dim)};
+  SpecDim& d = tp_dim(tp, p);
+  d.param = d.grad = Placement::shard(dim);
   torch::NoGradGuard no_grad;
   p.set_data(p.detach().narrow(dim, start, sizes[g.rank]).clone());
   tp.shards_[impl] = s;
 }
 
-// Gradients of a replicated parameter computed on sharded activations are
-// partial: sum them over tp before they accumulate.
-void sum_grads_over(Group& g, torch::Tensor& p) {
-  if (g.size == 1) return;
-  Group* gp = &g;
-  p.register_hook([gp](torch::Tensor grad) {
-    if (!grad.defined()) return grad;  // held back (gradient accumulation under fully_shard)
-    auto out = grad.clone();
-    all_reduce(*gp, out);
-    return out;
-  });
+// A replicated parameter computed with sharded activations gets partial
+// gradients: they are summed over tp (by the gradient synchronisation).
+void partial_grads_over_tp(TensorParallel& tp, torch::Tensor& p) {
+  SpecDim& d = tp_dim(tp, p);
+  if (!d.param.is_shard()) d.grad = Placement::partial(Reduce::kSum);
 }
 
 torch::Tensor redistribute_output(Group& g, torch::Tensor y, const Layout& out) {
@@ -101,7 +106,7 @@ void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   const bool bias = m.bias.defined();
   if (bias) {
     m.bias_after = true;  // the layer computes without bias; it is added after the reduction
-    if (out.sharded) sum_grads_over(g, m.bias);
+    if (out.sharded) partial_grads_over_tp(tp, m.bias);
   }
   if (!in.sharded) {
     m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return scatter_along(g, x, -1); });
@@ -141,7 +146,7 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
       else apply_rowwise_embedding(tp, dynamic_cast<nn::Embedding&>(m), r);
       break;
     case TpStyle::kSequenceParallel:
-      for (auto& item : m.named_parameters(/*recurse=*/false)) sum_grads_over(g, item.value());
+      for (auto& item : m.named_parameters(/*recurse=*/false)) partial_grads_over_tp(tp, item.value());
       break;
     case TpStyle::kPrepareInput: {
       const Layout in = r.input, want = r.desired_input;
@@ -200,21 +205,16 @@ const TpShard* TensorParallel::shard_of(const torch::Tensor& p) const {
   return it == shards_.end() ? nullptr : &it->second;
 }
 
-torch::Tensor TensorParallel::full(const torch::Tensor& p, const torch::Tensor& local) {
-  const TpShard* s = shard_of(p);
-  if (!s || group_.size == 1) return local.detach().clone();
-  auto x = local.detach().movedim(s->dim, 0).contiguous();
-  return all_gather(group_, x, chunk_sizes(s->global_size, group_.size)).movedim(0, s->dim).contiguous();
-}
-
-std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group, const models::TpPlan& plan) {
-  auto tp = std::make_unique<TensorParallel>(group);
+std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group, const models::TpPlan& plan,
+                                                      Placements& placements) {
+  auto tp = std::make_unique<TensorParallel>(group, placements);
   auto modules = nn::named_modules(model);
   for (const auto& r : plan) {
     for (auto& [name, m] : modules) {
       if (fqn_matches(r.pattern, name)) apply_rule(*tp, r, *m);
     }
   }
+  for (auto& [name, p] : nn::unique_named_parameters(model)) tp_dim(*tp, p);  // the rest: replicated over tp
   return tp;
 }
 

@@ -9,9 +9,11 @@
 //   sequence_parallel  norm on sequence-sharded input; its parameters'
 //             partial gradients are all-reduced over tp.
 //   prepare_input      redistributes a module's input (Shard(1) -> Replicate).
-// Parameters that stay replicated but see sharded activations (sequence-
-// parallel norms, biases of rowwise layers with sharded output) get their
-// gradients summed over tp, so every tp rank steps the same values.
+// Every parameter's tp placement goes into the shared Placements: Shard(d)
+// for sharded ones, Replicate for the rest; replicated parameters that see
+// sharded activations (sequence-parallel norms, biases of rowwise layers with
+// sharded output) have Partial gradients, which the gradient synchronisation
+// sums over tp, so every tp rank steps the same values.
 #pragma once
 #include <torch/torch.h>
 
@@ -23,6 +25,7 @@
 
 #include "models/model.h"
 #include "parallelisms/collectives.h"
+#include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
@@ -42,24 +45,21 @@ struct TpShard {
 
 class TensorParallel {
  public:
-  explicit TensorParallel(Group& group) : group_(group) {}
+  TensorParallel(Group& group, Placements& placements) : group_(group), placements_(placements) {}
   Group& group() { return group_; }
+  Placements& placements() { return placements_; }
   // The shard layout of a parameter, or nullptr when it is replicated.
   const TpShard* shard_of(const torch::Tensor& p) const;
-  // The full tensor of `p` on every tp rank (a collective: all tp ranks call it).
-  torch::Tensor full(const torch::Tensor& p) { return full(p, p.detach()); }
-  // The same from `local`, this rank's tp-local value of `p` (e.g. gathered
-  // by fully_shard first).
-  torch::Tensor full(const torch::Tensor& p, const torch::Tensor& local);
 
   // Internal state the hooks share.
   std::unordered_map<const c10::TensorImpl*, TpShard> shards_;
 
  private:
   Group& group_;
+  Placements& placements_;
 };
 
 std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group,
-                                                      const models::TpPlan& plan);
+                                                      const models::TpPlan& plan, Placements& placements);
 
 }  // namespace composer::parallel

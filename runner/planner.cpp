@@ -1,5 +1,6 @@
 #include "runner/planner.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -90,6 +91,16 @@ void check_supported(const ExperimentConfig& c) {
                                  " transform is not supported yet in this version; use tensor_parallel, fully_shard, "
                                  "replicate or pipeline, or remove it");
     }
+    if (t.kind == TransformKind::kFullyShard && &t != &c.parallelize.front()) {
+      for (const auto& u : c.parallelize) {
+        if (&u == &t) break;
+        if (u.kind == TransformKind::kFullyShard) {
+          throw PlanError(t.ref, "a second fully_shard would shard the shards again, which this version does not do; "
+                                 "shard over one dim and replicate over the other (HSDP: fully_shard: {mesh_dim: [" +
+                                     u.mesh_dim.front() + ", " + t.mesh_dim.front() + "]}, or a replicate transform)");
+        }
+      }
+    }
     if (t.kind == TransformKind::kFullyShard && t.mesh_dim.size() > 2) {
       throw PlanError(t.ref, "fully_shard spans one mesh dim (FSDP) or two, [replicate, shard] (HSDP), not " +
                                  std::to_string(t.mesh_dim.size()));
@@ -119,6 +130,10 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
       }
       if (t.mesh_dim.size() > 1) p.flat_groups.push_back(t.mesh_dim);
     }
+  }
+  // One group over every data-parallel dim: the data split and the loss.
+  if (p.dp_dims.size() > 1 && std::find(p.flat_groups.begin(), p.flat_groups.end(), p.dp_dims) == p.flat_groups.end()) {
+    p.flat_groups.push_back(p.dp_dims);
   }
   const int64_t per_step = p.dp_size * c.train.microbatches;
   if (c.train.global_batch % per_step != 0) {

@@ -9,6 +9,7 @@
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/grad_sync.h"
 #include "parallelisms/pipeline.h"
 #include "parallelisms/replicate.h"
 #include "parallelisms/tensor_parallel.h"
@@ -24,13 +25,17 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   if (!out) throw RuntimeFailure("cannot write " + path);
 }
 
-// The transforms applied to this rank's model, in the plan's order.
+// The transforms applied to this rank's model, in the plan's order, the
+// placements they recorded and the gradient synchronisation derived from them.
 struct Parallel {
-  parallel::Group* dp = nullptr;  // every data-parallel rank (replicate and shard dims flattened)
-  std::unique_ptr<parallel::Replicate> replicate;
+  bool any = false;               // a mesh with transforms (else plain single-device training)
+  parallel::Group* dp = nullptr;  // every data-parallel rank (all replicate and shard dims flattened)
+  parallel::Group* world = nullptr;
+  std::unique_ptr<parallel::Placements> placements = std::make_unique<parallel::Placements>();
   std::unique_ptr<parallel::TensorParallel> tp;
   std::unique_ptr<parallel::FullyShard> fsdp;
   std::unique_ptr<parallel::Pipeline> pipe;
+  std::unique_ptr<parallel::GradSync> sync;
 };
 
 parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parallel& p, RankContext& rank) {
@@ -52,8 +57,10 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
   if (p.pipe) {  // shard this rank's stages only; the stage pieces never run the model's own forward
     parallel::Pipeline* pipe = p.pipe.get();
     o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
+    o.module_filter = [pipe](const std::string& fqn) { return pipe->runs(fqn); };
     o.cast_at_units = true;
   }
+  o.placements = p.placements.get();
   if (t.offload == Offload::kCpu && rank.is_main()) {
     std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
               << "already live in host memory; nothing to move\n";
@@ -63,12 +70,16 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
 
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank, const torch::Tensor& example) {
   Parallel p;
+  if (!rank.mesh || plan.transforms.empty()) return p;
+  p.any = true;
+  p.world = &rank.mesh->world();
+  if (!plan.dp_dims.empty()) p.dp = &rank.mesh->group(plan.dp_dims);
   // Tensor parallelism shards the math first; a pipeline then keeps only its
   // stages' parameters, and data parallelism shards or replicates what this
   // rank holds.
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kTensorParallel) {
-      p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan);
+      p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan, *p.placements);
     }
   }
   for (const auto& t : plan.transforms) {
@@ -79,58 +90,60 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
     o.microbatches = static_cast<int>(plan.pp_microbatches);
     o.split_points = t.split_points;
     o.layers_per_stage = t.layers_per_stage;
+    o.placements = p.placements.get();
+    const std::string dim = t.mesh_dim.front();
+    o.subgroup = [&rank, dim](const std::vector<int>& members) { return &rank.mesh->subgroup(dim, members); };
     p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
   }
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kFullyShard) {
-      p.dp = &rank.mesh->group(t.mesh_dim);
       p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
-      p.dp = &rank.mesh->group(t.mesh_dim);
-      parallel::ReplicateOptions o{t.bucket_mb};
+      parallel::ReplicateOptions o;
       if (p.pipe) {  // replicate this rank's stages only
         parallel::Pipeline* pipe = p.pipe.get();
         o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
       }
-      p.replicate = parallel::apply_replicate(model, *p.dp, o);
+      parallel::apply_replicate(model, rank.mesh->group(t.mesh_dim), o, *p.placements);
     }
   }
+  // The gradient synchronisation: every reduction the placements call for.
+  double bucket_mb = 25;
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kReplicate) bucket_mb = t.bucket_mb;
+  }
+  std::vector<torch::Tensor> held;
+  for (auto& [name, param] : nn::unique_named_parameters(model)) {
+    if (!p.pipe || p.pipe->holds(param)) held.push_back(param);
+  }
+  p.sync = std::make_unique<parallel::GradSync>(held, *p.placements, parallel::GradSyncOptions{bucket_mb});
   return p;
 }
 
-// The global gradient norm as one device sees it: tp-sharded gradients sum
-// their squares over tp, tp-replicated ones count once; fully_shard shards
-// then sum over the shard group (HSDP replicas hold the same shards); pipeline
-// stages sum over pp, each parameter counted on one rank.
+// The global gradient norm as one device sees it: every rank adds the squares
+// of the gradient pieces it is the counting copy of (its placements say which),
+// and one all-reduce over the world sums them.
 double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
-  if (!par.tp && !par.fsdp && !par.pipe) return grad_norm(params);
-  double sharded = 0, replicated = 0;
+  if (!par.any) return grad_norm(params);
+  double sq = 0;
   for (const auto& p : params) {
-    if (!p.grad().defined() || (par.pipe && !par.pipe->counts(p))) continue;
-    double sq = p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-    (par.tp && par.tp->shard_of(p) ? sharded : replicated) += sq;
+    const parallel::ShardSpec* spec = par.placements->find(p);
+    if (!p.grad().defined() || (spec && !spec->counts())) continue;
+    sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
   }
-  auto t = torch::tensor({sharded}, torch::kDouble);
-  if (par.tp) parallel::all_reduce(par.tp->group(), t);
-  t += replicated;
-  if (par.fsdp) parallel::all_reduce(par.fsdp->group(), t);
-  if (par.pipe) parallel::all_reduce(par.pipe->group(), t);
+  auto t = torch::tensor({sq}, torch::kDouble);
+  parallel::all_reduce(*par.world, t);
   return std::sqrt(t.item<double>());
 }
 
-// Full parameters by FQN; every rank takes part in the gathers: over dp
-// (fully_shard), then tp, among the ranks holding a parameter (all of a dp or
-// tp group hold the same stages), then from its pipeline rank.
+// Full parameters by FQN, assembled from every rank's pieces by their
+// placements (every rank takes part in the collectives).
 NamedTensors full_params(models::Model& model, Parallel& par) {
-  if (!par.fsdp && !par.tp && !par.pipe) return snapshot_params(model);
+  if (!par.any) return snapshot_params(model);
   NamedTensors out;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
-    torch::Tensor local = p.detach();
-    if (!par.pipe || par.pipe->holds(p)) {
-      if (par.fsdp) local = par.fsdp->full(p);
-      if (par.tp) local = par.tp->full(p, local);
-    }
-    out.emplace_back(name, par.pipe ? par.pipe->full(p, local) : local.clone());
+    const parallel::ShardSpec* spec = par.placements->find(p);
+    out.emplace_back(name, spec ? parallel::gather_full(*spec, p.detach()) : p.detach().clone());
   }
   return out;
 }
@@ -171,9 +184,7 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   auto loss_of = [&](int mb, const torch::Tensor& out) {
     return compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
   };
-  double loss = pipe.run(input_of, loss_of, factor * grad_scale);
-  pipe.sync_shared_grads();
-  return loss;
+  return pipe.run(input_of, loss_of, factor * grad_scale);
 }
 
 // The idle fraction of the last step over the pipeline ranks: 1 - busy time
@@ -267,8 +278,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (par.pipe) {
       auto phase = Clock::now();
       Batch b = dataset->batch(step, dp_rank * plan.local_batch, (dp_rank + 1) * plan.local_batch);
-      if (par.replicate) par.replicate->set_requires_sync(false);  // one all-reduce after the last microbatch
-      if (par.fsdp) par.fsdp->set_requires_sync(false);            // one reduce-scatter per unit, after it
+      par.sync->set_requires_sync(false);                // every reduction after the last microbatch
+      if (par.fsdp) par.fsdp->set_requires_sync(false);  // one reduce-scatter per unit, after it
       local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
       if (par.fsdp) {
         par.fsdp->flush();
@@ -279,7 +290,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
     }
     for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
-      if (par.replicate) par.replicate->set_requires_sync(m + 1 == t.microbatches);
+      if (par.sync) par.sync->set_requires_sync(m + 1 == t.microbatches);
       if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
       const int64_t begin = dp_rank * plan.local_batch + m * mb;
       Batch b = dataset->batch(step, begin, begin + mb);
@@ -293,7 +304,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       r.backward_ms += ms_since(phase);
     }
     auto phase = Clock::now();
-    if (par.replicate) par.replicate->finish();
+    if (par.sync) par.sync->finish();
     r.backward_ms += ms_since(phase);
     r.loss = local_loss;
     if (par.pipe) {  // the last stage's rank has them: the loss, then each microbatch's
