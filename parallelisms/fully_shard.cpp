@@ -517,6 +517,13 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     Unit* u = up.get();
     if (u->params.empty()) continue;
     u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
+      // Without the model's own forward (pipeline stages), the root unit's
+      // parameters (weights tied across units used on this rank) are gathered
+      // before the first unit computes and stay gathered for the step.
+      Unit& root = *units_.back();
+      if (options_.cast_at_units && u != &root && !root.params.empty() && !root.unsharded_base.defined()) {
+        unshard(root);
+      }
       if (recording_) record_forward(u);
       unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
       Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;

@@ -91,8 +91,9 @@ struct FullyShardOptions {
   // Only parameters it accepts are sharded (a pipeline rank's own stages);
   // nullptr shards every parameter.
   std::function<bool(const torch::Tensor&)> param_filter;
-  // Mixed precision casts at every unit's entry and exit instead of the
-  // model's (under a pipeline the model's own forward never runs).
+  // The model's own forward never runs (pipeline stages): mixed precision
+  // casts at every unit's entry and exit instead of the model's, and the root
+  // unit's parameters are gathered before the first unit's forward.
   bool cast_at_units = false;
   // The modules (by FQN) that compute on this rank (a pipeline rank's stages);
   // nullptr: all. A parameter's unit contains every module using it here.

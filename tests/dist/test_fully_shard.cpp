@@ -7,6 +7,7 @@
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/grad_sync.h"
 #include "parallelisms/tensor_parallel.h"
 #include "tests/dist/ranks.h"
 
@@ -45,14 +46,18 @@ TEST(FullyShard, GradientsAreTheAverageOverRanksAndShardsAreTorchChunks) {
   testing::run_ranks({"dp"}, {2}, [&](DeviceMesh& mesh) {
     auto& g = mesh.group("dp");
     auto m = make_stack();
-    auto fs = apply_fully_shard(*m, g, {{"*"}, true});
+    Placements pl;
+    FullyShardOptions o{{"*"}, true};
+    o.placements = &pl;
+    auto fs = apply_fully_shard(*m, g, o);
     (*m)(input_of(g.rank)).sum().backward();
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       auto rp = ref->named_parameters()[n];
       EXPECT_EQ(p.size(0), rp.chunk(2, 0)[g.rank].size(0)) << n;
+      EXPECT_EQ(pl.find(p)->local_shape(), p.sizes().vec()) << n;
       auto expect = rp.grad().chunk(2, 0)[g.rank] / 2;
       EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << n;
-      EXPECT_TRUE(fs->full(p).equal(rp.detach())) << n;
+      EXPECT_TRUE(gather_full(*pl.find(p), p).equal(rp.detach())) << n;
     }
   });
 }
@@ -236,16 +241,24 @@ TEST(FullyShard, HsdpReduceScattersOverShardAndAllReducesOverReplicate) {
     auto& rep = mesh.group("rep");
     const int dp_rank = rep.rank * 2 + shard.rank;
     auto m = make_stack();
+    Placements pl;
     FullyShardOptions o{{"*"}, true};
     o.replicate = &rep;
+    o.placements = &pl;
     auto fs = apply_fully_shard(*m, shard, o);
+    std::vector<torch::Tensor> params;
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) params.push_back(p);
+    GradSync sync(params, pl, {});
+    EXPECT_EQ(grad_plan(*pl.find(params[0])).str(), "reduce-scatter shard, all-reduce rep (avg)");
     shard.counter->reset();
     rep.counter->reset();
     (*m)(input_of(dp_rank)).sum().backward();
+    sync.finish();
     EXPECT_EQ(shard.counter->get("all_gather").calls, 6);
     EXPECT_EQ(shard.counter->get("reduce_scatter").calls, 3);
-    EXPECT_EQ(rep.counter->get("all_reduce").calls, 3);  // one per unit
-    EXPECT_EQ(rep.counter->total().calls, 3);
+    EXPECT_EQ(sync.num_buckets(), 1u);                   // the replicate all-reduce: one bucket
+    EXPECT_EQ(rep.counter->get("all_reduce").calls, 1);
+    EXPECT_EQ(rep.counter->total().calls, 1);
     auto ref = reference_grads(4);
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       EXPECT_TRUE(torch::allclose(p.grad(), ref[n].chunk(2, 0)[shard.rank], 1e-5, 1e-6)) << n;
@@ -267,8 +280,10 @@ TEST(FullyShard, TwoDShardsTheTpLocalShardsOnTheOtherDim) {
     auto& dp = mesh.group("dp");
     auto& tpg = mesh.group("tp");
     auto m = make_stack();
-    auto tp = apply_tensor_parallel(*m, tpg, stack_plan());
+    Placements pl;
+    auto tp = apply_tensor_parallel(*m, tpg, stack_plan(), pl);
     FullyShardOptions o{{"*"}, true};
+    o.placements = &pl;
     o.shard_dim = [&](const torch::Tensor& p) -> int64_t {
       const TpShard* s = tp->shard_of(p);
       return s ? p.dim() - 1 - s->dim : 0;
@@ -276,6 +291,7 @@ TEST(FullyShard, TwoDShardsTheTpLocalShardsOnTheOtherDim) {
     auto fs = apply_fully_shard(*m, dp, o);
     auto w = m->named_parameters()["0.in_proj.weight"];  // [51, 17]: colwise Shard(0) -> fsdp dim 1
     EXPECT_EQ(fs->shard_info(w)->dim, 1);
+    EXPECT_EQ(pl.find(w)->str(), "[51, 17] tp:S(0) dp:S(1)/P(avg)");
     EXPECT_EQ(w.size(0), 26 - tpg.rank);                 // 51 rows over tp: 26, 25
     EXPECT_EQ(w.size(1), 9 - dp.rank);                   // 17 columns over dp: 9, 8
     dp.counter->reset();
@@ -283,10 +299,8 @@ TEST(FullyShard, TwoDShardsTheTpLocalShardsOnTheOtherDim) {
     EXPECT_EQ(dp.counter->get("all_gather").calls, 6);
     EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 3);
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
-      // Full gradient: gather over dp on the fsdp dim, then over tp.
-      const ShardInfo& info = *fs->shard_info(p);
-      auto local = all_gather(dp, p.grad().movedim(info.dim, 0).contiguous(), info.sizes).movedim(0, info.dim);
-      auto full = tp->full(p, local.contiguous());
+      // Full gradient: gathered over dp on the fsdp dim, then over tp, by the placement.
+      auto full = gather_full(*pl.find(p), p.grad());
       EXPECT_TRUE(torch::allclose(full, ref[n], 1e-5, 1e-5)) << n;
     }
   });
@@ -300,7 +314,8 @@ TEST(FullyShard, OneWayShardingAfterTp4KeepsTheScenarioCounts) {
     const auto* spec = models::find_model("mlp_stack");
     models::ModelArgs a;
     for (const auto& arg : spec->args) a.set(arg.name, arg.default_value);
-    apply_tensor_parallel(*m, tpg, spec->tp_plan(a, false));
+    Placements pl;
+    apply_tensor_parallel(*m, tpg, spec->tp_plan(a, false), pl);
     auto fs = apply_fully_shard(*m, dp, {{"*"}, true});
     auto x = torch::linspace(-2, 2, 64).view({4, 16}).cos();
     tpg.counter->reset();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "models/registry.h"
+#include "parallelisms/grad_sync.h"
 #include "parallelisms/tensor_parallel.h"
 #include "tests/dist/ranks.h"
 
@@ -57,7 +58,8 @@ TEST(TensorParallel, ColwiseThenRowwiseIssuesOneAllReduceEachWay) {
     auto& g = mesh.group("tp");
     auto ref = make("mlp_module");
     auto m = make("mlp_module");
-    auto tp = apply_tensor_parallel(*m, g, plan_of("mlp_module"));
+    Placements pl;
+    auto tp = apply_tensor_parallel(*m, g, plan_of("mlp_module"), pl);
     auto x = torch::linspace(-2, 2, 40).view({4, 10}).sin();
     auto xr = x.clone().requires_grad_(true), xt = x.clone().requires_grad_(true);
     auto yr = (*ref)(xr);
@@ -76,7 +78,7 @@ TEST(TensorParallel, ColwiseThenRowwiseIssuesOneAllReduceEachWay) {
       auto rp = ref->named_parameters()[n];
       auto grad_full = full_grad(*tp, g, p);
       EXPECT_TRUE(torch::allclose(grad_full, rp.grad(), 1e-5, 1e-6)) << n;
-      EXPECT_TRUE(torch::allclose(tp->full(p), rp, 0, 0)) << n;
+      EXPECT_TRUE(torch::allclose(gather_full(*pl.find(p), p), rp, 0, 0)) << n;
     }
   });
 }
@@ -86,7 +88,8 @@ TEST(TensorParallel, MLPStackAtTp4MatchesTheScenarioCounts) {
     auto& g = mesh.group("tp");
     auto ref = make("mlp_stack");
     auto m = make("mlp_stack");
-    apply_tensor_parallel(*m, g, plan_of("mlp_stack"));
+    Placements pl;
+    apply_tensor_parallel(*m, g, plan_of("mlp_stack"), pl);
     auto x = torch::linspace(-2, 2, 64).view({4, 16}).cos();
     g.counter->reset();
     auto y = (*m)(x);
@@ -106,11 +109,21 @@ TEST(TensorParallel, SequenceParallelTransformerMatchesOneDevice) {
     std::map<std::string, models::ArgValue> args{{"dropout_p", 0.0}, {"n_layers", int64_t{2}}};
     auto ref = make("transformer", args);
     auto m = make("transformer", args);
-    auto tp = apply_tensor_parallel(*m, g, plan_of("transformer", /*sp=*/true));
+    Placements pl;
+    auto tp = apply_tensor_parallel(*m, g, plan_of("transformer", /*sp=*/true), pl);
+    // The sequence-parallel norms' gradients are Partial over tp: the
+    // gradient synchronisation sums them, in one bucket.
+    auto w = m->named_parameters()["layers.0.attention_norm.weight"];
+    EXPECT_EQ(pl.find(w)->str(), "[16] tp:R/P(sum)");
+    std::vector<torch::Tensor> params;
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) params.push_back(p);
+    GradSync sync(params, pl, {});
+    EXPECT_EQ(sync.num_buckets(), 1u);
     auto tokens = torch::arange(32, torch::kLong).remainder(8).view({2, 16});
     auto y = (*m)(tokens), yr = (*ref)(tokens);
     EXPECT_TRUE(torch::allclose(y, yr, 1e-5, 1e-5));
     y.pow(2).sum().backward();
+    sync.finish();
     yr.pow(2).sum().backward();
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       auto rp = ref->named_parameters()[n];

@@ -1,6 +1,8 @@
 // Golden files: format round trip and a comparator that finds the first divergence.
 #include <gtest/gtest.h>
 
+#include "tests/unit/temp_path.h"
+
 #include "runner/config.h"
 #include "runner/golden.h"
 
@@ -42,7 +44,7 @@ TEST(Base64, RoundTripsEveryLength) {
 }
 
 TEST_F(GoldenTest, FileRoundTripPreservesEverything) {
-  std::string path = ::testing::TempDir() + "/g.json";
+  std::string path = testing::temp_path("g.json");
   write_golden(path, golden_);
   Golden g = read_golden(path);
   EXPECT_EQ(g.header["config_hash"], config_hash(config_));
@@ -120,7 +122,7 @@ TEST_F(GoldenTest, LargeTensorsKeepASampleAndTheirNorm) {
 
 TEST(GoldenFile, MissingAndMalformedFilesAreFileErrors) {
   EXPECT_THROW(read_golden("/nonexistent/golden.json"), FileError);
-  std::string path = ::testing::TempDir() + "/bad.json";
+  std::string path = testing::temp_path("bad.json");
   std::ofstream(path) << "{\"format_version\": 1, \"steps\": 3}";
   EXPECT_THROW(read_golden(path), FileError);
 }

@@ -1,6 +1,8 @@
 // safetensors: round trips, and every malformed file is a FileError naming the problem.
 #include <gtest/gtest.h>
 
+#include "tests/unit/temp_path.h"
+
 #include <fstream>
 
 #include "models/registry.h"
@@ -44,7 +46,7 @@ TEST(Safetensors, RoundTripKeepsNamesDtypesShapesAndValues) {
 }
 
 TEST(Safetensors, FileRoundTrip) {
-  std::string path = ::testing::TempDir() + "/rt.safetensors";
+  std::string path = testing::temp_path("rt.safetensors");
   write_safetensors(path, {{"w", torch::ones({2, 2})}});
   auto t = read_safetensors(path);
   EXPECT_TRUE(t.at(0).second.equal(torch::ones({2, 2})));
@@ -94,7 +96,7 @@ class LoadWeights : public ::testing::Test {
   void SetUp() override {
     config_ = parse_config("name: t\nmodel: {name: simple_model}\n", "x.yaml");
     model_ = build_model(config_);
-    path_ = ::testing::TempDir() + "/w.safetensors";
+    path_ = testing::temp_path("w.safetensors");
   }
   std::string load_error(const NamedTensors& t) {
     write_safetensors(path_, t);
