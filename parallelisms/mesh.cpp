@@ -77,7 +77,7 @@ void DeviceMesh::create(const std::vector<std::string>& dims, c10::intrusive_ptr
 }
 
 void DeviceMesh::connect(Group& g, const std::string& key) {
-  if (g.size < 2) return;
+  if (g.size < 2 || !options_.connect) return;
   // Every slice gets its own key space in the store: its name and first rank.
   auto prefix = c10::make_intrusive<c10d::PrefixStore>("mesh/" + key + "/" + std::to_string(g.ranks.front()), store_);
   if (options_.backend != "gloo") {

@@ -38,6 +38,7 @@ struct MeshOptions {
   std::string backend = "gloo";                // gloo or nccl
   std::string host = "127.0.0.1";              // address Gloo binds to; "" = this host's name
   std::chrono::milliseconds timeout{300000};   // every collective and rendezvous
+  bool connect = true;                         // false: groups without process groups (planning only)
 };
 
 class DeviceMesh {

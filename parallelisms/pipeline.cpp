@@ -98,8 +98,9 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
       }
     }
   }
-  // Stage input and output shapes, from one example microbatch.
-  {
+  // Stage input and output shapes, from one example microbatch (planning
+  // passes none: it only reads the placements).
+  if (example.defined()) {
     torch::NoGradGuard no_grad;
     const bool training = model.is_training();
     model.eval();
@@ -159,6 +160,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
                      const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
   const int S = shape_.stages();
   const int me = group_.rank;
+  TORCH_INTERNAL_ASSERT(static_cast<int>(input_shape_.size()) == S, "the pipeline was built without an example");
   const auto t0 = std::chrono::steady_clock::now();
   timeline_.clear();
   std::map<std::pair<int, int>, Slot> slots;

@@ -6,7 +6,7 @@ void apply_replicate(models::Model& model, Group& group, const ReplicateOptions&
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
     if (options.param_filter && !options.param_filter(p)) continue;
-    broadcast(group, p, 0);
+    if (group.pg) broadcast(group, p, 0);  // a planning mesh has no process groups
     placements.add(p, {group.name, &group, group.size, group.rank, Placement::replicate(),
                        Placement::partial(Reduce::kAvg)});
   }

@@ -1,10 +1,12 @@
 #include "runner/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "models/registry.h"
@@ -211,6 +213,49 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   models::ModelPtr model = spec->build(c.model.args);
   if (!c.model.init_from.empty()) load_weights(*model, c.model.init_from);
   return model;
+}
+
+std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit) {
+  if (plan.transforms.empty()) return {};
+  // The first rank of every pipeline stage: together they hold every parameter.
+  std::vector<int> ranks{0};
+  for (const auto& t : plan.transforms) {
+    if (t.kind != TransformKind::kPipeline) continue;
+    const auto& names = c.mesh.names;
+    const size_t d = std::find(names.begin(), names.end(), t.mesh_dim.front()) - names.begin();
+    int64_t stride = 1;
+    for (size_t i = d + 1; i < names.size(); ++i) stride *= c.mesh.shape[i];
+    for (int64_t s = 1; s < c.mesh.shape[d]; ++s) ranks.push_back(static_cast<int>(s * stride));
+  }
+  std::vector<std::string> names;
+  std::map<std::string, std::string> lines;
+  for (int r : ranks) {
+    RankContext ctx;
+    ctx.rank = r;
+    ctx.world_size = static_cast<int>(plan.world_size);
+    parallel::MeshOptions o;
+    o.connect = false;
+    ctx.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, r, c10::intrusive_ptr<c10d::Store>(), o, plan.flat_groups);
+    ctx.rank = -1;  // not the main rank: no log lines
+    models::ModelPtr model = build_model(c);
+    model->to(scalar_type_of(c.train.dtype));
+    Parallel par = apply_transforms(*model, plan, ctx, torch::Tensor());
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+      if (r == ranks.front()) names.push_back(name);
+      const parallel::ShardSpec* spec = par.placements->find(p);
+      if (!spec || !spec->held() || lines.count(name)) continue;
+      lines[name] = name + " " + spec->str() + "; gradient: " + parallel::grad_plan(*spec).str();
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    if (out.size() == limit) {
+      out.push_back("... and " + std::to_string(names.size() - limit) + " more parameters");
+      break;
+    }
+    out.push_back(lines.count(n) ? lines[n] : n + " (no placement)");
+  }
+  return out;
 }
 
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {

@@ -26,6 +26,12 @@ models::ModelPtr build_model(const ExperimentConfig& c);
 // init.safetensors, metrics.jsonl and final.safetensors into `out_dir`.
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir);
 
+// Each parameter's global shape, placement per mesh dim and the reductions
+// its gradient needs, as the transforms record them (one line each; a
+// summary past `limit` lines). Builds the model once per pipeline rank and
+// applies the plan on a mesh without process groups: no rank starts.
+std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit = 64);
+
 // The resolved config plus the decided data plan and the config hash: what
 // the PyTorch reference reads to reproduce a run.
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data);
