@@ -20,8 +20,100 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, torch::Tensor tied_weigh
   }
 }
 
+namespace {
+
+thread_local WeightGradRecords* active_records = nullptr;
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Whether a 2-D tensor is column-major, as autograd's mm backward tests it to pick its matmul order.
+bool column_major(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
+
+// y = linear(x, w, b) whose backward returns the input gradient only and
+// records the output gradient in the LinearRecord (weight and bias get none
+// here; WeightGradRecords::backward delivers theirs).
+struct DeferredLinearFn : torch::autograd::Function<DeferredLinearFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const c10::optional<torch::Tensor>& b, c10::intrusive_ptr<LinearRecord> record) {
+    ctx->set_materialize_grads(false);  // an unused output: no gradient, nothing recorded
+    ctx->saved_data["record"] = c10::IValue::make_capsule(std::move(record));
+    return torch::linear(x, w, b);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto r = c10::static_intrusive_pointer_cast<LinearRecord>(ctx->saved_data["record"].toCapsule());
+    const torch::Tensor& g = grads[0];
+    torch::Tensor gx;
+    if (g.defined()) {
+      // A second backward through the node (retain_graph) adds up, as gradients would.
+      r->grad_output = r->grad_output.defined() ? r->grad_output + g : g;
+      if (ctx->needs_input_grad(0)) {
+        // autograd's mm_mat1_backward on the flattened input, then back to the input's shape.
+        const auto& w = r->weight;
+        auto x2 = r->input.reshape({-1, w.size(1)});
+        auto g2 = g.reshape({-1, w.size(0)});
+        gx = column_major(x2) ? w.t().mm(g2.t()).t() : g2.mm(w);
+        gx = gx.reshape(r->input.sizes());
+      }
+    }
+    return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+DeferWeightGrads::DeferWeightGrads(WeightGradRecords* into) : previous_(active_records) {
+  if (into) active_records = into;
+}
+
+DeferWeightGrads::~DeferWeightGrads() { active_records = previous_; }
+
+WeightGradRecords* DeferWeightGrads::active() { return active_records; }
+
+void WeightGradRecords::backward() {
+  std::vector<torch::Tensor> roots, grads;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& r : records_) {
+      if (!r->grad_output.defined()) continue;  // the output got no gradient: neither do the parameters
+      TORCH_CHECK(r->input._version() == r->input_version,
+                  "a Linear's input was modified in place after its forward; its deferred weight gradient "
+                  "cannot be computed");
+      const auto& w = r->weight;
+      auto x2 = r->input.reshape({-1, w.size(1)});
+      auto g2 = r->grad_output.reshape({-1, w.size(0)});
+      if (w.requires_grad()) {
+        // autograd's mm_mat2_backward for mat2 = w^T, then transposed back to w's layout.
+        const bool wt_column_major = w.stride(1) == 1 && w.stride(0) == w.size(1);
+        roots.push_back(w);
+        grads.push_back(wt_column_major ? g2.t().mm(x2) : x2.t().mm(g2).t());
+      }
+      if (r->bias.defined() && r->bias.requires_grad()) {
+        roots.push_back(r->bias);
+        grads.push_back(at::sum_to(g2, r->bias.sizes()));
+      }
+    }
+  }
+  records_.clear();
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
+}
+
 torch::Tensor Linear::forward(torch::Tensor x) {
-  return torch::linear(x, param(weight), bias.defined() && !bias_after ? param(bias) : torch::Tensor());
+  const torch::Tensor& w = param(weight);
+  torch::Tensor b = bias.defined() && !bias_after ? param(bias) : torch::Tensor();
+  WeightGradRecords* records = DeferWeightGrads::active();
+  if (!records || !torch::GradMode::is_enabled() || !(w.requires_grad() || (b.defined() && b.requires_grad()))) {
+    return torch::linear(x, w, b);
+  }
+  auto r = c10::make_intrusive<LinearRecord>();
+  r->input = x.detach();  // its values (and version counter), not the graph behind it
+  r->input_version = x._version();
+  r->weight = w;
+  r->bias = b;
+  records->add(r);
+  // An optional bias: LibTorch 1.13's custom functions reject undefined tensor arguments.
+  return DeferredLinearFn::apply(x, w, b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt, std::move(r));
 }
 
 Embedding::Embedding(int64_t n, int64_t d) : Module("Embedding"), num_embeddings(n), embedding_dim(d) {

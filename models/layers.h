@@ -20,6 +20,55 @@ class Linear : public Module {
   bool bias_after = false;
 };
 
+// Deferred weight gradients (the zero-bubble pipelines' W action). While a
+// DeferWeightGrads scope is open on a thread, every Linear forward on that
+// thread whose weight or bias requires grad computes through an autograd
+// function whose backward returns only the input gradient and records the
+// output gradient; the layer's input, weight and bias are recorded at forward.
+// One ordinary backward therefore yields every gradient except the Linear
+// weights' and biases', and WeightGradRecords::backward() later turns the
+// records into those without traversing the graph again.
+struct LinearRecord : torch::CustomClassHolder {
+  torch::Tensor input;        // what forward multiplied (its version is checked before use)
+  torch::Tensor weight;       // the tensor forward computed with: param(weight), maybe a transform's view
+  torch::Tensor bias;         // undefined without a bias in forward (none, or bias_after)
+  torch::Tensor grad_output;  // set by backward; undefined until then (or if the output got no gradient)
+  int64_t input_version = 0;
+};
+
+// The records of one (stage, microbatch) forward, in forward order.
+class WeightGradRecords {
+ public:
+  void add(c10::intrusive_ptr<LinearRecord> r) { records_.push_back(std::move(r)); }
+  size_t size() const { return records_.size(); }
+  bool empty() const { return records_.empty(); }
+  // For every record whose backward ran: dW = grad_output^T x and db = grad_output summed to the bias (the
+  // matmuls and sums autograd's mm/addmm backward does), then one torch::autograd::backward from the
+  // recorded weights and biases, so the gradients reach the parameters through whatever graph links a
+  // weight view to its parameter (fully_shard's all-gather, a leaf directly) and through their hooks.
+  // Clears the records. Must run after the backward that set the output gradients.
+  void backward();
+  void clear() { records_.clear(); }
+
+ private:
+  std::vector<c10::intrusive_ptr<LinearRecord>> records_;
+};
+
+// Opens a deferred-weight-gradient scope on this thread for its lifetime
+// (nullptr: a scope that defers nothing, for code that defers conditionally).
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(WeightGradRecords* into);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+  // The records of the innermost open scope on this thread, or nullptr.
+  static WeightGradRecords* active();
+
+ private:
+  WeightGradRecords* previous_;
+};
+
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);

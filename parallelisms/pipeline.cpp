@@ -3,6 +3,8 @@
 #include <chrono>
 #include <map>
 
+#include "models/layers.h"
+
 namespace composer::parallel {
 
 std::optional<std::string> split_stages(const std::vector<models::PipelinePiece>& pieces, int stages,
@@ -56,6 +58,9 @@ struct Pipeline::Slot {
   torch::Tensor output;      // the stage's output, or the loss on the last stage
   torch::Tensor grad_out;    // the gradient of `output` (received, or handed over locally)
   torch::Tensor input_grad;  // the gradient of `input`, once computed
+  // Zero-bubble schedules: what the stage's Linear layers recorded in
+  // forward (and backward) for the W action.
+  nn::WeightGradRecords weight_grads;
 };
 
 namespace {
@@ -77,11 +82,13 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
     TORCH_CHECK(false, *why);
   }
   actions_ = with_communication(compute_schedule(options.schedule, shape_), shape_);
+  for (const auto& rank_actions : actions_) {
+    for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
+  }
   // Which ranks hold each parameter.
   std::map<std::string, nn::Module*> modules;
   for (auto& [name, m] : nn::named_modules(model)) modules[name] = m;
   const int S = shape_.stages();
-  stage_weights_.resize(S);
   for (int s = 0; s < S; ++s) {
     for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
       for (const auto& name : pieces_[i].modules) {
@@ -89,7 +96,6 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
         TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
         if (shape_.rank_of(s) == pp.rank) local_modules_.push_back(name);
         for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
-          if (item.value().requires_grad()) stage_weights_[s].push_back(item.value());
           auto& info = params_[item.value().unsafeGetTensorImpl()];
           const int r = shape_.rank_of(s);
           if (std::find(info.ranks.begin(), info.ranks.end(), r) == info.ranks.end()) info.ranks.push_back(r);
@@ -197,7 +203,11 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
           auto x = slots[{s - 1, mb}].output.detach();
           slot.input = is_float(x) ? x.requires_grad_() : x;
         }
-        auto out = stage_forward(s, slot.input);
+        torch::Tensor out;
+        {
+          nn::DeferWeightGrads defer(deferred_ ? &slot.weight_grads : nullptr);
+          out = stage_forward(s, slot.input);
+        }
         if (s == S - 1) {
           out = loss_of(mb, out);
           losses_[mb] = out.item<double>();
@@ -217,18 +227,19 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
         break;
       }
       case Op::kBackwardInput: {
-        if (s > 0 && slot.input.requires_grad()) {
-          auto [root, grad] = root_of(s, mb, slot);
-          slot.input_grad = torch::autograd::grad({root}, {slot.input}, {grad}, /*retain_graph=*/true)[0];
-        }
-        break;
-      }
-      case Op::kBackwardWeight: {
+        // The stage's one backward: the input gradient and every parameter
+        // gradient except the Linear weights and biases, whose layers only
+        // record their output gradients (deferred mode, see forward).
         auto [root, grad] = root_of(s, mb, slot);
-        torch::autograd::backward({root}, {grad}, /*retain_graph=*/false, /*create_graph=*/false, stage_weights_[s]);
+        torch::autograd::backward({root}, {grad});
+        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
         slot.output = torch::Tensor();
         break;
       }
+      case Op::kBackwardWeight:
+        // The deferred Linear gradients from what I kept: no second traversal of the stage.
+        slot.weight_grads.backward();
+        break;
       case Op::kSendGradient:
         sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
         break;
@@ -238,6 +249,10 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     }
   }
   for (auto& h : sends) h.wait();
+  for (const auto& [key, slot] : slots) {
+    TORCH_INTERNAL_ASSERT(slot.weight_grads.empty(), "stage ", key.first, " microbatch ", key.second,
+                          " kept deferred weight gradients that no W action used");
+  }
   return loss_sum;
 }
 

@@ -79,9 +79,11 @@ class Pipeline {
   Group& group_;
   PipelineOptions options_;
   PipelineShape shape_;
+  // The schedule splits backward into I and W: stage forwards defer the
+  // Linear weight gradients (nn::DeferWeightGrads) for the W actions.
+  bool deferred_ = false;
   std::vector<models::PipelinePiece> pieces_;
   std::vector<std::pair<size_t, size_t>> ranges_;
-  std::vector<std::vector<torch::Tensor>> stage_weights_;  // per stage: what W differentiates
   std::vector<std::string> local_modules_;                 // the modules this rank's stages run
   std::vector<RankActions> actions_;                 // with communication, every rank's
   std::vector<std::vector<int64_t>> input_shape_;    // per stage

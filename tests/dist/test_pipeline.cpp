@@ -1,8 +1,13 @@
 // pipeline on real Gloo groups (ranks are threads): every schedule computes
 // the single-device gradients, and under fully_shard the units stay gathered
-// across microbatches and reduce-scatter once, after the last.
+// across microbatches and reduce-scatter once, after the last. The
+// zero-bubble schedules' W action computes the Linear weight gradients from
+// what I kept, without traversing the stage's graph again.
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include "models/layers.h"
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/pipeline.h"
@@ -91,6 +96,125 @@ TEST(Pipeline, FullyShardGathersOnceAndReduceScattersOnceAfterTheLastMicrobatch)
       EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << n;
     }
   });
+}
+
+TEST(Pipeline, ZeroBubbleUnderFullyShardComputesTheSingleDeviceGradients) {
+  // W delivers the weight gradients through fully_shard's all-gather node, a
+  // second time per microbatch after I; with reshard_after_forward the
+  // unsharded storage may be freed by then (W does not read it).
+  const auto ref = reference_grads(4);
+  for (auto kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZbv}) {
+    for (bool reshard : {true, false}) {
+      testing::run_ranks({"dp", "pp"}, {2, 2}, [&](DeviceMesh& mesh) {
+        auto& dp = mesh.group("dp");
+        auto& pp = mesh.group("pp");
+        auto m = make_layers();
+        Pipeline pipe(*m, pp, options(kind, 4), microbatch(0));
+        FullyShardOptions o;
+        o.units = {"layers.*"};
+        o.reshard_after_forward = reshard;
+        o.param_filter = [&](const torch::Tensor& p) { return pipe.holds(p); };
+        o.module_filter = [&](const std::string& fqn) { return pipe.runs(fqn); };
+        auto fs = apply_fully_shard(*m, dp, o);
+        fs->set_requires_sync(false);
+        pipe.run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
+        dp.counter->reset();
+        fs->flush();
+        EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 4);  // once per unit, after the last microbatch
+        fs->reshard();
+        for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+          if (!pipe.holds(p)) continue;
+          auto expect = ref.at(n).chunk(2, 0)[dp.rank];
+          ASSERT_TRUE(p.grad().defined()) << name_of(kind) << " " << n;
+          EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << name_of(kind) << " reshard " << reshard << " " << n;
+        }
+      });
+    }
+  }
+}
+
+TEST(Pipeline, ZeroBubbleTraversesEachStageOnceAndComputesEachWeightGradientOnce) {
+  // Every Linear on a rank counts the gradients its output receives (each
+  // traversal of the stage's graph computes one) and the defined gradients
+  // its weight receives. A W that re-ran the stage's backward would give the
+  // outputs of stages after the first two gradients per microbatch.
+  constexpr int kMicrobatches = 4;
+  for (auto kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZbv, ScheduleKind::k1f1b}) {
+    testing::run_ranks({"pp"}, {2}, [&](DeviceMesh& mesh) {
+      auto& pp = mesh.group("pp");
+      auto m = make_layers();
+      Pipeline pipe(*m, pp, options(kind, kMicrobatches), microbatch(0));
+      struct Counts {
+        int output_grads = 0, weight_grads = 0;
+      };
+      std::map<std::string, Counts> counts;
+      for (auto& [fqn, mod] : nn::named_modules(*m)) {
+        auto* lin = dynamic_cast<nn::Linear*>(mod);
+        if (!lin || !pipe.runs(fqn)) continue;
+        Counts* c = &counts[fqn];
+        lin->add_post_hook([c](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+          y.register_hook([c](const torch::Tensor&) { ++c->output_grads; });
+          return y;
+        });
+        lin->weight.register_hook([c](const torch::Tensor& g) {
+          if (g.defined()) ++c->weight_grads;
+        });
+      }
+      ASSERT_EQ(counts.size(), 8u);  // 4 MLPModules of 2 Linears
+      pipe.run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
+      for (const auto& [fqn, c] : counts) {
+        EXPECT_EQ(c.output_grads, kMicrobatches) << name_of(kind) << " " << fqn << ": one traversal per microbatch";
+        EXPECT_EQ(c.weight_grads, kMicrobatches) << name_of(kind) << " " << fqn << ": one weight gradient per microbatch";
+      }
+    });
+  }
+}
+
+TEST(Pipeline, DeferredLinearGradientsEqualThePlainBackwardBitwise) {
+  // The deferred mode on a whole model (3-D activations, a tied output
+  // weight, norms and embeddings): one backward leaves only the Linear
+  // weights and biases without gradients, and the records then give them
+  // exactly (same matmuls as autograd's).
+  for (const std::string name : {"transformer", "mlp_module_layers", "llama"}) {
+    std::map<std::string, models::ArgValue> args;
+    if (name == "transformer") args["dropout_p"] = 0.0;
+    auto plain = testing::seeded_model(name, 3, args);
+    auto deferred = testing::seeded_model(name, 3, args);
+    const auto spec = plain->input_spec();
+    torch::Tensor x;
+    {
+      std::lock_guard<std::mutex> lock(testing::rng_mutex());
+      torch::manual_seed(7);
+      x = spec.tokens ? torch::randint(0, spec.vocab_size, {2, std::min<int64_t>(8, spec.max_seq_len)})
+                      : torch::randn({3, 5, spec.features});
+    }
+    (*plain)(x).sin().sum().backward();
+    nn::WeightGradRecords records;
+    {
+      nn::DeferWeightGrads defer(&records);
+      (*deferred)(x).sin().sum().backward();
+    }
+    ASSERT_FALSE(records.empty()) << name;
+    std::set<const c10::TensorImpl*> linear_params, others;
+    for (auto& [fqn, mod] : nn::named_modules(*deferred)) {
+      for (auto& p : mod->parameters(/*recurse=*/false)) {
+        (dynamic_cast<nn::Linear*>(mod) ? linear_params : others).insert(p.unsafeGetTensorImpl());
+      }
+    }
+    for (auto& [n, p] : nn::unique_named_parameters(*deferred)) {
+      const bool linear_only = linear_params.count(p.unsafeGetTensorImpl()) && !others.count(p.unsafeGetTensorImpl());
+      EXPECT_EQ(p.grad().defined(), !linear_only) << name << " " << n << ": before W";
+    }
+    records.backward();
+    EXPECT_TRUE(records.empty());
+    auto ref = nn::unique_named_parameters(*plain);
+    auto got = nn::unique_named_parameters(*deferred);
+    ASSERT_EQ(ref.size(), got.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(got[i].second.grad().defined()) << name << " " << got[i].first;
+      EXPECT_TRUE(torch::equal(got[i].second.grad(), ref[i].second.grad())) << name << " " << got[i].first;
+    }
+  }
 }
 
 }  // namespace
