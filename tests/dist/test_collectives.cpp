@@ -39,6 +39,40 @@ TEST(Collectives, AllReduceSumAvgMax) {
   });
 }
 
+TEST(Collectives, AllReduceBFloat16SumsInFloat32AndRoundsOnce) {
+  // Gloo reduces no bfloat16. Rank 0 holds 256 and the others 1, each exact
+  // in bfloat16 (8 significant bits: spacing 2 at 256). A bfloat16 ring
+  // would round 256 + 1 back to 256 (a tie, to even) at every hop; the
+  // float32 sum is 258, exact in bfloat16.
+  testing::run_ranks({"dp"}, {3}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto s = torch::full({5}, g.rank == 0 ? 256.0 : 1.0, torch::kBFloat16);
+    all_reduce(g, s);
+    EXPECT_TRUE(s.eq(258.0).all().item<bool>()) << s;
+    EXPECT_EQ(s.scalar_type(), torch::kBFloat16);
+    auto a = torch::full({3}, 2.0 * (g.rank + 1), torch::kBFloat16);
+    Handle pending = all_reduce(g, a, Reduce::kAvg, /*async=*/true);
+    pending.wait();
+    EXPECT_TRUE(a.eq(4.0).all().item<bool>());
+  });
+}
+
+TEST(Collectives, BroadcastAndAllGatherMoveBFloat16Bits) {
+  // Values far outside float16's range travel unchanged (as bytes).
+  testing::run_ranks({"dp"}, {3}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    auto mine = torch::full({g.rank == 2 ? 1 : 2, 2}, 1e30 * (g.rank + 1), torch::kBFloat16);
+    auto all = all_gather(g, mine, {2, 2, 1});
+    ASSERT_EQ(all.scalar_type(), torch::kBFloat16);
+    auto expect = torch::cat({torch::full({2, 2}, 1e30, torch::kBFloat16), torch::full({2, 2}, 2e30, torch::kBFloat16),
+                              torch::full({1, 2}, 3e30, torch::kBFloat16)});
+    EXPECT_TRUE(all.equal(expect)) << all;
+    auto b = torch::full({4}, -1e-30 * (g.rank + 1), torch::kBFloat16);
+    broadcast(g, b, 1);
+    EXPECT_TRUE(b.equal(torch::full({4}, -2e-30, torch::kBFloat16))) << b;
+  });
+}
+
 TEST(Collectives, Broadcast) {
   testing::run_ranks({"dp"}, {4}, [](DeviceMesh& mesh) {
     auto t = rank_tensor(mesh.rank(), {5});

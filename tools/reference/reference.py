@@ -155,6 +155,51 @@ def lr_at(o, s, step, steps):
     return s["min_lr"] + (lr - s["min_lr"]) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+class MixedPrecision:
+    """fully_shard's mixed-precision policy on one device: the parameters (float32 masters) compute
+    through copies cast to param_dtype each step, float inputs enter the model in param_dtype and its
+    output leaves in the training dtype, and each microbatch's gradients are cast to reduce_dtype and
+    summed there (composer's reduce-scatter input and its accumulation over microbatches), then
+    handed to the optimizer in the masters' dtype."""
+
+    def __init__(self, model, param_dtype, reduce_dtype):
+        self.model, self.param_dtype, self.reduce_dtype = model, param_dtype, reduce_dtype
+        self.masters = list(model.parameters())
+        self.train_dtype = self.masters[0].dtype
+        index = {id(p): i for i, p in enumerate(self.masters)}
+        # Every (module, attribute) holding a parameter, with the parameter's index: a tied weight
+        # has several, all of which compute with the one copy.
+        self.slots = [(mod, name, index[id(p)]) for mod in model.modules()
+                      for name, p in mod._parameters.items() if p is not None]
+        self.copies = []
+
+    def cast_parameters(self):
+        self.copies = [p.detach().to(self.param_dtype).requires_grad_() for p in self.masters]
+        self.acc = [None] * len(self.masters)
+        for mod, name, i in self.slots:
+            mod._parameters[name] = self.copies[i]
+
+    def restore_masters(self):
+        for mod, name, i in self.slots:
+            mod._parameters[name] = self.masters[i]
+
+    def forward(self, x):
+        if x.is_floating_point():
+            x = x.to(self.param_dtype)
+        y = self.model(x)
+        return y.to(self.train_dtype) if y.is_floating_point() else y
+
+    def accumulate_gradients(self):
+        for i, c in enumerate(self.copies):
+            if c.grad is None:
+                continue
+            g = c.grad.to(self.reduce_dtype)
+            self.acc[i] = g if self.acc[i] is None else self.acc[i] + g
+            c.grad = None
+        for p, g in zip(self.masters, self.acc):
+            p.grad = None if g is None else g.to(p.dtype)
+
+
 def golden_param(name, t):
     flat = t.detach().double().flatten()
     n = flat.numel()
@@ -169,6 +214,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="composer output directory of a single-device run")
     ap.add_argument("--golden", required=True, help="golden file to write")
+    ap.add_argument("--param-dtype", choices=["bfloat16"], default=None,
+                    help="train under fully_shard's mixed-precision policy: every parameter computes in a copy cast "
+                         "to this dtype, float inputs are cast to it at the model's entry and the output back, and "
+                         "gradients are accumulated and applied in --reduce-dtype")
+    ap.add_argument("--reduce-dtype", choices=["float32"], default="float32",
+                    help="with --param-dtype: the dtype gradients are accumulated in (the training dtype)")
     args = ap.parse_args()
 
     with open(os.path.join(args.run_dir, "config.resolved.json")) as f:
@@ -199,6 +250,7 @@ def main():
 
     params = list(model.parameters())
     opt = make_optimizer(t["optimizer"], params)
+    mixed = MixedPrecision(model, DTYPES[args.param_dtype], DTYPES[args.reduce_dtype]) if args.param_dtype else None
     steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
     mb = B // M
     records = []
@@ -208,11 +260,16 @@ def main():
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         total = 0.0
+        if mixed:
+            mixed.cast_parameters()
         for m in range(M):
             x, y = data.batch(step, m * mb, (m + 1) * mb)
-            loss = loss_fn(t["loss"], model(x), y, mb, B)
+            out = mixed.forward(x) if mixed else model(x)
+            loss = loss_fn(t["loss"], out, y, mb, B)
             loss.backward()
             total += loss.item()
+            if mixed:
+                mixed.accumulate_gradients()
         grads = [p.grad for p in params if p.grad is not None]
         norms = [(g.detach() if g.dtype == torch.float64 else g.detach().float()).norm(2) for g in grads]
         norm = torch.stack(norms).norm(2).item() if grads else 0.0
@@ -222,6 +279,8 @@ def main():
                 for g in grads:
                     g.mul_(coef)
         opt.step()
+        if mixed:
+            mixed.restore_masters()
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
         print(f"reference step {step}/{steps} loss {total:.6g} grad_norm {norm:.4g}")
 
@@ -229,10 +288,12 @@ def main():
         "format_version": GOLDEN_FORMAT,
         "generator": "pytorch-reference",
         "name": cfg["name"],
-        "command": "tools/reference/reference.py --run-dir " + args.run_dir,
+        "command": "tools/reference/reference.py --run-dir " + args.run_dir +
+                   (" --param-dtype %s --reduce-dtype %s" % (args.param_dtype, args.reduce_dtype) if mixed else ""),
         "config_hash": cfg["config_hash"],
         "libtorch_version": torch.__version__.split("a")[0].split("+")[0],
         "dtype": t["dtype"],
+        **({"param_dtype": args.param_dtype, "reduce_dtype": args.reduce_dtype} if mixed else {}),
         "steps": records,
         "params": [golden_param(n, p) for n, p in model.named_parameters()],
     }
