@@ -501,9 +501,12 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     }
     std::vector<nn::Module*> casting{&model};
     if (options.cast_at_units) {
+      // Every unit but the root (whose forward never runs), also one whose
+      // parameters an outer unit owns (a weight tied to a module on this
+      // rank's other stage): it computes with them in param_dtype.
       casting.clear();
       for (auto& u : units_) {
-        if (!u->params.empty()) casting.push_back(u->module);
+        if (!u->name.empty()) casting.push_back(u->module);
       }
     }
     for (nn::Module* m : casting) {

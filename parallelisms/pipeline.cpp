@@ -183,6 +183,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     const int s = a.stage, mb = a.microbatch;
     Slot& slot = slots[{s, mb}];
     const double start = now_ms(t0);
+    try {
     switch (a.op) {
       case Op::kRecvActivation: {
         auto buf = torch::empty(input_shape_[s], torch::TensorOptions().dtype(input_dtype_[s]));
@@ -243,6 +244,9 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
       case Op::kSendGradient:
         sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
         break;
+    }
+    } catch (const c10::Error& e) {  // name the action: a schedule runs many
+      TORCH_CHECK(false, "pipeline action ", a.str(), ": ", e.what_without_backtrace());
     }
     if (a.op == Op::kForward || a.op == Op::kBackward || a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight) {
       timeline_.push_back({a.str(), start, now_ms(t0)});

@@ -215,6 +215,10 @@ Golden read_golden(const std::string& path) {
     for (auto key : {"format_version", "generator", "name", "command", "config_hash", "libtorch_version", "dtype"}) {
       g.header[key] = j.at(key);
     }
+    // A golden trained under a mixed-precision policy (tools/reference --param-dtype) names it.
+    for (auto key : {"param_dtype", "reduce_dtype"}) {
+      if (j.contains(key)) g.header[key] = j.at(key).get<std::string>();
+    }
     for (const auto& s : j.at("steps")) {
       StepRecord r;
       r.step = s.at("step").get<int64_t>();
@@ -259,6 +263,22 @@ CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vec
   if (g.header.at("dtype") != name_of(c.train.dtype)) {
     throw CheckFailed("golden dtype " + g.header["dtype"].get<std::string>() + " differs from train.dtype " +
                       name_of(c.train.dtype));
+  }
+  if (g.header.contains("param_dtype")) {
+    // Such a golden is only the single-device result of a plan that computes and reduces the same way.
+    const std::string want = g.header["param_dtype"].get<std::string>() + " compute, " +
+                             g.header.value("reduce_dtype", std::string("?")) + " gradient reduction";
+    std::string have;
+    for (const auto& t : c.parallelize) {
+      if (t.kind != TransformKind::kFullyShard || !t.param_dtype) continue;
+      have = std::string(name_of(*t.param_dtype)) + " compute, " +
+             name_of(t.reduce_dtype.value_or(*t.param_dtype)) + " gradient reduction";
+    }
+    if (have != want) {
+      throw CheckFailed("golden " + golden_path(c) + " was trained with " + want + " (fully_shard's mixed precision) "
+                        "but this plan computes with " + (have.empty() ? std::string("no mixed precision") : have) +
+                        "; set fully_shard's param_dtype and reduce_dtype to match, or use a float32 golden");
+    }
   }
   CompareReport r;
   compare_steps(g, c, steps, r);

@@ -109,6 +109,31 @@ TEST_F(GoldenTest, StaleGoldenIsRejected) {
   EXPECT_THROW(compare(golden_, other, steps_, params_), CheckFailed);
 }
 
+TEST_F(GoldenTest, AMixedPrecisionGoldenNeedsAPlanThatComputesTheSameWay) {
+  // The policy survives the file (the reference writes it into the header).
+  Golden g = golden_;
+  g.header["param_dtype"] = "bfloat16";
+  g.header["reduce_dtype"] = "float32";
+  const std::string path = testing::temp_path("mixed.json");
+  write_golden(path, g);
+  Golden mixed = read_golden(path);
+  auto with = [&](const std::string& fully_shard) {
+    return parse_config("name: g\nmodel: {name: simple_model}\nmesh: {shape: [2], names: [dp]}\nparallelize:\n"
+                        "  - fully_shard: {mesh_dim: dp" + fully_shard + "}\n", "x.yaml");
+  };
+  EXPECT_TRUE(compare(mixed, with(", param_dtype: bfloat16, reduce_dtype: float32"), steps_, params_).ok);
+  try {
+    compare(mixed, with(""), steps_, params_);
+    ADD_FAILURE() << "a float32 plan compared with a bfloat16 golden";
+  } catch (const CheckFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("trained with bfloat16 compute, float32 gradient reduction"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("this plan computes with no mixed precision"), std::string::npos) << e.what();
+  }
+  // reduce_dtype defaults to param_dtype: bfloat16 reductions are another policy.
+  EXPECT_THROW(compare(mixed, with(", param_dtype: bfloat16"), steps_, params_), CheckFailed);
+}
+
 TEST_F(GoldenTest, LargeTensorsKeepASampleAndTheirNorm) {
   NamedTensors big = {{"w", torch::randn({kGoldenFullLimit + 7})}};
   Golden g = make_golden(config_, steps_, big, "test");
