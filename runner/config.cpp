@@ -1,6 +1,7 @@
 #include "runner/config.h"
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "models/registry.h"
@@ -384,6 +385,42 @@ DebugConfig read_debug(YamlMap& root) {
   return c;
 }
 
+// ---- duplicate keys ---------------------------------------------------------
+
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps both and reads
+// one of them: an error naming both places instead. `where(first, second)`
+// names them (file lines, or the --set override).
+void check_unique_keys(const YAML::Node& node, const std::string& path,
+                       const std::function<SourceRef(const YAML::Node&, const std::string&)>& ref_at,
+                       const std::function<std::string(const YAML::Node&)>& place) {
+  if (node.IsMap()) {
+    std::map<std::string, YAML::Node> seen;
+    for (const auto& kv : node) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+      const std::string child = path.empty() ? key : path + "." + key;
+      auto [it, fresh] = seen.emplace(key, kv.first);
+      if (!fresh) {
+        throw ConfigError(ref_at(kv.first, child), "duplicate key '" + key + "': first " + place(it->second) +
+                                                       ", again " + place(kv.first) + "; keep one of them");
+      }
+      check_unique_keys(kv.second, child, ref_at, place);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      check_unique_keys(node[i], path + "[" + std::to_string(i) + "]", ref_at, place);
+    }
+  }
+}
+
+void check_unique_keys(const YAML::Node& doc, const std::string& file) {
+  check_unique_keys(
+      doc, "",
+      [&](const YAML::Node& n, const std::string& path) {
+        return SourceRef{file, n.Mark().line + 1, n.Mark().column + 1, path, ""};
+      },
+      [](const YAML::Node& n) { return "at line " + std::to_string(n.Mark().line + 1); });
+}
+
 // ---- --set overrides -----------------------------------------------------
 
 void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx) {
@@ -397,6 +434,16 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
     value_node = YAML::Load(value);
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
+  }
+  check_unique_keys(
+      value_node, text.substr(0, eq),
+      [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
+      [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
+  for (const auto& [earlier_path, earlier] : ctx.overrides) {
+    if (earlier_path == text.substr(0, eq)) {
+      throw UserError("--set " + text + ": " + earlier_path + " is already set by --set " + earlier +
+                      "; give each path once");
+    }
   }
   YAML::Node cur;
   cur.reset(root);
@@ -478,6 +525,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
     throw ConfigError(SourceRef{file, 1, 1, "", ""},
                       "expected a mapping with the sections name, seed, model, mesh, parallelize, train, data, check");
   }
+  check_unique_keys(doc, file);
   for (const auto& o : overrides) apply_override(doc, o, ctx);
 
   YamlMap root(doc, "", ctx);
