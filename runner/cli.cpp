@@ -41,7 +41,8 @@ void print_train_summary(const TrainResult& r, const std::string& dir) {
 }
 
 int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
-  Golden g = read_golden(golden_path(c));  // fail before training when it is missing
+  // Fail before training when it is missing.
+  Golden g = naming_config_key(c.check.golden_ref, [&] { return read_golden(golden_path(c)); });
   std::string dir = prepare_out_dir(o, c);
   TrainResult r = train(c, p, rank, dir);
   if (!rank.is_main()) return 0;

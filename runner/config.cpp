@@ -82,6 +82,7 @@ ModelConfig read_model(YamlMap& root) {
                                          " known models: " + YamlMap::join(names));
   }
   m.get("init_from", c.init_from);
+  if (m.has("init_from")) c.init_from_ref = m.ref("init_from");
   YamlMap args(m.has("args") ? m.node("args") : YAML::Node(), "model.args", root.context());
   for (const auto& a : spec->args) {
     c.args.set(a.name, args.has(a.name) ? read_arg(args, a) : a.default_value);
@@ -350,6 +351,7 @@ DataConfig read_data(YamlMap& root) {
   m.get("seq_len", c.seq_len);
   require_non_negative(m.ref("seq_len"), static_cast<double>(c.seq_len), "seq_len");
   m.get("path", c.path);
+  if (m.has("path")) c.path_ref = m.ref("path");
   if (c.source == DataSource::kFile && c.path.empty()) {
     throw ConfigError(m.self_ref(), "data.source file needs data.path (a safetensors file with inputs and targets)");
   }
@@ -364,6 +366,7 @@ CheckConfig read_check(YamlMap& root) {
   YamlMap m(root.has("check") ? root.node("check") : YAML::Node(), "check", root.context());
   CheckConfig c;
   m.get("golden", c.golden);
+  c.golden_ref = m.has("golden") ? m.ref("golden") : root.ref("name");
   for (auto [key, field] : {std::pair<const char*, double*>{"loss_rtol", &c.loss_rtol},
                             {"loss_atol", &c.loss_atol},
                             {"param_rtol", &c.param_rtol},

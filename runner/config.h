@@ -48,6 +48,7 @@ struct ModelConfig {
   std::string name;             // registry name, e.g. transformer (required)
   models::ModelArgs args;       // the model's arguments, defaults filled in
   std::string init_from;        // safetensors file with initial weights by FQN ("" = seeded init)
+  SourceRef init_from_ref;      // where init_from was given
   SourceRef ref;                // where the model section is, for errors
 };
 
@@ -126,10 +127,12 @@ struct DataConfig {
   TargetKind targets = TargetKind::kAuto;      // auto: chosen by the loss
   int64_t seq_len = 0;                         // tokens per sample; 0 = the model's max_seq_len
   std::string path;                            // file source: safetensors with inputs and targets
+  SourceRef path_ref;                          // where path was given
 };
 
 struct CheckConfig {
   std::string golden;        // golden file; "" = tests/golden/<name>.json
+  SourceRef golden_ref;      // where golden was given (or name, which names the default)
   double loss_rtol = 1e-5;   // per-step loss and grad-norm relative tolerance
   double loss_atol = 1e-6;   // per-step loss and grad-norm absolute tolerance
   double param_rtol = 1e-4;  // final parameter relative tolerance

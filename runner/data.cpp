@@ -180,7 +180,9 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
 }
 
 std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan) {
-  if (c.data.source == DataSource::kFile) return std::make_unique<FileData>(c, plan);
+  if (c.data.source == DataSource::kFile) {
+    return naming_config_key(c.data.path_ref, [&] { return std::make_unique<FileData>(c, plan); });
+  }
   return std::make_unique<SyntheticData>(c.seed, plan);
 }
 

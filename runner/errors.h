@@ -48,7 +48,20 @@ class FileError : public UserError {
  public:
   FileError(const std::string& path, const std::string& message)
       : UserError(path + ": " + message) {}
+  // The same error, prefixed with the config key that named the file.
+  FileError(const SourceRef& named_by, const FileError& e) : UserError(named_by.where() + ": " + e.what()) {}
 };
+
+// Runs `f`; a FileError from it names `named_by` (the config file, line and
+// key that gave the path) as well as the file.
+template <class F>
+auto naming_config_key(const SourceRef& named_by, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const FileError& e) {
+    throw FileError(named_by, e);
+  }
+}
 
 // The parallel run does not match its golden file; exit code 1.
 class CheckFailed : public std::runtime_error {

@@ -211,7 +211,9 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
   torch::manual_seed(c.seed);
   models::ModelPtr model = spec->build(c.model.args);
-  if (!c.model.init_from.empty()) load_weights(*model, c.model.init_from);
+  if (!c.model.init_from.empty()) {
+    naming_config_key(c.model.init_from_ref, [&] { load_weights(*model, c.model.init_from); });
+  }
   return model;
 }
 
