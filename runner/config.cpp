@@ -27,6 +27,8 @@ const EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
                                       {LossKind::kMse, "mse"},
                                       {LossKind::kCrossEntropy, "cross_entropy"},
                                       {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
+const EnumName<FailMode> kFailModes[] = {{FailMode::kError, "error"}, {FailMode::kExit, "exit"},
+                                         {FailMode::kSignal, "signal"}};
 const EnumName<DataSource> kSources[] = {{DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}};
 const EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
                                        {InputKind::kNormal, "normal"},
@@ -383,6 +385,7 @@ DebugConfig read_debug(YamlMap& root) {
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
   m.get("fail_step", c.fail_step);
+  m.get_enum("fail_mode", c.fail_mode, kFailModes);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
   m.finish();
   return c;
@@ -506,6 +509,7 @@ const char* name_of(TargetKind v) { return lookup(kTargets, v); }
 const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
 const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
 const char* name_of(Offload v) { return lookup(kOffloads, v); }
+const char* name_of(FailMode v) { return lookup(kFailModes, v); }
 const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
 
 int64_t MeshConfig::world_size() const {

@@ -139,12 +139,19 @@ struct CheckConfig {
   double param_atol = 1e-5;  // final parameter absolute tolerance
 };
 
-// Fault injection for testing the launcher: rank fail_rank raises an error at
-// step fail_step. Off by default.
+// Fault injection for testing the launcher: rank fail_rank fails at step
+// fail_step, as fail_mode says. Off by default.
+enum class FailMode {
+  kError,   // reports an error (exit 3), as a failing rank does
+  kExit,    // exits with code 7 without reporting anything
+  kSignal,  // kills itself with SIGKILL, as `kill -9` or the OOM killer would
+};
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
   int64_t fail_step = 1;   // the step at which it fails
+  FailMode fail_mode = FailMode::kError;
 };
+const char* name_of(FailMode v);
 
 struct ExperimentConfig {
   std::string file;       // the YAML file it came from

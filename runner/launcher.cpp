@@ -41,7 +41,16 @@ struct Child {
   std::string out_buf, err_buf;
   bool done = false;
   int code = 0;
+  int sent = 0;     // the last signal the launcher sent it (0: none)
+  int signal = 0;   // the signal it died of, when the launcher did not send it
+  int64_t died_ns = 0;  // when it was found dead (CLOCK_MONOTONIC, as ranks stamp their errors)
 };
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 volatile sig_atomic_t g_interrupted = 0;
 void on_signal(int) { g_interrupted = 1; }
@@ -101,6 +110,51 @@ bool port_is_free(int port) {
   bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(fd, 1) == 0;
   close(fd);
   return ok;
+}
+
+struct Cause {
+  int rank = -1;
+  int exit_code = 0;  // what the launcher returns
+  std::string message;
+  int64_t at = 0;
+};
+
+// Which rank caused a failure. A rank killed by a signal the launcher did not
+// send comes first (its peers' lost connections are often stamped before it
+// is found dead), then a rank that exited non-zero without reporting an error,
+// then the earliest error a rank reported. Empty when every rank succeeded.
+Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir) {
+  Cause signalled, silent, reported;
+  auto keep = [](Cause& slot, const Cause& c) {
+    if (slot.rank < 0 || c.at < slot.at) slot = c;
+  };
+  for (const auto& c : kids) {
+    const std::string who = "rank " + std::to_string(c.rank);
+    int64_t t = 0;
+    int code = 0;
+    std::ifstream in(error_dir + "/" + std::to_string(c.rank));
+    const bool stamped = !error_dir.empty() && static_cast<bool>(in >> t >> code) && code != 0;
+    if (c.signal) {
+      const char* abbrev = sigabbrev_np(c.signal);
+      keep(signalled, {c.rank, 3,
+                       who + " was killed by signal " + std::to_string(c.signal) +
+                           (abbrev ? " (SIG" + std::string(abbrev) + ")" : std::string()) + "; stopped the other ranks",
+                       c.died_ns});
+    } else if (c.code != 0 && !stamped && c.sent == 0) {
+      keep(silent, {c.rank, 3,
+                    who + " exited with code " + std::to_string(c.code) +
+                        " without reporting an error; stopped the other ranks",
+                    c.died_ns});
+    } else if (stamped) {
+      keep(reported, {c.rank, (code == 1 || code == 2) ? code : 3,
+                      who + " failed with exit code " + std::to_string(code) +
+                          (code == 1 ? "" : "; stopped the other ranks"),
+                      t});
+    }
+  }
+  if (signalled.rank >= 0) return signalled;
+  if (silent.rank >= 0) return silent;
+  return reported;
 }
 
 int exit_code_of(int status) {
@@ -196,7 +250,7 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
     fcntl(c.err_fd, F_SETFL, O_NONBLOCK);
   }
 
-  int first_code = 0, first_rank = -1;
+  bool failed = false;  // a rank exited non-zero: stop the others
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::now();
   size_t running = kids.size();
@@ -217,43 +271,34 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.done = true;
         c.code = exit_code_of(status);
+        c.died_ns = monotonic_ns();
+        if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
         --running;
-        if (c.code != 0 && first_rank < 0 && !stopping) {
-          first_code = c.code;
-          first_rank = c.rank;
-        }
+        if (c.code != 0) failed = true;
       }
     }
-    if ((first_rank >= 0 || g_interrupted) && !stopping) {
+    if ((failed || g_interrupted) && !stopping) {
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + kGrace;
-      for (auto& c : kids) if (!c.done) kill(c.pid, SIGTERM);
+      for (auto& c : kids) {
+        if (!c.done) kill(c.pid, c.sent = SIGTERM);
+      }
     }
     if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
-      for (auto& c : kids) if (!c.done) kill(c.pid, SIGKILL);
+      for (auto& c : kids) {
+        if (!c.done) kill(c.pid, c.sent = SIGKILL);
+      }
     }
   }
-  // The rank whose error came first is the cause; the others failed after it.
-  int64_t earliest = -1;
-  for (const auto& c : kids) {
-    std::ifstream in(error_dir + "/" + std::to_string(c.rank));
-    int64_t t = 0;
-    int code = 0;
-    if (in >> t >> code && code != 0 && (earliest < 0 || t < earliest)) {
-      earliest = t;
-      first_rank = c.rank;
-      first_code = code;
-    }
-  }
+  const Cause cause = failure_cause(kids, error_dir);
   if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
-  if (g_interrupted && first_rank < 0) {
+  if (g_interrupted && cause.rank < 0) {
     std::cerr << "interrupted; stopped all ranks\n";
     return 130;
   }
-  if (first_rank < 0) return 0;
-  std::cerr << "rank " << first_rank << " failed with exit code " << first_code
-            << (first_code == 1 ? "" : "; stopped the other ranks") << "\n";
-  return (first_code == 1 || first_code == 2) ? first_code : 3;
+  if (cause.rank < 0) return 0;
+  std::cerr << cause.message << "\n";
+  return cause.exit_code;
 }
 
 }  // namespace composer

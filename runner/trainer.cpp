@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -311,6 +313,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     const double net_start = rank.mesh ? loopback_tx_bytes() : -1;
     reset_counters(rank);
     if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step) {
+      std::cout.flush();
+      if (c.debug.fail_mode == FailMode::kExit) std::_Exit(7);
+      if (c.debug.fail_mode == FailMode::kSignal) raise(SIGKILL);
       throw RuntimeFailure("injected failure at step " + std::to_string(step) + " (debug.fail_rank " +
                            std::to_string(rank.rank) + ")");
     }
