@@ -178,6 +178,7 @@ std::optional<RankEnv> rank_env_from_environment() {
   }
   // composer's own launcher hosts the store; under an external one, rank 0 does.
   e.host_store = !std::getenv("COMPOSER_LAUNCHED") && e.rank == 0;
+  if (const char* f = std::getenv("COMPOSER_STORE_FILE")) e.store_file = f;
   return e;
 }
 
@@ -195,10 +196,17 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
   }
   const int local = world_size / node.nnodes;
 
-  // Node 0 hosts the rendezvous store for the whole job.
+  // Ranks record the time they failed here, so the report names the first.
+  // A single-node job without --master-port also meets here, through a file
+  // store: it opens no socket beyond Gloo's on loopback.
+  char dir_template[] = "/tmp/composer-errors-XXXXXX";
+  const std::string error_dir = mkdtemp(dir_template) ? dir_template : "";
+  const bool file_store = node.nnodes == 1 && node.master_port == 0 && !error_dir.empty();
+
+  // Else node 0 hosts the rendezvous store for the whole job.
   c10::intrusive_ptr<c10d::TCPStore> store;
   int port = node.master_port;
-  if (node.node_rank == 0) {
+  if (node.node_rank == 0 && !file_store) {
     if (node.master_port != 0 && !port_is_free(node.master_port)) {
       throw UserError("cannot host the rendezvous on " + node.master_addr + ":" + std::to_string(node.master_port) +
                       ": the port is in use; choose another --master-port");
@@ -216,10 +224,6 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
     port = store->getPort();
   }
 
-  // Ranks record the time they failed here, so the report names the first.
-  char dir_template[] = "/tmp/composer-errors-XXXXXX";
-  const std::string error_dir = mkdtemp(dir_template) ? dir_template : "";
-
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   std::vector<Child> kids(local);
@@ -234,6 +238,7 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
         {"MASTER_ADDR", node.master_addr},         {"MASTER_PORT", std::to_string(port)},
         {"COMPOSER_LAUNCHED", "1"},                {"GLOG_minloglevel", "2"},
         {"COMPOSER_ERROR_DIR", error_dir}};
+    if (file_store) env.emplace_back("COMPOSER_STORE_FILE", error_dir + "/store");
     // OpenBLAS sizes its thread pool when it loads, from the environment: give
     // each rank its share of the cores, or its spinning threads fight the
     // other ranks for them (the trainer sets LibTorch's threads the same way).

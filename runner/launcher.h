@@ -24,6 +24,7 @@ struct RankEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   bool host_store = false;  // this rank hosts the TCPStore (rank 0 under an external launcher)
+  std::string store_file;   // non-empty: meet through this file store (a single-node local launch)
 };
 
 // The rank environment if this process was started as a rank (by composer or

@@ -1,5 +1,6 @@
 #include "runner/rank.h"
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -31,7 +32,12 @@ RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& 
   o.timeout = timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    if (!env.store_file.empty()) {
+      store = c10::make_intrusive<c10d::FileStore>(env.store_file, env.world_size);
+      store->setTimeout(timeout);
+    } else {
+      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    }
   } catch (const std::exception& e) {
     throw RuntimeFailure("rank " + std::to_string(env.rank) + " cannot reach the rendezvous at " + env.master_addr +
                          ":" + std::to_string(env.master_port) + ": " + c10::GetExceptionString(e).substr(0, 200));
