@@ -117,6 +117,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
     case Command::kPlan:
       std::cout << to_json(c).dump(2) << "\n";
       for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
+      for (const auto& line : p.warnings) std::cout << "warning: " << line << "\n";
       for (const auto& line : describe_placements(c, p)) std::cout << "placement: " << line << "\n";
       std::cout << "config hash " << config_hash(c) << "\n";
       return 0;

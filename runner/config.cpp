@@ -249,6 +249,7 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       m.get_enum("schedule", t.schedule, kSchedules);
       m.get("microbatches", t.microbatches);
       require_non_negative(m.ref("microbatches"), static_cast<double>(t.microbatches), "microbatches");
+      if (t.schedule == Schedule::kZbv) t.virtual_stages = 2;  // its V needs exactly two stages per rank
       m.get("virtual_stages", t.virtual_stages);
       require_positive(m.ref("virtual_stages"), static_cast<double>(t.virtual_stages), "virtual_stages");
       m.get("split_points", t.split_points);

@@ -256,6 +256,12 @@ void plan_pipeline(const ExperimentConfig& c, Plan& p) {
     }
     p.pp_size = pp;
     p.pp_microbatches = m;
+    if (t.scale_grads && c.train.loss.name == LossKind::kSum && m > 1) {
+      p.warnings.push_back(t.ref.where() + ": loss: sum with the pipeline's scale_grads: true divides each "
+                           "microbatch's gradient by the " + std::to_string(m) + " microbatches, so this trains on "
+                           "1/" + std::to_string(m) + " of the summed loss's gradient, unlike one device; set "
+                           "scale_grads: false to match it");
+    }
   }
 }
 

@@ -23,6 +23,9 @@ struct Plan {
   int64_t pp_size = 1;                    // pipeline ranks (1 = no pipeline)
   int64_t pp_microbatches = 0;            // pipeline microbatches per step
   std::vector<std::string> summary;       // what will run, one line each
+  // Accepted plans that train differently from one device in a way the user
+  // likely did not mean: "file:line: key: what happens; the fix".
+  std::vector<std::string> warnings;
 };
 
 // Validates `c` for `world_size` ranks; throws PlanError.

@@ -118,6 +118,33 @@ TEST(Config, DuplicateKeysInSetOverrides) {
   EXPECT_EQ(error_of(kMinimal, {"train={steps: 3}", "train.log_every=1"}), "no error");
 }
 
+TEST(Config, ZbvDefaultsToTwoVirtualStages) {
+  const std::string base = "name: t\nmodel: {name: mlp_module_layers}\nmesh: {shape: [2], names: [pp]}\n"
+                           "train: {global_batch: 8}\nparallelize:\n  - pipeline: {mesh_dim: pp, schedule: ";
+  auto c = parse_config(base + "zbv}\n", "x.yaml");
+  EXPECT_EQ(c.parallelize[0].virtual_stages, 2);
+  EXPECT_NO_THROW(make_plan(c, 2));
+  EXPECT_EQ(parse_config(base + "1f1b}\n", "x.yaml").parallelize[0].virtual_stages, 1);
+  // Given explicitly, it is what the user wrote (and zbv refuses anything but 2).
+  auto three = parse_config(base + "zbv, virtual_stages: 3}\n", "x.yaml");
+  EXPECT_THROW(make_plan(three, 2), PlanError);
+}
+
+TEST(Planner, WarnsWhenAPipelineScalesASummedLoss) {
+  const std::string base = "name: t\nmodel: {name: mlp_module_layers}\nmesh: {shape: [2], names: [pp]}\n"
+                           "parallelize:\n  - pipeline: {mesh_dim: pp, schedule: 1f1b";
+  auto warned = make_plan(parse_config(base + "}\ntrain: {global_batch: 8, loss: {name: sum}}\n", "x.yaml"), 2);
+  ASSERT_EQ(warned.warnings.size(), 1u);
+  EXPECT_NE(warned.warnings[0].find("x.yaml:5:5: parallelize[0]: loss: sum with the pipeline's scale_grads: true "
+                                    "divides each microbatch's gradient by the 2 microbatches"),
+            std::string::npos) << warned.warnings[0];
+  EXPECT_NE(warned.warnings[0].find("set scale_grads: false"), std::string::npos);
+  EXPECT_TRUE(make_plan(parse_config(base + ", scale_grads: false}\ntrain: {global_batch: 8, loss: {name: sum}}\n",
+                                     "x.yaml"), 2).warnings.empty());
+  EXPECT_TRUE(make_plan(parse_config(base + "}\ntrain: {global_batch: 8, loss: {name: mse}}\n", "x.yaml"), 2)
+                  .warnings.empty());
+}
+
 TEST(Config, ParallelizeEntriesAreParsedStrictly) {
   auto c = parse_config(std::string(kMinimal) +
                             "mesh: {shape: [2, 2], names: [dp, tp]}\n"
