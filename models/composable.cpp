@@ -1,4 +1,4 @@
-// Models of PyTorch's composable-API and FSDP core tests (SCENARIOS.md M10,
+// Models of PyTorch's composable-API and FSDP core tests (docs/scenarios.md M10,
 // M15): UnitModule, CompositeModel, CompositeParamModel, NestedWrappedModule.
 #include "models/layers.h"
 #include "models/registry.h"

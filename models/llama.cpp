@@ -1,4 +1,4 @@
-// The Llama-style transformer of torchtitan (SCENARIOS.md M14): RMSNorm, rotary
+// The Llama-style transformer of torchtitan (docs/scenarios.md M14): RMSNorm, rotary
 // position embeddings, grouped-query attention (n_kv_heads), SwiGLU
 // feed-forward, blocks named layers.0 .. layers.<n-1>, depth-scaled init.
 #include <cmath>

@@ -1,4 +1,4 @@
-// The MLP-shaped seed models of PyTorch's composability tests (SCENARIOS.md
+// The MLP-shaped seed models of PyTorch's composability tests (docs/scenarios.md
 // M1-M3, M5-M8) with their exact shapes and fully-qualified names.
 #include <cmath>
 

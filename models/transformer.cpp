@@ -1,4 +1,4 @@
-// The Transformer of PyTorch's DTensor tests (SCENARIOS.md M4): token and
+// The Transformer of PyTorch's DTensor tests (docs/scenarios.md M4): token and
 // position embeddings, causal multi-head attention, LayerNorm, GELU
 // feed-forward, optional weight tying between output and tok_embeddings.
 #include "models/layers.h"
@@ -138,7 +138,7 @@ std::vector<ModelSpec> transformer_specs() {
                       a.i("n_heads"), a.f("dropout_p"), a.b("use_attn_mask"), a.b("weight_tying")};
     return std::make_shared<Transformer>(t);
   };
-  // SCENARIOS.md M4's Transformer.parallelize: embeddings vocab/position
+  // docs/scenarios.md M4's Transformer.parallelize: embeddings vocab/position
   // parallel, head-split attention, colwise/rowwise feed-forward, colwise
   // output (tied to tok_embeddings, both sharded on the vocab dim); with
   // sequence parallelism the norms and residual stream are sequence-sharded.

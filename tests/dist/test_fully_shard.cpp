@@ -320,7 +320,7 @@ TEST(FullyShard, OneWayShardingAfterTp4KeepsTheScenarioCounts) {
     auto x = torch::linspace(-2, 2, 64).view({4, 16}).cos();
     tpg.counter->reset();
     auto y = (*m)(x);
-    EXPECT_EQ(tpg.counter->get("all_reduce").calls, 3);  // SCENARIOS.md 2.A.3
+    EXPECT_EQ(tpg.counter->get("all_reduce").calls, 3);  // docs/scenarios.md 2.A.3
     EXPECT_EQ(tpg.counter->total().calls, 3);
     tpg.counter->reset();
     y.sum().backward();

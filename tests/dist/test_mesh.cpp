@@ -8,7 +8,7 @@ namespace composer::parallel {
 namespace {
 
 TEST(MeshMath, RowMajorGroups) {
-  // (dp=2, tp=2): tp groups {0,1},{2,3}; dp groups {0,2},{1,3} (SCENARIOS.md).
+  // (dp=2, tp=2): tp groups {0,1},{2,3}; dp groups {0,2},{1,3} (docs/scenarios.md).
   EXPECT_EQ(group_ranks(0, {2, 2}, {1}), (std::vector<int>{0, 1}));
   EXPECT_EQ(group_ranks(3, {2, 2}, {1}), (std::vector<int>{2, 3}));
   EXPECT_EQ(group_ranks(1, {2, 2}, {0}), (std::vector<int>{1, 3}));

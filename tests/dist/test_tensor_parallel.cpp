@@ -1,6 +1,6 @@
 // tensor_parallel on real Gloo groups: outputs and full gradients equal the
 // single-device model's, and the communication matches the closed-form
-// counts (SCENARIOS.md 2.A.3: MLPStack at tp 4 issues 3 all-reduces in
+// counts (docs/scenarios.md 2.A.3: MLPStack at tp 4 issues 3 all-reduces in
 // forward and 2 in backward, and nothing else).
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 """The seed models in plain PyTorch, with the fully-qualified names and math of
-PyTorch's composability tests (see SCENARIOS.md section 0). Written from the
+PyTorch's composability tests (see docs/scenarios.md section 0). Written from the
 test sources, independently of composer's C++ models."""
 import math
 
