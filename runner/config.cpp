@@ -403,7 +403,11 @@ void check_unique_keys(const YAML::Node& node, const std::string& path,
   if (node.IsMap()) {
     std::map<std::string, YAML::Node> seen;
     for (const auto& kv : node) {
-      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+      if (!kv.first.IsScalar()) {
+        throw ConfigError(ref_at(kv.first, path.empty() ? "(key)" : path + ".(key)"),
+                          "a key must be a plain name, not a mapping, a list or empty; write `name: value`");
+      }
+      const std::string key = kv.first.Scalar();
       const std::string child = path.empty() ? key : path + "." + key;
       auto [it, fresh] = seen.emplace(key, kv.first);
       if (!fresh) {

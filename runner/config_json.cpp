@@ -9,7 +9,10 @@ namespace composer {
 namespace {
 nlohmann::json args_json(const models::ModelArgs& args) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : args.values()) std::visit([&](const auto& x) { j[k] = x; }, v);
+  for (const auto& kv : args.values()) {
+    const auto& key = kv.first;
+    std::visit([&](const auto& x) { j[key] = x; }, kv.second);
+  }
   return j;
 }
 nlohmann::json transform_json(const TransformConfig& t) {

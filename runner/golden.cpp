@@ -205,9 +205,15 @@ Golden read_golden(const std::string& path) {
   if (!in) {
     throw FileError(path, "no golden file; write one with `composer golden --config <file>` or tools/reference");
   }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_golden(text.str(), path);
+}
+
+Golden parse_golden(const std::string& text, const std::string& path) {
   Golden g;
   try {
-    nlohmann::json j = nlohmann::json::parse(in);
+    nlohmann::json j = nlohmann::json::parse(text);
     if (j.at("format_version").get<int>() != kGoldenFormat) {
       throw FileError(path, "golden format_version " + j["format_version"].dump() + " is not " +
                                 std::to_string(kGoldenFormat) + "; regenerate it");

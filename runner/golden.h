@@ -36,6 +36,7 @@ Golden make_golden(const ExperimentConfig& c, const std::vector<StepRecord>& ste
                    const std::string& command);
 void write_golden(const std::string& path, const Golden& g);
 Golden read_golden(const std::string& path);  // FileError when missing or malformed
+Golden parse_golden(const std::string& text, const std::string& path);  // FileError (naming path) when malformed
 
 struct CompareReport {
   bool ok = true;

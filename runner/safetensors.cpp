@@ -52,7 +52,9 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& path
   if (!header.is_object()) throw FileError(path, "safetensors header must be a JSON object");
   const uint64_t data_start = 8 + header_len, data_len = bytes.size() - data_start;
   NamedTensors out;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();
+    const auto& entry = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& why) { return FileError(path, "tensor '" + name + "': " + why); };
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
