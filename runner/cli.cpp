@@ -133,6 +133,10 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       }
       std::string dir = prepare_out_dir(o, c);
       TrainResult r = train(c, p, rank, dir);
+      if (auto why = degenerate_steps(r.steps)) {
+        throw UserError("refusing to write the golden " + golden_path(c) + ": " + *why +
+                        "; change the seed, learning rate or loss so every step trains");
+      }
       write_golden(golden_path(c), make_golden(c, r.steps, r.final_params, o.command_line));
       std::cout << "wrote " << golden_path(c) << "\n";
       return 0;

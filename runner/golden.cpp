@@ -200,6 +200,21 @@ void write_golden(const std::string& path, const Golden& g) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path);
 }
 
+std::optional<std::string> degenerate_steps(const std::vector<StepRecord>& steps) {
+  for (const char* key : {"loss", "grad_norm"}) {
+    auto value = [&](const StepRecord& r) { return std::string(key) == "loss" ? r.loss : r.grad_norm; };
+    std::string zero;
+    bool constant = steps.size() > 1;
+    for (const auto& r : steps) {
+      if (value(r) == 0) zero += (zero.empty() ? "" : ", ") + std::to_string(r.step);
+      constant = constant && value(r) == value(steps.front());
+    }
+    if (!zero.empty()) return std::string(key) + " is 0 at step(s) " + zero;
+    if (constant) return std::string(key) + " is the same at every step";
+  }
+  return std::nullopt;
+}
+
 Golden read_golden(const std::string& path) {
   std::ifstream in(path);
   if (!in) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct Golden {
 Golden make_golden(const ExperimentConfig& c, const std::vector<StepRecord>& steps, const NamedTensors& params,
                    const std::string& command);
 void write_golden(const std::string& path, const Golden& g);
+// Why these steps make a golden that cannot tell a right run from a wrong one
+// (a loss or gradient norm that is 0 at some step, or the same at every step),
+// or nullopt. The golden writers refuse such goldens.
+std::optional<std::string> degenerate_steps(const std::vector<StepRecord>& steps);
 Golden read_golden(const std::string& path);  // FileError when missing or malformed
 Golden parse_golden(const std::string& text, const std::string& path);  // FileError (naming path) when malformed
 

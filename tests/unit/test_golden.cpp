@@ -134,6 +134,18 @@ TEST_F(GoldenTest, AMixedPrecisionGoldenNeedsAPlanThatComputesTheSameWay) {
   EXPECT_THROW(compare(mixed, with(", param_dtype: bfloat16"), steps_, params_), CheckFailed);
 }
 
+TEST_F(GoldenTest, DegenerateStepsAreNamed) {
+  EXPECT_FALSE(degenerate_steps(steps_).has_value());
+  auto dead = steps_;
+  dead[1].loss = 0;
+  dead[2].loss = 0;
+  EXPECT_EQ(degenerate_steps(dead).value_or(""), "loss is 0 at step(s) 2, 3");
+  auto flat = steps_;
+  for (auto& r : flat) r.grad_norm = 0.5;
+  EXPECT_EQ(degenerate_steps(flat).value_or(""), "grad_norm is the same at every step");
+  EXPECT_FALSE(degenerate_steps({steps_[0]}).has_value());  // one step cannot be constant
+}
+
 TEST_F(GoldenTest, LargeTensorsKeepASampleAndTheirNorm) {
   NamedTensors big = {{"w", torch::randn({kGoldenFullLimit + 7})}};
   Golden g = make_golden(config_, steps_, big, "test");

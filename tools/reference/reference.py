@@ -200,6 +200,18 @@ class MixedPrecision:
             p.grad = None if g is None else g.to(p.dtype)
 
 
+def degenerate(records):
+    """Why these steps make a golden that cannot tell right from wrong (a zero or constant loss or
+    gradient norm), or None. The same rule as composer's golden writer."""
+    for key in ("loss", "grad_norm"):
+        zero = [r["step"] for r in records if r[key] == 0]
+        if zero:
+            return "%s is 0 at step(s) %s" % (key, ", ".join(map(str, zero)))
+        if len(records) > 1 and len({r[key] for r in records}) == 1:
+            return "%s is the same at every step" % key
+    return None
+
+
 def golden_param(name, t):
     flat = t.detach().double().flatten()
     n = flat.numel()
@@ -284,6 +296,10 @@ def main():
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
         print(f"reference step {step}/{steps} loss {total:.6g} grad_norm {norm:.4g}")
 
+    dead = degenerate(records)
+    if dead:
+        sys.exit("reference: refusing to write %s: %s; change the seed, learning rate or loss so every step "
+                 "trains" % (args.golden, dead))
     golden = {
         "format_version": GOLDEN_FORMAT,
         "generator": "pytorch-reference",
