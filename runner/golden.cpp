@@ -1,6 +1,7 @@
 #include "runner/golden.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <fstream>
@@ -227,9 +228,17 @@ Golden read_golden(const std::string& path) {
 
 Golden parse_golden(const std::string& text, const std::string& path) {
   Golden g;
+  // An integer field, read only when it is one (nlohmann converts a float by a
+  // cast, undefined when it does not fit).
+  auto integer = [&](const nlohmann::json& v, const std::string& what) -> int64_t {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+      throw FileError(path, "malformed golden file: " + what + " must be an integer, got " + v.dump());
+    }
+    return v.get<int64_t>();
+  };
   try {
     nlohmann::json j = nlohmann::json::parse(text);
-    if (j.at("format_version").get<int>() != kGoldenFormat) {
+    if (integer(j.at("format_version"), "format_version") != kGoldenFormat) {
       throw FileError(path, "golden format_version " + j["format_version"].dump() + " is not " +
                                 std::to_string(kGoldenFormat) + "; regenerate it");
     }
@@ -242,7 +251,7 @@ Golden parse_golden(const std::string& text, const std::string& path) {
     }
     for (const auto& s : j.at("steps")) {
       StepRecord r;
-      r.step = s.at("step").get<int64_t>();
+      r.step = integer(s.at("step"), "step");
       r.loss = s.at("loss").get<double>();
       r.grad_norm = s.at("grad_norm").get<double>();
       r.lr = s.at("lr").get<double>();
@@ -251,12 +260,18 @@ Golden parse_golden(const std::string& text, const std::string& path) {
     for (const auto& p : j.at("params")) {
       GoldenParam gp;
       gp.name = p.at("name").get<std::string>();
-      gp.shape = p.at("shape").get<std::vector<int64_t>>();
+      if (!p.at("shape").is_array()) throw FileError(path, "malformed golden file: " + gp.name + "'s shape is not a list");
+      int64_t numel = 1;
+      for (const auto& s : p.at("shape")) {
+        const int64_t size = integer(s, gp.name + "'s shape");
+        if (size < 0 || __builtin_mul_overflow(numel, size, &numel)) {
+          throw FileError(path, "malformed golden file: " + gp.name + " has shape " + p.at("shape").dump());
+        }
+        gp.shape.push_back(size);
+      }
       gp.l2 = p.at("l2").get<double>();
       gp.sampled = p.at("sampled").get<bool>();
       std::string raw = base64_decode(p.at("float64_base64").get<std::string>());
-      int64_t numel = 1;
-      for (auto s : gp.shape) numel *= s;
       int64_t expect = gp.sampled ? kGoldenSamples : numel;
       if (raw.size() != static_cast<size_t>(expect) * sizeof(double)) {
         throw FileError(path, "parameter " + gp.name + " holds " + std::to_string(raw.size() / 8) +

@@ -1,6 +1,9 @@
 // Golden files: format round trip and a comparator that finds the first divergence.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "tests/unit/temp_path.h"
 
 #include "runner/config.h"
@@ -132,6 +135,25 @@ TEST_F(GoldenTest, AMixedPrecisionGoldenNeedsAPlanThatComputesTheSameWay) {
   }
   // reduce_dtype defaults to param_dtype: bfloat16 reductions are another policy.
   EXPECT_THROW(compare(mixed, with(", param_dtype: bfloat16"), steps_, params_), CheckFailed);
+}
+
+TEST_F(GoldenTest, NonIntegerCountsAreFileErrors) {
+  // A float where an integer belongs (found by fuzzing: nlohmann casts it, undefined out of range).
+  std::string path = testing::temp_path("g.json");
+  write_golden(path, golden_);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": 2", "\"step\": 4.5e+124"},
+           {"\"format_version\": 1", "\"format_version\": 1e300"},
+           {"\"shape\": [\n    4,", "\"shape\": [\n    -4,"},
+           {"\"shape\": [\n    4,", "\"shape\": [\n    9223372036854775807,"}}) {
+    auto at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    std::string bad = text;
+    bad.replace(at, from.size(), to);
+    EXPECT_THROW(parse_golden(bad, "g.json"), FileError) << to;
+  }
 }
 
 TEST_F(GoldenTest, DegenerateStepsAreNamed) {
