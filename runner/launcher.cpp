@@ -123,7 +123,9 @@ struct Cause {
 // send comes first (its peers' lost connections are often stamped before it
 // is found dead), then a rank that exited non-zero without reporting an error,
 // then the earliest error a rank reported. Empty when every rank succeeded.
-Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir) {
+// When the job was interrupted, the interrupting signals (a terminal's Ctrl-C
+// reaches every rank too) are not causes.
+Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir, bool interrupted) {
   Cause signalled, silent, reported;
   auto keep = [](Cause& slot, const Cause& c) {
     if (slot.rank < 0 || c.at < slot.at) slot = c;
@@ -134,6 +136,9 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
     int code = 0;
     std::ifstream in(error_dir + "/" + std::to_string(c.rank));
     const bool stamped = !error_dir.empty() && static_cast<bool>(in >> t >> code) && code != 0;
+    const bool interruption =
+        interrupted && (c.signal == SIGINT || c.signal == SIGTERM || c.signal == SIGHUP || c.sent != 0);
+    if (interruption) continue;
     if (c.signal) {
       const char* abbrev = sigabbrev_np(c.signal);
       keep(signalled, {c.rank, 3,
@@ -295,7 +300,7 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
       }
     }
   }
-  const Cause cause = failure_cause(kids, error_dir);
+  const Cause cause = failure_cause(kids, error_dir, g_interrupted);
   if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
   if (g_interrupted && cause.rank < 0) {
     std::cerr << "interrupted; stopped all ranks\n";

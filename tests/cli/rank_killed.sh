@@ -3,7 +3,8 @@
 # replicate job is killed with `kill -9` from outside mid-run (its peer's lost
 # connection is usually reported first), then made to die by an injected
 # SIGKILL, and to exit non-zero without reporting. Each time: exit 3 within
-# 30 s, a summary naming rank 1 and how it died, no process left behind.
+# 30 s, a summary naming rank 1 and how it died, no process left behind. A
+# Ctrl-C to the whole job is an interruption (exit 130), not a cause.
 # Usage: rank_killed.sh COMPOSER WORK_DIR
 set -u
 composer=$1 work=$2
@@ -58,3 +59,20 @@ for mode in signal exit; do
   check_stopped "$elapsed" "$out"
   echo "ok: $mode of rank 1 named, stopped in ${elapsed}s"
 done
+
+# 4. Ctrl-C reaches the launcher and every rank (one process group): that is an
+#    interruption (exit 130), not a rank killed by SIGINT.
+out="$work/interrupted"
+setsid "$composer" run --config configs/quickstart.yaml --out "$out" --set train.steps=100000 \
+  --set train.log_every=1 >"$work/out.log" 2>"$work/err.log" &
+leader=$!
+for _ in $(seq 600); do grep -q "step 3" "$work/out.log" 2>/dev/null && break; sleep 0.1; done
+kill -INT -- "-$leader"
+start=$(date +%s)
+wait "$leader"
+code=$?
+elapsed=$(( $(date +%s) - start ))
+[ $code -eq 130 ] || fail "Ctrl-C: exit code $code, expected 130"
+grep -q "^interrupted; stopped all ranks" "$work/err.log" || fail "Ctrl-C: not reported as an interruption"
+check_stopped "$elapsed" "$out"
+echo "ok: Ctrl-C to the whole job is an interruption, stopped in ${elapsed}s"
