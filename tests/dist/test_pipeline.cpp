@@ -5,6 +5,7 @@
 // what I kept, without traversing the stage's graph again.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 
 #include "models/layers.h"
@@ -68,33 +69,81 @@ TEST(Pipeline, EveryScheduleComputesTheSingleDeviceGradients) {
   }
 }
 
-TEST(Pipeline, FullyShardGathersOnceAndReduceScattersOnceAfterTheLastMicrobatch) {
-  const auto ref = reference_grads(4);
-  testing::run_ranks({"dp", "pp"}, {2, 2}, [&](DeviceMesh& mesh) {
-    auto& dp = mesh.group("dp");
-    auto& pp = mesh.group("pp");
-    auto m = make_layers();
-    Pipeline pipe(*m, pp, options(ScheduleKind::k1f1b, 4), microbatch(0));
-    FullyShardOptions o;
-    o.units = {"layers.*"};
-    o.reshard_after_forward = false;
-    o.param_filter = [&](const torch::Tensor& p) { return pipe.holds(p); };
-    auto fs = apply_fully_shard(*m, dp, o);
-    EXPECT_EQ(fs->num_units(), 4u);  // this rank's 4 layers
+// Data parallel over 2 ranks: rank r's microbatch mb at step s, distinct for
+// every rank and step, so an average over the ranks differs from either
+// rank's own gradient.
+torch::Tensor dp_microbatch(int step, int rank, int mb) { return microbatch(mb + 4 * rank + 8 * step); }
+constexpr double kLr = 0.1;
+
+// Single-device: `steps` SGD steps (lr kLr) on the mean over the 2 ranks of
+// the sum over 4 microbatches; the last step's gradients.
+std::map<std::string, torch::Tensor> reference_dp_grads(int steps) {
+  auto ref = make_layers();
+  std::map<std::string, torch::Tensor> out;
+  for (int s = 0; s < steps; ++s) {
+    for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
+    for (int r = 0; r < 2; ++r) {
+      for (int mb = 0; mb < 4; ++mb) ((*ref)(dp_microbatch(s, r, mb)).sum() / 2).backward();
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& [n, p] : nn::unique_named_parameters(*ref)) {
+      out[n] = p.grad().clone();
+      p.sub_(kLr * p.grad());
+    }
+  }
+  return out;
+}
+
+// Runs `steps` pipelined steps on this rank's shards (SGD lr kLr on them
+// between steps) and checks the last step's shard gradients against one
+// device. `each_step` runs after a step's pipeline, before the flush.
+void check_fully_shard_pipeline(DeviceMesh& mesh, ScheduleKind kind, bool reshard, int steps,
+                                const std::map<std::string, torch::Tensor>& ref,
+                                const std::function<void(Group& dp, int step)>& each_step) {
+  auto& dp = mesh.group("dp");
+  auto& pp = mesh.group("pp");
+  auto m = make_layers();
+  Pipeline pipe(*m, pp, options(kind, 4), microbatch(0));
+  FullyShardOptions o;
+  o.units = {"layers.*"};
+  o.reshard_after_forward = reshard;
+  o.param_filter = [&](const torch::Tensor& p) { return pipe.holds(p); };
+  o.module_filter = [&](const std::string& fqn) { return pipe.runs(fqn); };
+  auto fs = apply_fully_shard(*m, dp, o);
+  EXPECT_EQ(fs->num_units(), 4u);  // this rank's 4 layers
+  for (int s = 0; s < steps; ++s) {
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
     dp.counter->reset();
     fs->set_requires_sync(false);
-    // Both dp ranks see the same microbatches here, so averaging keeps the sums.
-    pipe.run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
-    EXPECT_EQ(dp.counter->get("all_gather").calls, 4);  // once per unit, not per microbatch
-    EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 0);
+    pipe.run([&](int mb) { return dp_microbatch(s, dp.rank, mb); },
+             [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
+    each_step(dp, s);
     fs->flush();
-    EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 4);  // once per unit, after the last
+    EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 4) << "step " << s << ": once per unit, after the last";
     fs->reshard();
+    if (s + 1 == steps) break;
+    torch::NoGradGuard no_grad;
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
-      if (!pipe.holds(p)) continue;
-      auto expect = ref.at(n).chunk(2, 0)[dp.rank];
-      EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << n;
+      if (pipe.holds(p) && p.grad().defined()) p.sub_(kLr * p.grad());
     }
+  }
+  for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+    if (!pipe.holds(p)) continue;
+    auto expect = ref.at(n).chunk(2, 0)[dp.rank];
+    ASSERT_TRUE(p.grad().defined()) << name_of(kind) << " " << n;
+    EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6))
+        << name_of(kind) << " reshard " << reshard << " " << n << ": " << (p.grad() - expect).abs().max().item<double>();
+  }
+}
+
+TEST(Pipeline, FullyShardGathersOnceAndReduceScattersOnceAfterTheLastMicrobatch) {
+  // Two steps, so the second gathers the updated shards (and prefetches).
+  const auto ref = reference_dp_grads(2);
+  testing::run_ranks({"dp", "pp"}, {2, 2}, [&](DeviceMesh& mesh) {
+    check_fully_shard_pipeline(mesh, ScheduleKind::k1f1b, /*reshard=*/false, 2, ref, [](Group& dp, int s) {
+      EXPECT_EQ(dp.counter->get("all_gather").calls, 4) << "step " << s << ": once per unit, not per microbatch";
+      EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 0) << "step " << s << ": none before the flush";
+    });
   });
 }
 
@@ -102,32 +151,11 @@ TEST(Pipeline, ZeroBubbleUnderFullyShardComputesTheSingleDeviceGradients) {
   // W delivers the weight gradients through fully_shard's all-gather node, a
   // second time per microbatch after I; with reshard_after_forward the
   // unsharded storage may be freed by then (W does not read it).
-  const auto ref = reference_grads(4);
+  const auto ref = reference_dp_grads(2);
   for (auto kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZbv}) {
     for (bool reshard : {true, false}) {
       testing::run_ranks({"dp", "pp"}, {2, 2}, [&](DeviceMesh& mesh) {
-        auto& dp = mesh.group("dp");
-        auto& pp = mesh.group("pp");
-        auto m = make_layers();
-        Pipeline pipe(*m, pp, options(kind, 4), microbatch(0));
-        FullyShardOptions o;
-        o.units = {"layers.*"};
-        o.reshard_after_forward = reshard;
-        o.param_filter = [&](const torch::Tensor& p) { return pipe.holds(p); };
-        o.module_filter = [&](const std::string& fqn) { return pipe.runs(fqn); };
-        auto fs = apply_fully_shard(*m, dp, o);
-        fs->set_requires_sync(false);
-        pipe.run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
-        dp.counter->reset();
-        fs->flush();
-        EXPECT_EQ(dp.counter->get("reduce_scatter").calls, 4);  // once per unit, after the last microbatch
-        fs->reshard();
-        for (auto& [n, p] : nn::unique_named_parameters(*m)) {
-          if (!pipe.holds(p)) continue;
-          auto expect = ref.at(n).chunk(2, 0)[dp.rank];
-          ASSERT_TRUE(p.grad().defined()) << name_of(kind) << " " << n;
-          EXPECT_TRUE(torch::allclose(p.grad(), expect, 1e-5, 1e-6)) << name_of(kind) << " reshard " << reshard << " " << n;
-        }
+        check_fully_shard_pipeline(mesh, kind, reshard, 2, ref, [](Group&, int) {});
       });
     }
   }
