@@ -17,28 +17,35 @@ check_stopped() {  # $1: elapsed seconds, $2: out dir
   if pgrep -f -- "$2" >/dev/null; then pgrep -af -- "$2"; fail "orphan processes"; fi
 }
 
-# 1. kill -9 from outside, once rank 1 has trained a few steps.
+# Starts the quickstart with a step count it never reaches ($1: the out dir,
+# $2: a command prefix such as setsid) and waits until rank 0 logged step 3;
+# sets $launcher.
+start_long_job() {
+  ${2:-} "$composer" run --config configs/quickstart.yaml --out "$1" --set train.steps=100000 \
+    --set train.log_every=1 >"$work/out.log" 2>"$work/err.log" &
+  launcher=$!
+  for _ in $(seq 600); do grep -q "step 3" "$work/out.log" 2>/dev/null && return; sleep 0.1; done
+  kill -9 "$launcher"
+  fail "the job never reached step 3"
+}
+
+# Waits for $launcher; sets $code and $elapsed (seconds since $1).
+finish() {
+  wait "$launcher"
+  code=$?
+  elapsed=$(( $(date +%s) - $1 ))
+}
+
+# 1. kill -9 from outside, once the job has trained a few steps.
 out="$work/killed"
-start=$(date +%s)
-"$composer" run --config configs/quickstart.yaml --out "$out" --set train.steps=100000 --set train.log_every=1 \
-  >"$work/out.log" 2>"$work/err.log" &
-launcher=$!
+start_long_job "$out"
 victim=""
-for _ in $(seq 600); do
-  if grep -q "step 3" "$work/out.log" 2>/dev/null; then
-    for pid in $(pgrep -P "$launcher"); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$pid; fi
-    done
-    [ -n "$victim" ] && break
-  fi
-  sleep 0.1
+for pid in $(pgrep -P "$launcher"); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$pid; fi
 done
-[ -n "$victim" ] || { kill -9 "$launcher"; fail "rank 1 never reached step 3"; }
+[ -n "$victim" ] || { kill -9 "$launcher"; fail "found no rank 1 process"; }
 kill -9 "$victim"
-start=$(date +%s)
-wait "$launcher"
-code=$?
-elapsed=$(( $(date +%s) - start ))
+finish "$(date +%s)"
 [ $code -eq 3 ] || fail "exit code $code after kill -9 of rank 1, expected 3"
 grep -q "^rank 1 was killed by signal 9 (SIGKILL); stopped the other ranks" "$work/err.log" || fail "kill -9: no summary naming rank 1"
 check_stopped "$elapsed" "$out"
@@ -63,15 +70,9 @@ done
 # 4. Ctrl-C reaches the launcher and every rank (one process group): that is an
 #    interruption (exit 130), not a rank killed by SIGINT.
 out="$work/interrupted"
-setsid "$composer" run --config configs/quickstart.yaml --out "$out" --set train.steps=100000 \
-  --set train.log_every=1 >"$work/out.log" 2>"$work/err.log" &
-leader=$!
-for _ in $(seq 600); do grep -q "step 3" "$work/out.log" 2>/dev/null && break; sleep 0.1; done
-kill -INT -- "-$leader"
-start=$(date +%s)
-wait "$leader"
-code=$?
-elapsed=$(( $(date +%s) - start ))
+start_long_job "$out" setsid
+kill -INT -- "-$launcher"
+finish "$(date +%s)"
 [ $code -eq 130 ] || fail "Ctrl-C: exit code $code, expected 130"
 grep -q "^interrupted; stopped all ranks" "$work/err.log" || fail "Ctrl-C: not reported as an interruption"
 check_stopped "$elapsed" "$out"
