@@ -1,10 +1,16 @@
 #include "runner/metrics.h"
 
+#include <dirent.h>
+#include <linux/tcp.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
@@ -35,22 +41,24 @@ void reset_peak_rss() {
   }
 }
 
-double loopback_tx_bytes() {
-  std::FILE* f = std::fopen("/proc/net/dev", "r");
-  if (!f) return -1;
-  char line[512];
-  double tx = -1;
-  while (std::fgets(line, sizeof line, f)) {
-    char name[64];
-    unsigned long long v[16];
-    if (std::sscanf(line, " %63[^:]: %llu %llu %llu %llu %llu %llu %llu %llu %llu", name, &v[0], &v[1], &v[2], &v[3],
-                    &v[4], &v[5], &v[6], &v[7], &v[8]) == 10 &&
-        std::string(name) == "lo") {
-      tx = static_cast<double>(v[8]);
-    }
+double tcp_tx_bytes() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  double sent = 0;
+  bool counted = false;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (getsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;  // not a TCP socket
+    if (len < offsetof(tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent) continue;   // an old kernel
+    sent += static_cast<double>(info.tcpi_bytes_sent);
+    counted = true;
   }
-  std::fclose(f);
-  return tx;
+  closedir(dir);
+  return counted ? sent : -1;
 }
 
 Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix)
@@ -83,7 +91,7 @@ void Metrics::record(const StepRecord& r) {
     j["comm_calls"] = r.comm_calls;
     j["comm_bytes"] = r.comm_bytes;
     j["comm_ring_bytes"] = r.comm_ring_bytes;
-    if (r.net_tx_bytes >= 0) j["net_tx_bytes"] = r.net_tx_bytes;
+    if (r.tcp_tx_bytes >= 0) j["tcp_tx_bytes"] = r.tcp_tx_bytes;
   }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();

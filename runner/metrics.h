@@ -27,11 +27,13 @@ struct StepRecord {
   int64_t comm_calls = 0;
   int64_t comm_bytes = 0;       // payload handed to collectives
   int64_t comm_ring_bytes = 0;  // bytes a rank sends under the ring algorithms
-  double net_tx_bytes = -1;     // measured loopback bytes sent per rank (single-node runs), -1 unknown
+  double tcp_tx_bytes = -1;     // bytes the logging rank's TCP sockets sent (kernel counters), -1 unknown
 };
 
-// Bytes sent on the loopback interface so far (all processes of the machine), or -1.
-double loopback_tx_bytes();
+// Bytes this process's TCP sockets have sent so far (the kernel's
+// tcpi_bytes_sent summed over every TCP socket it holds: the process groups'
+// and the rendezvous store's), or -1 when the kernel does not count them.
+double tcp_tx_bytes();
 
 // The process's peak resident set (VmHWM) in MiB since start or the last
 // reset_peak_rss(), which first returns freed heap memory to the system.

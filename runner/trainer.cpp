@@ -310,7 +310,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const double grad_scale = static_cast<double>(plan.dp_size);
   for (int64_t step = 1; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    const double net_start = rank.mesh ? loopback_tx_bytes() : -1;
+    const double tcp_start = rank.world_size > 1 ? tcp_tx_bytes() : -1;
     reset_counters(rank);
     if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step) {
       std::cout.flush();
@@ -383,9 +383,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);
     r.peak_rss_mb = peak_rss_mb();
     add_comm(rank, r);
-    if (net_start >= 0 && rank.world_size == rank.local_world_size) {
-      r.net_tx_bytes = (loopback_tx_bytes() - net_start) / rank.world_size;
-    }
+    if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
     if (metrics) metrics->record(r);
     result.steps.push_back(r);
   }
