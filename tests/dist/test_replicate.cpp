@@ -68,6 +68,31 @@ TEST(Replicate, AveragedGradientsMatchTheSingleDeviceAverage) {
   });
 }
 
+TEST(Replicate, BucketsLaunchWhileBackwardStillRuns) {
+  // The overlap: when backward reaches the first layer (its weight's gradient
+  // is the last one computed), the buckets of the later layers are already
+  // all-reducing.
+  testing::run_ranks({"dp"}, {2}, [&](DeviceMesh& mesh) {
+    auto m = make_model();
+    auto& dp = mesh.group("dp");
+    auto rep = replicate(*m, dp, /*bucket_mb=*/0.001);
+    const auto buckets = static_cast<int64_t>(rep->sync->num_buckets());
+    ASSERT_GT(buckets, 3);
+    int64_t launched_before_last_gradient = -1;
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      if (n != "0.in_proj.weight") continue;
+      p.register_hook([&](const torch::Tensor&) { launched_before_last_gradient = dp.counter->get("all_reduce").calls; });
+    }
+    dp.counter->reset();
+    (*m)(input_of(mesh.rank(), 0)).pow(2).sum().backward();
+    const int64_t launched_by_backward = dp.counter->get("all_reduce").calls;
+    rep->sync->finish();
+    EXPECT_GE(launched_before_last_gradient, buckets - 2) << "buckets launched before backward reached layer 0";
+    EXPECT_EQ(launched_by_backward, buckets) << "every bucket launched by the end of backward";
+    EXPECT_EQ(dp.counter->get("all_reduce").calls, buckets) << "finish launches nothing more";
+  });
+}
+
 TEST(Replicate, AccumulationSynchronisesOnlyTheLastMicrobatch) {
   auto expect = reference_grads(2, 2);
   testing::run_ranks({"dp"}, {2}, [&](DeviceMesh& mesh) {
