@@ -11,7 +11,6 @@ a golden file in composer's format. Run with Debian's python3-torch:
 import argparse
 import base64
 import json
-import math
 import os
 import struct
 import sys
@@ -143,16 +142,24 @@ def make_optimizer(o, params):
                foreach=False)
 
 
-def lr_at(o, s, step, steps):
+def make_scheduler(opt, o, s, steps):
+    """composer's lr_schedule as PyTorch's own schedulers, stepped once after each optimizer step:
+    LinearLR warms up from lr / warmup_steps (step 1) to lr (step warmup_steps); then a constant lr,
+    LinearLR to min_lr or CosineAnnealingLR to min_lr over the remaining steps; SequentialLR chains
+    them."""
+    sched = torch.optim.lr_scheduler
     lr, w = o["lr"], s["warmup_steps"]
-    if step <= w:
-        return lr * step / w
+    rest = max(1, steps - w)
     if s["decay"] == "none":
-        return lr
-    progress = (step - w - 1) / max(1, steps - w)
-    if s["decay"] == "linear":
-        return lr + (s["min_lr"] - lr) * progress
-    return s["min_lr"] + (lr - s["min_lr"]) * 0.5 * (1 + math.cos(math.pi * progress))
+        decay = sched.LambdaLR(opt, lambda i: 1.0)
+    elif s["decay"] == "linear":
+        decay = sched.LinearLR(opt, start_factor=1.0, end_factor=s["min_lr"] / lr, total_iters=rest)
+    else:
+        decay = sched.CosineAnnealingLR(opt, T_max=rest, eta_min=s["min_lr"])
+    if w == 0:
+        return decay
+    warmup = sched.LinearLR(opt, start_factor=1.0 / w, end_factor=1.0, total_iters=w - 1)
+    return sched.SequentialLR(opt, [warmup, decay], milestones=[w])
 
 
 class MixedPrecision:
@@ -262,14 +269,13 @@ def main():
 
     params = list(model.parameters())
     opt = make_optimizer(t["optimizer"], params)
+    scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     mixed = MixedPrecision(model, DTYPES[args.param_dtype], DTYPES[args.reduce_dtype]) if args.param_dtype else None
     steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
     mb = B // M
     records = []
     for step in range(1, steps + 1):
-        lr = lr_at(t["optimizer"], t["lr_schedule"], step, steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = opt.param_groups[0]["lr"]
         opt.zero_grad(set_to_none=True)
         total = 0.0
         if mixed:
@@ -291,6 +297,7 @@ def main():
                 for g in grads:
                     g.mul_(coef)
         opt.step()
+        scheduler.step()
         if mixed:
             mixed.restore_masters()
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
