@@ -11,6 +11,7 @@ a golden file in composer's format. Run with Debian's python3-torch:
 import argparse
 import base64
 import json
+import math
 import os
 import struct
 import sys
@@ -289,10 +290,16 @@ def main():
             if mixed:
                 mixed.accumulate_gradients()
         grads = [p.grad for p in params if p.grad is not None]
-        norms = [(g.detach() if g.dtype == torch.float64 else g.detach().float()).norm(2) for g in grads]
-        norm = torch.stack(norms).norm(2).item() if grads else 0.0
-        if t["grad_clip"] > 0:
-            coef = min(1.0, t["grad_clip"] / (norm + 1e-6))
+        max_norm = t["grad_clip"] if t["grad_clip"] > 0 else math.inf
+        if all(g.dtype in (torch.float32, torch.float64) for g in grads):
+            # PyTorch's own: the 2-norm of the gradients' 2-norms, and clipping by max_norm / (norm + 1e-6).
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if grads else 0.0
+        else:
+            # bfloat16 gradients: clip_grad_norm_'s formula with each norm taken in float32, as composer
+            # does (PyTorch would sum bfloat16 squares in bfloat16).
+            norms = [g.detach().float().norm(2) for g in grads]
+            norm = torch.stack(norms).norm(2).item() if grads else 0.0
+            coef = min(1.0, max_norm / (norm + 1e-6))
             with torch.no_grad():
                 for g in grads:
                     g.mul_(coef)
