@@ -76,6 +76,9 @@ torch::Tensor unpad_cat(const torch::Tensor& gathered, const ShardInfo& info, c1
 // extensions. Returns nullptr for an unknown name.
 std::shared_ptr<AllGatherExtension> make_all_gather_extension(const std::string& name);
 std::vector<std::string> all_gather_extension_names();
+// What a parameter without an extension all-gathers: its padded shard, cast
+// to the compute dtype.
+const AllGatherExtension& default_all_gather();
 
 struct FullyShardOptions {
   std::vector<std::string> units;     // module FQN patterns; each match is its own unit
