@@ -447,11 +447,11 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
     throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
   }
   check_unique_keys(
-      value_node, text.substr(0, eq),
+      value_node, path,
       [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
       [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
   for (const auto& [earlier_path, earlier] : ctx.overrides) {
-    if (earlier_path == text.substr(0, eq)) {
+    if (earlier_path == path) {
       throw UserError("--set " + text + ": " + earlier_path + " is already set by --set " + earlier +
                       "; give each path once");
     }

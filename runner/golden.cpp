@@ -202,13 +202,13 @@ void write_golden(const std::string& path, const Golden& g) {
 }
 
 std::optional<std::string> degenerate_steps(const std::vector<StepRecord>& steps) {
-  for (const char* key : {"loss", "grad_norm"}) {
-    auto value = [&](const StepRecord& r) { return std::string(key) == "loss" ? r.loss : r.grad_norm; };
+  for (auto [key, field] : {std::pair<const char*, double StepRecord::*>{"loss", &StepRecord::loss},
+                             {"grad_norm", &StepRecord::grad_norm}}) {
     std::string zero;
     bool constant = steps.size() > 1;
     for (const auto& r : steps) {
-      if (value(r) == 0) zero += (zero.empty() ? "" : ", ") + std::to_string(r.step);
-      constant = constant && value(r) == value(steps.front());
+      if (r.*field == 0) zero += (zero.empty() ? "" : ", ") + std::to_string(r.step);
+      constant = constant && r.*field == steps.front().*field;
     }
     if (!zero.empty()) return std::string(key) + " is 0 at step(s) " + zero;
     if (constant) return std::string(key) + " is the same at every step";

@@ -310,7 +310,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const double grad_scale = static_cast<double>(plan.dp_size);
   for (int64_t step = 1; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    const double tcp_start = rank.world_size > 1 ? tcp_tx_bytes() : -1;
+    const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
     if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step) {
       std::cout.flush();
