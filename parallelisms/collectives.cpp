@@ -2,7 +2,7 @@
 
 #include <future>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace composer::parallel {
 

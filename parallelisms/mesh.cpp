@@ -83,6 +83,8 @@ void DeviceMesh::connect(Group& g, const std::string& key) {
   if (options_.backend != "gloo") {
     throw std::runtime_error("backend " + options_.backend + " is not available in this build");
   }
+  // Only out-of-line ProcessGroupGloo members are called here (see tools/setup
+  // on where the gloo headers come from).
   auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
   opts->devices.push_back(options_.host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                                                 : c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));

@@ -3,7 +3,7 @@
 // dims). Rank arithmetic is pure and unit-tested; groups are created eagerly,
 // in one global order, so no two ranks can wait on each other in a cycle.
 #pragma once
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
@@ -30,7 +30,7 @@ struct Group {
   std::vector<int> ranks;                      // global ranks, in group-rank order
   int rank = 0;                                // this rank's index in `ranks`
   int size = 1;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;   // null when size == 1
+  c10::intrusive_ptr<c10d::Backend> pg;        // null when size == 1
   std::shared_ptr<CommCounter> counter;        // calls and bytes issued on this group
 };
 
