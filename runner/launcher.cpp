@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +18,7 @@
 #include <thread>
 
 #include "runner/errors.h"
+#include "runner/rank.h"
 
 namespace composer {
 namespace {
@@ -98,20 +98,6 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<st
 
 // Whether a TCP port can be listened on (any address), checked before the
 // store binds it so that a taken port is one clear error, not library logs.
-bool port_is_free(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return true;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(fd, 1) == 0;
-  close(fd);
-  return ok;
-}
-
 struct Cause {
   int rank = -1;
   int exit_code = 0;  // what the launcher returns
@@ -209,24 +195,10 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
   const bool file_store = node.nnodes == 1 && node.master_port == 0 && !error_dir.empty();
 
   // Else node 0 hosts the rendezvous store for the whole job.
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::Store> store;
   int port = node.master_port;
   if (node.node_rank == 0 && !file_store) {
-    if (node.master_port != 0 && !port_is_free(node.master_port)) {
-      throw UserError("cannot host the rendezvous on " + node.master_addr + ":" + std::to_string(node.master_port) +
-                      ": the port is in use; choose another --master-port");
-    }
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<uint16_t>(node.master_port);
-    o.isServer = true;
-    o.waitWorkers = false;
-    try {
-      store = c10::make_intrusive<c10d::TCPStore>(node.master_addr, o);
-    } catch (const std::exception& e) {
-      throw UserError("cannot host the rendezvous on " + node.master_addr + ":" + std::to_string(node.master_port) +
-                      " (the port is in use or the address is not local); choose another --master-port");
-    }
-    port = store->getPort();
+    store = host_rendezvous(node.master_addr, node.master_port, c10d::Store::kDefaultTimeout, &port);
   }
 
   signal(SIGINT, on_signal);

@@ -1,6 +1,7 @@
 #include "runner/optim.h"
 
 #include <cmath>
+#include <unordered_map>
 
 namespace composer {
 
@@ -29,6 +30,64 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
   return l * (w * loss.scale);
 }
 
+namespace {
+
+// Adam and AdamW computed as torch.optim computes them on the CPU (its
+// single-tensor path): exp_avg moves by lerp, the bias corrections are taken
+// in double, AdamW decays the parameter before the update. LibTorch's C++
+// torch::optim::Adam moves exp_avg by mul and add, which rounds differently,
+// so a model trained with it drifts from the same model trained in PyTorch.
+class Adam : public torch::optim::Optimizer {
+ public:
+  Adam(std::vector<torch::Tensor> params, const torch::optim::AdamOptions& o, bool decoupled_weight_decay)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                  std::make_unique<torch::optim::AdamOptions>(o)),
+        decoupled_(decoupled_weight_decay) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    TORCH_CHECK(!closure, "composer's Adam takes no closure");
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+      const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto grad = p.grad();
+        auto& s = moments_[p.unsafeGetTensorImpl()];
+        if (!s.exp_avg.defined()) {
+          s.exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+          s.exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+        }
+        s.step += 1;
+        if (o.weight_decay() != 0) {
+          if (decoupled_) {
+            p.mul_(1 - lr * o.weight_decay());
+          } else {
+            grad = grad.add(p, o.weight_decay());
+          }
+        }
+        s.exp_avg.lerp_(grad, 1 - beta1);
+        s.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+        const double step_size = lr / (1 - std::pow(beta1, s.step));
+        const double bias_correction2_sqrt = std::pow(1 - std::pow(beta2, s.step), 0.5);
+        auto denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+        p.addcdiv_(s.exp_avg, denom, -step_size);
+      }
+    }
+    return {};
+  }
+
+ private:
+  struct State {
+    double step = 0;
+    torch::Tensor exp_avg, exp_avg_sq;
+  };
+  bool decoupled_;
+  std::unordered_map<c10::TensorImpl*, State> moments_;
+};
+
+}  // namespace
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params) {
   using namespace torch::optim;
@@ -40,15 +99,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
                                                .nesterov(c.nesterov)
                                                .weight_decay(c.weight_decay));
     case OptimizerKind::kAdam:
-      return std::make_unique<Adam>(params, AdamOptions(c.lr)
-                                                .betas(std::make_tuple(c.betas[0], c.betas[1]))
-                                                .eps(c.eps)
-                                                .weight_decay(c.weight_decay));
     case OptimizerKind::kAdamW:
-      return std::make_unique<AdamW>(params, AdamWOptions(c.lr)
-                                                 .betas(std::make_tuple(c.betas[0], c.betas[1]))
-                                                 .eps(c.eps)
-                                                 .weight_decay(c.weight_decay));
+      return std::make_unique<Adam>(
+          params, AdamOptions(c.lr).betas(std::make_tuple(c.betas[0], c.betas[1])).eps(c.eps).weight_decay(c.weight_decay),
+          c.name == OptimizerKind::kAdamW);
   }
   return nullptr;
 }

@@ -1,6 +1,7 @@
 // This process's place in the job: its rank, the device mesh with its process
 // groups (null on a single device), and its log prefix.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,12 @@ struct RankContext {
   std::string log_prefix;                      // "[rank r/N] " when composer logs it itself
   bool is_main() const { return rank == 0; }
 };
+
+// The rendezvous store's server, listening on `addr`:`port` only (not on every
+// address; port 0 picks a free one). A UserError names the address and the
+// reason when the socket cannot be bound.
+c10::intrusive_ptr<c10d::Store> host_rendezvous(const std::string& addr, int port, std::chrono::milliseconds timeout,
+                                                int* bound_port = nullptr);
 
 // The single-process context; with transforms it still gets a mesh (of
 // size-1 groups, which issue no collectives).
