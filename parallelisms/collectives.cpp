@@ -62,12 +62,6 @@ c10d::ReduceOp to_c10d(Reduce op) {
   return op == Reduce::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-// Gloo's copying collectives (broadcast, all-gather) know no bfloat16; they
-// move bytes, so a bfloat16 tensor travels as float16 of the same bits.
-torch::Tensor as_gloo_bytes(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
-}
-
 // Ring reduce-scatter over equal-size flat chunks with send/recv, for
 // backends without a native reduce_scatter (Gloo): N-1 steps, each rank sends
 // one chunk per step, the (N-1)/N volume of the ring algorithm.
@@ -99,9 +93,10 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
 
 Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   if (g.size == 1) return {};
-  // Gloo has no bfloat16 reduction: such tensors are summed in float32 and
-  // rounded once at the end (never further from the exact sum than a
-  // bfloat16 ring), at twice the bytes.
+  // bfloat16 tensors are summed in float32 and rounded once at the end: a
+  // bfloat16 ring would round after every hop, so its sum would depend on
+  // the group size and the ranks' order. Twice the bytes, for a result that
+  // is the same at any group size.
   const bool widen = t.scalar_type() == torch::kBFloat16;
   auto wire = widen ? t.to(torch::kFloat) : t;
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
@@ -124,7 +119,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
   g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
-  std::vector<torch::Tensor> ts{as_gloo_bytes(t)};
+  std::vector<torch::Tensor> ts{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   g.pg->broadcast(ts, o)->wait();
@@ -141,12 +136,11 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   if (shard.size(0) > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard);
   std::vector<std::vector<torch::Tensor>> outs(1);
   for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(padded));
-  std::vector<torch::Tensor> ins{as_gloo_bytes(padded)};
-  for (auto& o : outs[0]) o = as_gloo_bytes(o);
+  std::vector<torch::Tensor> ins{padded};
   g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
   g.pg->allgather(outs, ins)->wait();
   std::vector<torch::Tensor> parts;
-  for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].view(padded.scalar_type()).narrow(0, 0, sizes[i]));
+  for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
   return torch::cat(parts, 0);
 }
 

@@ -2,9 +2,10 @@
 # A single-node job uses loopback only: while the quickstart trains, every TCP
 # socket of the launcher and its ranks (from /proc/net/tcp and tcp6, matched
 # by socket inode), listening or connected, is bound to 127.0.0.1 (the ranks
-# meet through a file store; Gloo connects on loopback). The same check on a
-# job given --master-port (whose rendezvous store, LibTorch's TCPStore,
-# listens on every address) finds the store, so the check can fail.
+# meet through a file store; Gloo connects on loopback). A job given
+# --master-port hosts a TCP rendezvous store on --master-addr only, so it too
+# stays on loopback. The same check on a job given --master-addr 0.0.0.0 (a
+# store on every address) finds the store, so the check can fail.
 # Usage: loopback_only.sh COMPOSER WORK_DIR
 set -u
 composer=$1 work=$2
@@ -36,17 +37,31 @@ probe() {  # $1: name, rest: extra args; leaves the addresses in $work/$1.addrs
   wait "$launcher"
 }
 
+# 127.0.0.1, as IPv4 or as IPv4-mapped IPv6 (::ffff:127.0.0.1, a v6 socket's view of it).
+loopback=' \(0100007F\|0000000000000000FFFF00000100007F\):'
+
+only_loopback() {  # $1: name
+  [ -s "$work/$1.addrs" ] || { echo "FAIL: $1: found no socket at all (the ranks talk over Gloo)"; exit 1; }
+  if grep -v "$loopback" "$work/$1.addrs" | grep -q .; then
+    echo "FAIL: $1: a single-node job binds beyond loopback:"; cat "$work/$1.addrs"; exit 1
+  fi
+}
+
 probe local
-[ -s "$work/local.addrs" ] || { echo "FAIL: found no socket at all (the ranks talk over Gloo)"; exit 1; }
-if grep -v ' 0100007F:' "$work/local.addrs" | grep -q .; then
-  echo "FAIL: a single-node job binds beyond loopback:"; cat "$work/local.addrs"; exit 1
-fi
+only_loopback local
 echo "ok: $(wc -l <"$work/local.addrs") sockets ($(grep -c '^0A ' "$work/local.addrs") listening), all on 127.0.0.1"
 
 port=$(/usr/bin/python3 "$(dirname "$0")/free_port.py")
 probe tcp --master-port "$port"
 hexport=$(printf '%04X' "$port")
-store=$(grep "^0A .*:$hexport\$" "$work/tcp.addrs" | head -1)
-[ -n "$store" ] || { echo "FAIL: did not see the store listen on port $port"; cat "$work/tcp.addrs"; exit 1; }
-grep -v ' 0100007F:' "$work/tcp.addrs" | grep -q . || { echo "FAIL: the check saw nothing beyond loopback: it cannot fail"; exit 1; }
-echo "ok: with --master-port the store listens on ${store#0A } (not loopback), and the check sees it"
+grep -q "^0A 0100007F:$hexport\$" "$work/tcp.addrs" || { echo "FAIL: did not see the store listen on 127.0.0.1:$port"; cat "$work/tcp.addrs"; exit 1; }
+only_loopback tcp
+echo "ok: with --master-port $port: $(wc -l <"$work/tcp.addrs") sockets, the store's included, all on 127.0.0.1"
+
+port=$(/usr/bin/python3 "$(dirname "$0")/free_port.py")
+probe any --master-port "$port" --master-addr 0.0.0.0
+hexport=$(printf '%04X' "$port")
+store=$(grep "^0A .*:$hexport\$" "$work/any.addrs" | head -1)
+[ -n "$store" ] || { echo "FAIL: did not see the store listen on port $port"; cat "$work/any.addrs"; exit 1; }
+grep -v "$loopback" "$work/any.addrs" | grep -q . || { echo "FAIL: the check saw nothing beyond loopback: it cannot fail"; exit 1; }
+echo "ok: with --master-addr 0.0.0.0 the store listens on ${store#0A } (not loopback), and the check sees it"
