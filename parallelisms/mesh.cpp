@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "parallelisms/collectives.h"
+#include "parallelisms/cuda_runtime.h"
 
 namespace composer::parallel {
 
@@ -80,9 +81,12 @@ void DeviceMesh::connect(Group& g, const std::string& key) {
   if (g.size < 2 || !options_.connect) return;
   // Every slice gets its own key space in the store: its name and first rank.
   auto prefix = c10::make_intrusive<c10d::PrefixStore>("mesh/" + key + "/" + std::to_string(g.ranks.front()), store_);
-  if (options_.backend != "gloo") {
-    throw std::runtime_error("backend " + options_.backend + " is not available in this build");
+  if (options_.backend == "nccl") {
+    TORCH_CHECK(options_.cuda, "an NCCL mesh needs the CUDA runtime (the planner loads it)");
+    g.pg = options_.cuda->nccl(prefix, g.rank, g.size, options_.timeout, options_.device);
+    return;
   }
+  TORCH_CHECK(options_.backend == "gloo", "backend ", options_.backend, " is not available in this build");
   // Only out-of-line ProcessGroupGloo members are called here (see tools/setup
   // on where the gloo headers come from).
   auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);

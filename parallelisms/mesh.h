@@ -23,6 +23,7 @@ std::vector<int> group_ranks(int rank, const std::vector<int64_t>& shape, const 
 std::vector<int64_t> coords_of(int rank, const std::vector<int64_t>& shape);
 
 class CommCounter;
+class CudaRuntime;
 
 // One process group as seen from this rank.
 struct Group {
@@ -39,6 +40,8 @@ struct MeshOptions {
   std::string host = "127.0.0.1";              // address Gloo binds to; "" = this host's name
   std::chrono::milliseconds timeout{300000};   // every collective and rendezvous
   bool connect = true;                         // false: groups without process groups (planning only)
+  CudaRuntime* cuda = nullptr;                 // nccl: makes the NCCL groups (parallelisms/cuda_runtime.h)
+  int device = 0;                              // nccl: this rank's GPU
 };
 
 class DeviceMesh {

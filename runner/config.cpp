@@ -13,6 +13,7 @@ namespace {
 const EnumName<DType> kDTypes[] = {
     {DType::kFloat32, "float32"}, {DType::kFloat64, "float64"}, {DType::kBFloat16, "bfloat16"}};
 const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+const EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 const EnumName<TransformKind> kTransforms[] = {
     {TransformKind::kTensorParallel, "tensor_parallel"},
     {TransformKind::kActivationCheckpointing, "activation_checkpointing"},
@@ -109,6 +110,8 @@ MeshConfig read_mesh(YamlMap& root) {
   c.ref = m.self_ref();
   m.get("shape", c.shape);
   m.get("names", c.names);
+  m.get_enum("device", c.device, kDevices);
+  c.backend = c.device == DeviceKind::kCuda ? Backend::kNccl : Backend::kGloo;
   m.get_enum("backend", c.backend, kBackends);
   m.get("timeout_s", c.timeout_s);
   require_positive(m.ref("timeout_s"), c.timeout_s, "timeout_s");
@@ -504,6 +507,7 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
 
 const char* name_of(DType v) { return lookup(kDTypes, v); }
 const char* name_of(Backend v) { return lookup(kBackends, v); }
+const char* name_of(DeviceKind v) { return lookup(kDevices, v); }
 const char* name_of(TransformKind v) { return lookup(kTransforms, v); }
 const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }
 const char* name_of(Decay v) { return lookup(kDecays, v); }

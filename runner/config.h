@@ -16,6 +16,7 @@ namespace composer {
 
 enum class DType { kFloat32, kFloat64, kBFloat16 };
 enum class Backend { kGloo, kNccl };
+enum class DeviceKind { kCpu, kCuda };
 enum class TransformKind { kTensorParallel, kActivationCheckpointing, kFullyShard, kReplicate, kPipeline };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class Decay { kNone, kLinear, kCosine };
@@ -32,6 +33,7 @@ enum class Offload { kNone, kCpu };
 
 const char* name_of(DType v);
 const char* name_of(Backend v);
+const char* name_of(DeviceKind v);
 const char* name_of(TransformKind v);
 const char* name_of(OptimizerKind v);
 const char* name_of(Decay v);
@@ -55,7 +57,8 @@ struct ModelConfig {
 struct MeshConfig {
   std::vector<int64_t> shape;        // ranks per dim, row-major; [] means one device
   std::vector<std::string> names;    // one unique name per dim, e.g. [dp, tp]
-  Backend backend = Backend::kGloo;  // gloo (CPU) or nccl (CUDA builds only)
+  DeviceKind device = DeviceKind::kCpu;  // where parameters, batches and gradients live
+  Backend backend = Backend::kGloo;  // gloo, or nccl (cuda only); default gloo on cpu, nccl on cuda
   double timeout_s = 300;            // rendezvous and collective timeout; a dead peer fails the job after this
   SourceRef ref;
   int64_t world_size() const;

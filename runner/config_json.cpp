@@ -58,6 +58,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["model"] = {{"name", c.model.name}, {"args", args_json(c.model.args)}, {"init_from", c.model.init_from}};
   j["mesh"] = {{"shape", c.mesh.shape},
                {"names", c.mesh.names},
+               {"device", name_of(c.mesh.device)},
                {"backend", name_of(c.mesh.backend)},
                {"timeout_s", c.mesh.timeout_s}};
   j["parallelize"] = nlohmann::json::array();

@@ -33,6 +33,7 @@ int run(int argc, char** argv) {
   ExperimentConfig config = load_config(options.config, options.sets);
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
+  check_devices(config, env ? env->local_world_size : plan.world_size / options.node.nnodes);
   if (options.command != Command::kPlan && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
     for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";  // once per job, before it starts
   }

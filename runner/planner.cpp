@@ -1,10 +1,12 @@
 #include "runner/planner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
 #include "models/registry.h"
+#include "parallelisms/cuda_runtime.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/pipeline.h"
 #include "parallelisms/tensor_parallel.h"
@@ -40,9 +42,9 @@ int64_t dim_size(const MeshConfig& m, const std::string& name) {
 }
 
 void check_mesh(const ExperimentConfig& c, int64_t world_size) {
-  if (c.mesh.backend == Backend::kNccl) {
-    throw PlanError(c.mesh.ref, "mesh.backend nccl needs a CUDA build of LibTorch with NCCL; this build has only "
-                                "gloo: set backend: gloo");
+  if (c.mesh.backend == Backend::kNccl && c.mesh.device != DeviceKind::kCuda) {
+    throw PlanError(c.mesh.ref, "mesh.backend nccl moves CUDA tensors only, and mesh.device is cpu: set device: "
+                                "cuda, or backend: gloo");
   }
   const int64_t product = c.mesh.world_size();
   if (product != world_size) {
@@ -266,6 +268,28 @@ void plan_pipeline(const ExperimentConfig& c, Plan& p) {
 }
 
 }  // namespace
+
+void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
+  if (c.mesh.device != DeviceKind::kCuda) return;
+  std::string why;
+  parallel::CudaRuntime* cuda = parallel::cuda_runtime(why);
+  if (!cuda) throw PlanError(c.mesh.ref, "mesh.device cuda: " + why + "; set device: cpu");
+  const int gpus = cuda->device_count();
+  if (gpus == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw PlanError(c.mesh.ref, std::string("mesh.device cuda, but no GPU is visible to this process (") +
+                                    (visible ? "CUDA_VISIBLE_DEVICES=" + std::string(visible)
+                                             : std::string("no CUDA driver or device found")) +
+                                    "); set device: cpu, or run on a machine with a GPU");
+  }
+  if (local_ranks > gpus) {
+    throw PlanError(c.mesh.ref, "mesh.device cuda binds one GPU per local rank, but " + std::to_string(local_ranks) +
+                                    " ranks run on this machine and it has " + std::to_string(gpus) +
+                                    " GPU(s); spread the job over more nodes (--nnodes), or make the mesh smaller");
+  }
+  throw PlanError(c.mesh.ref, "mesh.device cuda: training on CUDA devices is not supported yet in this version "
+                              "(the GPU and NCCL are found); set device: cpu");
+}
 
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   check_mesh(c, world_size);

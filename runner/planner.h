@@ -31,4 +31,10 @@ struct Plan {
 // Validates `c` for `world_size` ranks; throws PlanError.
 Plan make_plan(const ExperimentConfig& c, int64_t world_size);
 
+// Checks that this machine has what mesh.device asks for, `local_ranks` of the
+// job's ranks running here: for cuda, composer's CUDA library, a visible GPU
+// and one GPU per local rank. Unlike make_plan it looks at the machine (and
+// loads the CUDA library, before anything else asks LibTorch about CUDA).
+void check_devices(const ExperimentConfig& c, int64_t local_ranks);
+
 }  // namespace composer
