@@ -5,7 +5,9 @@
 # Usage: readme_paths.sh   (from the repository root)
 set -u
 missing=0 checked=0
-for p in $(grep -oE '\b(configs|tools|docs|tests|runner|models|parallelisms)/[A-Za-z0-9_./*-]*[A-Za-z0-9_*/]' README.md | sort -u); do
+# Paths under build/ (build outputs) are not the repository's.
+for p in $(grep -oE '(^|[^/A-Za-z0-9_.-])(configs|tools|docs|tests|runner|models|parallelisms)/[A-Za-z0-9_./*-]*[A-Za-z0-9_*/]' README.md |
+           sed 's|^[^a-z]||' | sort -u); do
   case "$p" in *'<'*) continue ;; esac
   checked=$((checked + 1))
   # shellcheck disable=SC2086
