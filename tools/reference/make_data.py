@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the small data files that configs/ train on (safetensors, inputs and targets).
 
-    /usr/bin/python3 tools/reference/make_data.py
+    .venv/bin/python tools/reference/make_data.py
 
 progressions.safetensors: 256 token sequences (s + k*i) mod 32 with random start s
 and stride k in 1..3; targets are the inputs shifted by one. A Transformer can

@@ -4,9 +4,9 @@
 Given a composer run directory (config.resolved.json and init.safetensors,
 written by `composer run`), trains the same model in plain PyTorch with the
 same initial weights, data, loss, optimizer, schedule and clipping, and writes
-a golden file in composer's format. Run with Debian's python3-torch:
+a golden file in composer's format. Run with the project environment's torch:
 
-    /usr/bin/python3 tools/reference/reference.py --run-dir runs/x --golden tests/golden/x.json
+    .venv/bin/python tools/reference/reference.py --run-dir runs/x --golden tests/golden/x.json
 """
 import argparse
 import base64
