@@ -30,7 +30,9 @@ const EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
                                       {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
 const EnumName<FailMode> kFailModes[] = {{FailMode::kError, "error"}, {FailMode::kExit, "exit"},
                                          {FailMode::kSignal, "signal"}};
-const EnumName<DataSource> kSources[] = {{DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}};
+const EnumName<DataSource> kSources[] = {
+    {DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}, {DataSource::kTokens, "tokens"}};
+const EnumName<TokenDType> kTokenDTypes[] = {{TokenDType::kUint16, "uint16"}, {TokenDType::kUint32, "uint32"}};
 const EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
                                        {InputKind::kNormal, "normal"},
                                        {InputKind::kUniform, "uniform"},
@@ -361,6 +363,13 @@ DataConfig read_data(YamlMap& root) {
   if (c.source == DataSource::kFile && c.path.empty()) {
     throw ConfigError(m.self_ref(), "data.source file needs data.path (a safetensors file with inputs and targets)");
   }
+  if (c.source == DataSource::kTokens && c.path.empty()) {
+    throw ConfigError(m.self_ref(), "data.source tokens needs data.path (a flat file of uint16 or uint32 token ids)");
+  }
+  if (m.has("token_dtype") && c.source != DataSource::kTokens) {
+    throw ConfigError(m.ref("token_dtype"), "data.token_dtype is only read with data.source: tokens; remove it");
+  }
+  m.get_enum("token_dtype", c.token_dtype, kTokenDTypes);
   if (c.source == DataSource::kSynthetic && !c.path.empty()) {
     throw ConfigError(m.ref("path"), "data.path is only read with data.source: file; set source: file or remove path");
   }
@@ -513,6 +522,7 @@ const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }
 const char* name_of(Decay v) { return lookup(kDecays, v); }
 const char* name_of(LossKind v) { return lookup(kLosses, v); }
 const char* name_of(DataSource v) { return lookup(kSources, v); }
+const char* name_of(TokenDType v) { return lookup(kTokenDTypes, v); }
 const char* name_of(InputKind v) { return lookup(kInputs, v); }
 const char* name_of(TargetKind v) { return lookup(kTargets, v); }
 const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }

@@ -21,7 +21,8 @@ enum class TransformKind { kTensorParallel, kActivationCheckpointing, kFullyShar
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class Decay { kNone, kLinear, kCosine };
 enum class LossKind { kSum, kMean, kMse, kCrossEntropy, kSoftCrossEntropy };
-enum class DataSource { kSynthetic, kFile };
+enum class DataSource { kSynthetic, kFile, kTokens };
+enum class TokenDType { kUint16, kUint32 };
 enum class InputKind { kAuto, kNormal, kUniform, kTokens };
 enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
 using Schedule = parallel::ScheduleKind;  // named by parallel::name_of
@@ -39,6 +40,7 @@ const char* name_of(OptimizerKind v);
 const char* name_of(Decay v);
 const char* name_of(LossKind v);
 const char* name_of(DataSource v);
+const char* name_of(TokenDType v);
 const char* name_of(InputKind v);
 const char* name_of(TargetKind v);
 const char* name_of(ShardPlacement v);
@@ -125,11 +127,12 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  DataSource source = DataSource::kSynthetic;  // synthetic or file
+  DataSource source = DataSource::kSynthetic;  // synthetic, file (safetensors) or tokens (flat token ids)
   InputKind inputs = InputKind::kAuto;         // auto: tokens for token models, else normal
   TargetKind targets = TargetKind::kAuto;      // auto: chosen by the loss
   int64_t seq_len = 0;                         // tokens per sample; 0 = the model's max_seq_len
-  std::string path;                            // file source: safetensors with inputs and targets
+  std::string path;                            // file: safetensors with inputs and targets; tokens: token ids
+  TokenDType token_dtype = TokenDType::kUint16;  // tokens: the file's little-endian id width
   SourceRef path_ref;                          // where path was given
 };
 

@@ -81,6 +81,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
       {"threads", t.threads}};
   j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
                {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
+  if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
   j["debug"] = {{"fail_rank", c.debug.fail_rank}, {"fail_step", c.debug.fail_step}, {"fail_mode", name_of(c.debug.fail_mode)}};

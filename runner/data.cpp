@@ -1,6 +1,13 @@
 #include "runner/data.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "runner/safetensors.h"
 
@@ -134,7 +141,92 @@ class FileData : public DataSet {
   torch::Tensor inputs_, targets_;
 };
 
+// A flat file of little-endian token ids (nanoGPT and Megatron write them),
+// memory-mapped. Sample g of the run (g = (step - 1) * global_batch + index)
+// is the window of seq_len + 1 tokens at token_window(seed, g, ...): the
+// inputs are its first seq_len tokens, the next-token targets its last.
+class TokenFileData : public DataSet {
+ public:
+  TokenFileData(const ExperimentConfig& c, const DataPlan& p)
+      : path_(c.data.path), seed_(c.seed), global_batch_(c.train.global_batch), seq_len_(p.seq_len),
+        vocab_(p.input.vocab_size), width_(c.data.token_dtype == TokenDType::kUint32 ? 4 : 2) {
+    if (p.inputs != InputKind::kTokens) {
+      throw ConfigError(data_ref(c, "source"), "data.source tokens feeds token models; model " + c.model.name +
+                                                   " takes float features");
+    }
+    if (p.targets != TargetKind::kNextTokens && p.targets != TargetKind::kNone) {
+      throw ConfigError(data_ref(c, "targets"), "a token file gives next_tokens targets (or none); set data.targets: "
+                                                "next_tokens or auto");
+    }
+    next_tokens_ = p.targets == TargetKind::kNextTokens;
+    const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw FileError(path_, std::string("cannot open the token file: ") + std::strerror(errno));
+    struct stat st {};
+    fstat(fd, &st);
+    bytes_ = static_cast<size_t>(st.st_size);
+    if (bytes_ % width_ != 0) {
+      close(fd);
+      throw FileError(path_, "is " + std::to_string(bytes_) + " bytes, not a whole number of " +
+                                 name_of(c.data.token_dtype) + " ids; check data.token_dtype");
+    }
+    tokens_ = static_cast<int64_t>(bytes_ / width_);
+    if (tokens_ < seq_len_ + 1) {
+      close(fd);
+      throw FileError(path_, "holds " + std::to_string(tokens_) + " tokens, fewer than one sample's seq_len + 1 = " +
+                                 std::to_string(seq_len_ + 1));
+    }
+    map_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map_ == MAP_FAILED) throw FileError(path_, std::string("cannot map the token file: ") + std::strerror(errno));
+  }
+  ~TokenFileData() override { munmap(map_, bytes_); }
+  TokenFileData(const TokenFileData&) = delete;
+  TokenFileData& operator=(const TokenFileData&) = delete;
+
+  Batch batch(int64_t step, int64_t begin, int64_t end) const override {
+    const int64_t n = end - begin, span = seq_len_ + 1;
+    auto window = torch::empty({n, span}, torch::kLong);
+    auto* out = window.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = (step - 1) * global_batch_ + begin + i;
+      const int64_t start = static_cast<int64_t>(token_window(seed_, g, tokens_ - span + 1));
+      for (int64_t k = 0; k < span; ++k) {
+        const int64_t id = token(start + k);
+        if (id >= vocab_) {
+          throw FileError(path_, "token " + std::to_string(start + k) + " is " + std::to_string(id) +
+                                     ", outside the model's vocab_size " + std::to_string(vocab_));
+        }
+        out[i * span + k] = id;
+      }
+    }
+    if (!next_tokens_) return {window.slice(1, 0, seq_len_).contiguous(), torch::Tensor()};
+    return {window.slice(1, 0, seq_len_).contiguous(), window.slice(1, 1, span).contiguous()};
+  }
+
+ private:
+  int64_t token(int64_t i) const {
+    const auto* b = static_cast<const uint8_t*>(map_) + i * width_;
+    uint32_t v = 0;
+    for (int k = width_ - 1; k >= 0; --k) v = (v << 8) | b[k];  // little-endian
+    return v;
+  }
+
+  std::string path_;
+  uint64_t seed_;
+  int64_t global_batch_, seq_len_, vocab_;
+  int width_;
+  bool next_tokens_ = true;
+  size_t bytes_ = 0;
+  int64_t tokens_ = 0;
+  void* map_ = nullptr;
+};
+
 }  // namespace
+
+uint64_t token_window(uint64_t seed, int64_t global_index, int64_t positions) {
+  const uint64_t h = splitmix64(splitmix64(seed ^ 0x746f6b656e73ull) ^ static_cast<uint64_t>(global_index));
+  return h % static_cast<uint64_t>(positions);
+}
 
 torch::ScalarType scalar_type_of(DType d) {
   switch (d) {
@@ -182,6 +274,10 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
 std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan) {
   if (c.data.source == DataSource::kFile) {
     return naming_config_key(c.data.path_ref, [&] { return std::make_unique<FileData>(c, plan); });
+  }
+  if (c.data.source == DataSource::kTokens) {
+    return naming_config_key(c.data.path_ref,
+                             [&]() -> std::unique_ptr<DataSet> { return std::make_unique<TokenFileData>(c, plan); });
   }
   return std::make_unique<SyntheticData>(c.seed, plan);
 }

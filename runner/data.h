@@ -1,6 +1,7 @@
 // Training data as a pure function of (seed, step, global sample index), so
 // any split of the global batch over ranks and microbatches sees exactly the
-// samples a single-device run sees. Synthetic data or a safetensors file.
+// samples a single-device run sees. Synthetic data, a safetensors file, or a
+// flat file of token ids.
 #pragma once
 #include <torch/torch.h>
 
@@ -45,5 +46,9 @@ torch::ScalarType scalar_type_of(DType d);
 
 // The per-sample generator seed: splitmix64 over (seed, step, index), 63 bits.
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index);
+
+// Where sample `global_index` of a token-file run starts, one of `positions`
+// window starts: splitmix64 over (seed ^ "tokens", global_index), modulo.
+uint64_t token_window(uint64_t seed, int64_t global_index, int64_t positions);
 
 }  // namespace composer

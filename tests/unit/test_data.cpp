@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "runner/config.h"
 #include "runner/data.h"
 #include "runner/optim.h"
 #include "runner/trainer.h"
+#include "tests/unit/temp_path.h"
 
 namespace composer {
 namespace {
@@ -49,6 +51,68 @@ TEST(Data, IncompatibleChoicesAreConfigErrors) {
                ConfigError);
   EXPECT_THROW(Fixture("name: t\nmodel: {name: mlp_module}\ndata: {inputs: tokens}\n"), ConfigError);
   EXPECT_THROW(Fixture("name: t\nmodel: {name: transformer}\ndata: {seq_len: 17}\n"), ConfigError);
+}
+
+// A token file of `ids`, each `width` bytes little-endian; returns its path.
+std::string token_file(const std::vector<uint32_t>& ids, int width) {
+  static int files = 0;
+  const std::string path = composer::testing::temp_path("tokens" + std::to_string(files++) + ".bin");
+  std::string bytes;
+  for (uint32_t id : ids) {
+    for (int k = 0; k < width; ++k) bytes.push_back(static_cast<char>((id >> (8 * k)) & 0xff));
+  }
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string token_config(const std::string& path, const std::string& dtype, int vocab = 256) {
+  return "name: t\nmodel: {name: transformer, args: {vocab_size: " + std::to_string(vocab) +
+         ", max_seq_len: 4}}\ntrain: {loss: {name: cross_entropy}, global_batch: 8}\n"
+         "data: {source: tokens, path: " + path + ", token_dtype: " + dtype + "}\n";
+}
+
+TEST(Data, TokenFileSamplesAreWindowsAtPositionsDrawnFromTheGlobalIndex) {
+  std::vector<uint32_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i % 251);
+  for (int width : {2, 4}) {
+    Fixture f(token_config(token_file(ids, width), width == 2 ? "uint16" : "uint32"));
+    Batch whole = f.data->batch(2, 0, 8);
+    ASSERT_EQ(whole.inputs.sizes(), (std::vector<int64_t>{8, 4}));
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t start = static_cast<int64_t>(token_window(f.config.seed, 8 + i, 300 - 5 + 1));
+      for (int64_t k = 0; k < 4; ++k) {
+        EXPECT_EQ(whole.inputs[i][k].item<int64_t>(), ids[start + k]);
+        EXPECT_EQ(whole.targets[i][k].item<int64_t>(), ids[start + k + 1]);
+      }
+    }
+    Batch a = f.data->batch(2, 0, 5), b = f.data->batch(2, 5, 8);  // any split sees the same samples
+    EXPECT_TRUE(whole.inputs.equal(torch::cat({a.inputs, b.inputs})));
+    EXPECT_TRUE(whole.targets.equal(torch::cat({a.targets, b.targets})));
+    EXPECT_FALSE(whole.inputs.equal(f.data->batch(3, 0, 8).inputs));
+  }
+}
+
+TEST(Data, BadTokenFilesAreErrorsNamingTheFile) {
+  const std::string odd = token_file({1, 2, 3}, 1);  // 3 bytes: not whole uint16 ids
+  EXPECT_THROW(Fixture(token_config(odd, "uint16")), UserError);
+  const std::string short_file = token_file({1, 2, 3, 4}, 2);  // fewer than seq_len + 1 = 5 tokens
+  EXPECT_THROW(Fixture(token_config(short_file, "uint16")), UserError);
+  EXPECT_THROW(Fixture(token_config("/nonexistent/tokens.bin", "uint16")), UserError);
+  std::vector<uint32_t> ids(50, 7);
+  ids[20] = 300;  // beyond vocab_size 256, read when a sample covers it
+  Fixture f(token_config(token_file(ids, 2), "uint16"));
+  try {
+    for (int step = 1; step <= 20; ++step) f.data->batch(step, 0, 8);
+    ADD_FAILURE() << "no sample covered the out-of-vocabulary id";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is 300, outside the model's vocab_size 256"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_config("name: t\nmodel: {name: transformer}\ndata: {token_dtype: uint32}\n", "x.yaml"),
+               ConfigError);
+  EXPECT_THROW(parse_config("name: t\nmodel: {name: transformer}\ndata: {source: tokens}\n", "x.yaml"),
+               ConfigError);
+  EXPECT_THROW(Fixture("name: t\nmodel: {name: mlp_module}\ndata: {source: tokens, path: " + token_file(ids, 2) + "}\n"),
+               ConfigError);
 }
 
 TEST(Data, SampleSeedsDiffer) {

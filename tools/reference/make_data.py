@@ -8,7 +8,11 @@ and stride k in 1..3; targets are the inputs shifted by one. A Transformer can
 learn them, so the quickstart's loss falls well below log(32).
 regression.safetensors: 64 samples of 10 features and a fixed linear-plus-tanh
 target, for the file-data parity experiment.
+corpus.u16: a token file (data.source: tokens): the first 16384 bytes of
+docs/scenarios.md as byte-level token ids (vocabulary 256), little-endian uint16.
 """
+import array
+import sys
 import json
 import os
 import struct
@@ -45,6 +49,12 @@ def main():
     x = torch.randn(64, 10, generator=g)
     w = torch.randn(10, 10, generator=g) / 3
     write_safetensors(os.path.join(OUT, "regression.safetensors"), {"inputs": x, "targets": torch.tanh(x @ w)})
+    with open(os.path.join(HERE, "..", "..", "docs", "scenarios.md"), "rb") as f:
+        ids = array.array("H", list(f.read(16384)))  # one id per byte
+    if sys.byteorder != "little":
+        ids.byteswap()
+    with open(os.path.join(OUT, "corpus.u16"), "wb") as f:
+        ids.tofile(f)
 
 
 if __name__ == "__main__":

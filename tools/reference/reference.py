@@ -63,6 +63,11 @@ def sample_seed(seed, step, index):
     return h & 0x7FFFFFFFFFFFFFFF
 
 
+def token_window(seed, global_index, positions):
+    """Where sample `global_index` of a token-file run starts (composer's token_window)."""
+    return splitmix64(splitmix64(seed ^ 0x746F6B656E73) ^ global_index) % positions
+
+
 class Data:
     """Samples as a pure function of (seed, step, index), as composer draws them."""
 
@@ -75,8 +80,12 @@ class Data:
         self.dtype = dtype
         self.global_batch = cfg["train"]["global_batch"]
         self.file = None
+        self.tokens = None
         if d["source"] == "file":
             self.file = read_safetensors(d["path"])
+        elif d["source"] == "tokens":
+            self.tokens = torch.from_file(d["path"], dtype={"uint16": torch.uint16, "uint32": torch.uint32}[
+                d["token_dtype"]], size=os.path.getsize(d["path"]) // (2 if d["token_dtype"] == "uint16" else 4))
 
     def sample(self, step, index):
         g = torch.Generator()
@@ -100,6 +109,12 @@ class Data:
         return x, y
 
     def batch(self, step, begin, end):
+        if self.tokens is not None:
+            span = self.seq_len + 1
+            starts = [token_window(self.seed, (step - 1) * self.global_batch + i, len(self.tokens) - span + 1)
+                      for i in range(begin, end)]
+            w = torch.stack([self.tokens[s:s + span].to(torch.int64) for s in starts])
+            return w[:, :-1], (w[:, 1:] if self.targets == "next_tokens" else None)
         if self.file is not None:
             n = self.file["inputs"].shape[0]
             idx = (torch.arange(begin, end) + (step - 1) * self.global_batch) % n
