@@ -393,6 +393,25 @@ CheckConfig read_check(YamlMap& root) {
   return c;
 }
 
+CheckpointConfig read_checkpoint(YamlMap& root) {
+  YamlMap m(root.has("checkpoint") ? root.node("checkpoint") : YAML::Node(), "checkpoint", root.context());
+  CheckpointConfig c;
+  c.ref = m.self_ref();
+  m.get("dir", c.dir);
+  m.get("interval", c.interval);
+  require_non_negative(m.ref("interval"), static_cast<double>(c.interval), "interval");
+  m.get("keep_latest_k", c.keep_latest_k);
+  if (c.keep_latest_k < 2) {
+    throw ConfigError(m.ref("keep_latest_k"), "keep_latest_k must be at least 2, so a complete checkpoint survives "
+                                              "while the next is written");
+  }
+  m.get("resume", c.resume);
+  c.resume_ref = m.has("resume") ? m.ref("resume") : m.self_ref();
+  if (c.resume.empty()) throw ConfigError(c.resume_ref, "resume must be auto, never or the path of a checkpoint");
+  m.finish();
+  return c;
+}
+
 DebugConfig read_debug(YamlMap& root) {
   YamlMap m(root.has("debug") ? root.node("debug") : YAML::Node(), "debug", root.context());
   DebugConfig c;
@@ -568,6 +587,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.train = read_train(root);
   c.data = read_data(root);
   c.check = read_check(root);
+  c.checkpoint = read_checkpoint(root);
   c.debug = read_debug(root);
   root.finish();
   return c;

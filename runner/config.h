@@ -159,6 +159,16 @@ struct DebugConfig {
 };
 const char* name_of(FailMode v);
 
+// Distributed checkpoints (runner/checkpoint.h).
+struct CheckpointConfig {
+  std::string dir;            // "" = the run's output folder + /checkpoints
+  int64_t interval = 0;       // save every N steps; 0 = only at the end of training
+  int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted
+  std::string resume = "auto";  // auto (newest complete checkpoint in dir, else fresh), never, or a path
+  SourceRef ref;              // the section, for errors
+  SourceRef resume_ref;       // where resume was given
+};
+
 struct ExperimentConfig {
   std::string file;       // the YAML file it came from
   std::string name;       // experiment name (required): output and golden file names
@@ -169,6 +179,7 @@ struct ExperimentConfig {
   TrainConfig train;
   DataConfig data;
   CheckConfig check;
+  CheckpointConfig checkpoint;
   DebugConfig debug;
 };
 

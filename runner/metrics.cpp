@@ -61,9 +61,30 @@ double tcp_tx_bytes() {
   return counted ? sent : -1;
 }
 
-Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix)
-    : jsonl_(path), total_(total), every_(every), prefix_(std::move(prefix)), tty_(isatty(STDOUT_FILENO)) {
+namespace {
+
+// The lines of `path` whose step is at most `step`.
+std::string history_until(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {  // a line cut short by a crash
+    }
+  }
+  return kept;
+}
+
+}  // namespace
+
+Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix, int64_t resumed_at)
+    : total_(total), every_(every), prefix_(std::move(prefix)), tty_(isatty(STDOUT_FILENO)) {
+  const std::string history = resumed_at > 0 ? history_until(path, resumed_at) : "";
+  jsonl_.open(path, std::ios::trunc);
   if (!jsonl_) throw RuntimeFailure("cannot write metrics file " + path);
+  jsonl_ << history;
 }
 
 Metrics::~Metrics() {

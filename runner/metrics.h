@@ -43,7 +43,10 @@ void reset_peak_rss();
 class Metrics {
  public:
   // `log_prefix` starts every log line (e.g. "[rank 0/1] ").
-  Metrics(const std::string& jsonl_path, int64_t total_steps, int64_t log_every, std::string log_prefix);
+  // With `resumed_at` > 0 the file keeps its lines of steps up to that step
+  // (a resumed run's history) and this run's lines follow them.
+  Metrics(const std::string& jsonl_path, int64_t total_steps, int64_t log_every, std::string log_prefix,
+          int64_t resumed_at = 0);
   ~Metrics();
   void record(const StepRecord& r);
 

@@ -37,63 +37,108 @@ namespace {
 // in double, AdamW decays the parameter before the update. LibTorch's C++
 // torch::optim::Adam moves exp_avg by mul and add, which rounds differently,
 // so a model trained with it drifts from the same model trained in PyTorch.
-class Adam : public torch::optim::Optimizer {
+class Adam : public Optimizer {
  public:
   Adam(std::vector<torch::Tensor> params, const torch::optim::AdamOptions& o, bool decoupled_weight_decay)
-      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                  std::make_unique<torch::optim::AdamOptions>(o)),
+      : Optimizer(std::move(params), std::make_unique<torch::optim::AdamOptions>(o)),
         decoupled_(decoupled_weight_decay) {}
 
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    TORCH_CHECK(!closure, "composer's Adam takes no closure");
-    torch::NoGradGuard no_grad;
-    for (auto& group : param_groups()) {
-      const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-      const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        auto grad = p.grad();
-        auto& s = moments_[p.unsafeGetTensorImpl()];
-        if (!s.exp_avg.defined()) {
-          s.exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-          s.exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-        }
-        s.step += 1;
-        if (o.weight_decay() != 0) {
-          if (decoupled_) {
-            p.mul_(1 - lr * o.weight_decay());
-          } else {
-            grad = grad.add(p, o.weight_decay());
-          }
-        }
-        s.exp_avg.lerp_(grad, 1 - beta1);
-        s.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-        const double step_size = lr / (1 - std::pow(beta1, s.step));
-        const double bias_correction2_sqrt = std::pow(1 - std::pow(beta2, s.step), 0.5);
-        auto denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
-        p.addcdiv_(s.exp_avg, denom, -step_size);
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& options) override {
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
+    const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    auto& exp_avg = s.tensors["exp_avg"];
+    auto& exp_avg_sq = s.tensors["exp_avg_sq"];
+    if (!exp_avg.defined()) {
+      exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    }
+    if (o.weight_decay() != 0) {
+      if (decoupled_) {
+        p.mul_(1 - lr * o.weight_decay());
+      } else {
+        grad = grad.add(p, o.weight_decay());
       }
     }
-    return {};
+    exp_avg.lerp_(grad, 1 - beta1);
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    const double step_size = lr / (1 - std::pow(beta1, s.step));
+    const double bias_correction2_sqrt = std::pow(1 - std::pow(beta2, s.step), 0.5);
+    auto denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+    p.addcdiv_(exp_avg, denom, -step_size);
+  }
+
+  bool decoupled_;
+};
+
+// SGD as torch.optim's single-tensor path computes it: the momentum buffer
+// starts as a copy of the first gradient.
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<torch::Tensor> params, const torch::optim::SGDOptions& o)
+      : Optimizer(std::move(params), std::make_unique<torch::optim::SGDOptions>(o)) {}
+
+  std::vector<std::string> state_names() const override {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(defaults());
+    return o.momentum() != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   }
 
  private:
-  struct State {
-    double step = 0;
-    torch::Tensor exp_avg, exp_avg_sq;
-  };
-  bool decoupled_;
-  std::unordered_map<c10::TensorImpl*, State> moments_;
+  void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& options) override {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+    if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
+    if (o.momentum() != 0) {
+      auto& buf = s.tensors["momentum_buffer"];
+      if (!buf.defined()) {
+        buf = grad.clone().detach();
+      } else {
+        buf.mul_(o.momentum()).add_(grad, 1 - o.dampening());
+      }
+      grad = o.nesterov() ? grad.add(buf, o.momentum()) : buf;
+    }
+    p.add_(grad, -o.lr());
+  }
 };
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
-                                                        std::vector<torch::Tensor> params) {
-  using namespace torch::optim;
+Optimizer::Optimizer(std::vector<torch::Tensor> params, std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+torch::Tensor Optimizer::step(LossClosure closure) {
+  TORCH_CHECK(!closure, "composer's optimizers take no closure");
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      State& s = states_[p.unsafeGetTensorImpl()];
+      s.step += 1;
+      update(p, p.grad(), s, group.options());
+    }
+  }
+  ++steps_;
+  return {};
+}
+
+Optimizer::State* Optimizer::state_of(const torch::Tensor& p) {
+  auto it = states_.find(p.unsafeGetTensorImpl());
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+Optimizer::State& Optimizer::restore_state_of(const torch::Tensor& p, double step) {
+  State& s = states_[p.unsafeGetTensorImpl()];
+  s.step = step;
+  return s;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params) {
+  using torch::optim::AdamOptions;
+  using torch::optim::SGDOptions;
   switch (c.name) {
     case OptimizerKind::kSgd:
-      return std::make_unique<SGD>(params, SGDOptions(c.lr)
+      return std::make_unique<Sgd>(params, SGDOptions(c.lr)
                                                .momentum(c.momentum)
                                                .dampening(c.dampening)
                                                .nesterov(c.nesterov)

@@ -2,7 +2,10 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runner/config.h"
@@ -15,8 +18,35 @@ namespace composer {
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
                            int64_t n, int64_t global);
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
-                                                        std::vector<torch::Tensor> params);
+// composer's optimizers (SGD, Adam, AdamW) compute what torch.optim's
+// single-tensor path computes, op for op, and keep each parameter's state
+// where checkpoints can save and restore it.
+class Optimizer : public torch::optim::Optimizer {
+ public:
+  struct State {
+    double step = 0;                               // this parameter's updates so far
+    std::map<std::string, torch::Tensor> tensors;  // e.g. exp_avg, exp_avg_sq: the parameter's shape
+  };
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  // The state tensors a parameter has after its first update, by name.
+  virtual std::vector<std::string> state_names() const = 0;
+  // p's state; null before its first update.
+  State* state_of(const torch::Tensor& p);
+  // p's state to fill from a checkpoint, as if `step` updates had run.
+  State& restore_state_of(const torch::Tensor& p, double step);
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t n) { steps_ = n; }
+
+ protected:
+  Optimizer(std::vector<torch::Tensor> params, std::unique_ptr<torch::optim::OptimizerOptions> defaults);
+
+ private:
+  virtual void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& o) = 0;
+  std::unordered_map<c10::TensorImpl*, State> states_;
+  int64_t steps_ = 0;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params);
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 

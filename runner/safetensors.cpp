@@ -98,6 +98,27 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& path
   return out;
 }
 
+nlohmann::json read_safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FileError(path, "cannot open the safetensors file; check the path");
+  unsigned char len[8] = {};
+  if (!in.read(reinterpret_cast<char*>(len), 8)) throw FileError(path, "not a safetensors file: shorter than 8 bytes");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  if (header_len > kMaxHeader) throw FileError(path, "safetensors header claims " + std::to_string(header_len) + " bytes");
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    throw FileError(path, "the safetensors header is truncated");
+  }
+  try {
+    auto j = nlohmann::json::parse(header);
+    if (!j.is_object()) throw FileError(path, "safetensors header must be a JSON object");
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw FileError(path, std::string("safetensors header is not valid JSON: ") + e.what());
+  }
+}
+
 NamedTensors read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FileError(path, "cannot open the safetensors file; check the path");

@@ -2,6 +2,7 @@
 // length, JSON header, raw little-endian data), so weights move between
 // composer and PyTorch unchanged. Every malformed file is a FileError.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <map>
@@ -15,6 +16,10 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Reads every tensor; validates the header, dtypes, shapes and offsets.
 NamedTensors read_safetensors(const std::string& path);
+
+// The header of `path` (the JSON object: each tensor's dtype, shape and
+// data_offsets, and __metadata__), without reading the data.
+nlohmann::json read_safetensors_header(const std::string& path);
 
 // Parses an in-memory file (`path` only names it in errors).
 NamedTensors parse_safetensors(const std::string& bytes, const std::string& path);

@@ -275,7 +275,8 @@ nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
   return j;
 }
 
-TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                  bool checkpoints) {
   const auto& t = c.train;
   const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
   torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
@@ -296,19 +297,35 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
   }
   auto optimizer = make_optimizer(t.optimizer, params);
+  std::vector<HeldParam> held;
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) held.push_back({name, p, par.placements->find(p)});
+  Checkpointer checkpointer(c, out_dir, rank.rank, par.world);
+  int64_t first_step = 1;
+  if (checkpoints) {
+    const std::string from = checkpointer.resume_path();
+    if (!from.empty()) {
+      first_step = checkpointer.load(from, held, *optimizer) + 1;
+      if (rank.is_main()) {
+        std::cout << rank.log_prefix << "resuming from " << from << " (step " << first_step - 1 << " of " << t.steps
+                  << (first_step > t.steps ? "; training is complete, checkpoint.resume: never trains again" : "")
+                  << ")\n";
+      }
+    }
+  }
   // Peak RSS in the metrics covers training: building the full model before
   // sharding (and writing init weights) is setup.
   reset_peak_rss();
 
   std::unique_ptr<Metrics> metrics;
-  if (rank.is_main()) metrics = std::make_unique<Metrics>(out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix);
+  if (rank.is_main()) metrics = std::make_unique<Metrics>(out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix,
+                                                               first_step - 1);
   TrainResult result;
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
   const int64_t mb = plan.local_microbatch;
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
   const double grad_scale = static_cast<double>(plan.dp_size);
-  for (int64_t step = 1; step <= t.steps; ++step) {
+  for (int64_t step = first_step; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
@@ -386,6 +403,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
     if (metrics) metrics->record(r);
     result.steps.push_back(r);
+    if (checkpoints && checkpointer.due(step)) checkpointer.save(step, held, *optimizer);
   }
   if (par.pipe) {  // every rank writes the timeline of its last step
     nlohmann::json tl = nlohmann::json::array();

@@ -23,8 +23,11 @@ struct TrainResult {
 models::ModelPtr build_model(const ExperimentConfig& c);
 
 // Trains per `plan` on this rank. The main rank writes config.resolved.json,
-// init.safetensors, metrics.jsonl and final.safetensors into `out_dir`.
-TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir);
+// init.safetensors, metrics.jsonl and final.safetensors into `out_dir`. With
+// `checkpoints`, it resumes per checkpoint.resume and saves per
+// checkpoint.interval (composer run; check and golden always train afresh).
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                  bool checkpoints = false);
 
 // Each parameter's global shape, placement per mesh dim and the reductions
 // its gradient needs, as the transforms record them (one line each; a

@@ -136,3 +136,56 @@ TEST_F(LoadWeights, MissingUnexpectedAndMisshapedAreNamed) {
 
 }  // namespace
 }  // namespace composer
+
+namespace composer {
+namespace {
+
+std::string index_error(const std::string& text) {
+  try {
+    parse_checkpoint_index(text, "ck/index.json");
+  } catch (const FileError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+const char* kIndexHead =
+    R"({"format": "composer-checkpoint", "version": 1, "step": 4, "world_size": 2, "config_hash": "ab",
+        "files": [{"name": "rank-00000.safetensors", "fnv1a64": "00"}], "tensors": )";
+
+TEST(CheckpointIndex, AWellFormedIndexParses) {
+  auto x = parse_checkpoint_index(std::string(kIndexHead) +
+                                      R"({"w": {"dtype": "F32", "shape": [4, 2], "chunks": [
+                                         {"file": "rank-00000.safetensors", "offset": [2, 0], "size": [2, 2]}]}}})",
+                                  "ck/index.json");
+  EXPECT_EQ(x.step, 4);
+  EXPECT_EQ(x.world_size, 2);
+  ASSERT_EQ(x.tensors.count("w"), 1u);
+  EXPECT_EQ(x.tensors["w"].chunks[0].offset, (std::vector<int64_t>{2, 0}));
+}
+
+TEST(CheckpointIndex, MalformedIndexesAreFileErrorsNamingTheProblem) {
+  auto with = [](const std::string& tensors) { return index_error(std::string(kIndexHead) + tensors + "}"); };
+  EXPECT_NE(index_error("{").find("ck/index.json: checkpoint index is not valid JSON"), std::string::npos);
+  EXPECT_NE(index_error(R"({"format": "x"})").find("not a composer checkpoint index"), std::string::npos);
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "other", "offset": [0], "size": [4]}]}})")
+                .find("a chunk names a file the index does not list"),
+            std::string::npos);
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "rank-00000.safetensors",
+                   "offset": [3], "size": [2]}]}})")
+                .find("a chunk lies outside the tensor's shape"),
+            std::string::npos);
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "rank-00000.safetensors",
+                   "offset": [0, 0], "size": [4]}]}})")
+                .find("one entry per dim"),
+            std::string::npos);
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [-4], "chunks": []}})").find("non-negative integers"),
+            std::string::npos);
+  EXPECT_NE(index_error(R"({"format": "composer-checkpoint", "version": 1, "step": 1, "world_size": 1,
+                           "config_hash": "a", "files": [{"name": "../x", "fnv1a64": "0"}], "tensors": {}})")
+                .find("must be a plain name inside the checkpoint folder"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace composer
