@@ -104,10 +104,15 @@ ModelConfig read_model(YamlMap& root) {
   return c;
 }
 
+// The optional top-level section `key` (empty when absent).
+YamlMap section(YamlMap& root, const std::string& key) {
+  return YamlMap(root.has(key) ? root.node(key) : YAML::Node(), key, root.context());
+}
+
 // ---- mesh and parallelize ------------------------------------------------
 
 MeshConfig read_mesh(YamlMap& root) {
-  YamlMap m(root.has("mesh") ? root.node("mesh") : YAML::Node(), "mesh", root.context());
+  YamlMap m = section(root, "mesh");
   MeshConfig c;
   c.ref = m.self_ref();
   m.get("shape", c.shape);
@@ -309,7 +314,7 @@ OptimizerConfig read_optimizer(YamlMap& train) {
 }
 
 TrainConfig read_train(YamlMap& root) {
-  YamlMap m(root.has("train") ? root.node("train") : YAML::Node(), "train", root.context());
+  YamlMap m = section(root, "train");
   TrainConfig c;
   m.get("steps", c.steps);
   require_positive(m.ref("steps"), static_cast<double>(c.steps), "steps");
@@ -351,7 +356,7 @@ TrainConfig read_train(YamlMap& root) {
 }
 
 DataConfig read_data(YamlMap& root) {
-  YamlMap m(root.has("data") ? root.node("data") : YAML::Node(), "data", root.context());
+  YamlMap m = section(root, "data");
   DataConfig c;
   m.get_enum("source", c.source, kSources);
   m.get_enum("inputs", c.inputs, kInputs);
@@ -378,7 +383,7 @@ DataConfig read_data(YamlMap& root) {
 }
 
 CheckConfig read_check(YamlMap& root) {
-  YamlMap m(root.has("check") ? root.node("check") : YAML::Node(), "check", root.context());
+  YamlMap m = section(root, "check");
   CheckConfig c;
   m.get("golden", c.golden);
   c.golden_ref = m.has("golden") ? m.ref("golden") : root.ref("name");
@@ -394,7 +399,7 @@ CheckConfig read_check(YamlMap& root) {
 }
 
 CheckpointConfig read_checkpoint(YamlMap& root) {
-  YamlMap m(root.has("checkpoint") ? root.node("checkpoint") : YAML::Node(), "checkpoint", root.context());
+  YamlMap m = section(root, "checkpoint");
   CheckpointConfig c;
   c.ref = m.self_ref();
   m.get("dir", c.dir);
@@ -413,7 +418,7 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
 }
 
 DebugConfig read_debug(YamlMap& root) {
-  YamlMap m(root.has("debug") ? root.node("debug") : YAML::Node(), "debug", root.context());
+  YamlMap m = section(root, "debug");
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
   m.get("fail_step", c.fail_step);
