@@ -135,6 +135,16 @@ TEST_F(GoldenTest, AMixedPrecisionGoldenNeedsAPlanThatComputesTheSameWay) {
   }
   // reduce_dtype defaults to param_dtype: bfloat16 reductions are another policy.
   EXPECT_THROW(compare(mixed, with(", param_dtype: bfloat16"), steps_, params_), CheckFailed);
+  EXPECT_THROW(compare(mixed, with(", all_gather: bfloat16"), steps_, params_), CheckFailed);
+
+  // The bfloat16 all-gather rounds the parameters only: its own policy. split_bfloat16 is exact.
+  Golden rounded = golden_;
+  rounded.header["all_gather"] = "bfloat16";
+  write_golden(path, rounded);
+  rounded = read_golden(path);
+  EXPECT_TRUE(compare(rounded, with(", all_gather: bfloat16"), steps_, params_).ok);
+  EXPECT_THROW(compare(rounded, with(", all_gather: split_bfloat16"), steps_, params_), CheckFailed);
+  EXPECT_THROW(compare(rounded, with(", param_dtype: bfloat16, reduce_dtype: float32"), steps_, params_), CheckFailed);
 }
 
 TEST_F(GoldenTest, NonIntegerCountsAreFileErrors) {
