@@ -84,6 +84,8 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
       if (std::string(what) == "loss") {
         r.max_loss_abs_err = std::max(r.max_loss_abs_err, err.abs);
         r.max_loss_rel_err = std::max(r.max_loss_rel_err, err.rel);
+      } else {
+        r.max_grad_norm_rel_err = std::max(r.max_grad_norm_rel_err, err.rel);
       }
       if (!err.ok) fail(r, describe("step " + std::to_string(e.step) + " " + what, ev, av, err, rtol, atol));
     }
@@ -342,7 +344,9 @@ CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vec
   }
   CompareReport r;
   compare_steps(g, c, steps, r);
+  r.step_failures = r.failures;
   compare_params(g, c, params, r);
+  r.param_failures = r.failures - r.step_failures;
   return r;
 }
 

@@ -71,6 +71,8 @@ TEST_F(GoldenTest, ReportsTheFirstDivergingStep) {
   auto r = compare(golden_, config_, steps, params_);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.failures, 2);
+  EXPECT_EQ(r.step_failures, 2);
+  EXPECT_EQ(r.param_failures, 0);
   EXPECT_EQ(r.first_failure.rfind("step 2 loss: expected 0.5, actual 0.5005", 0), 0u) << r.first_failure;
 }
 
@@ -89,6 +91,17 @@ TEST_F(GoldenTest, ReportsTheParameterAndElement) {
   EXPECT_EQ(r.first_failure.rfind("parameter b element 3: expected", 0), 0u) << r.first_failure;
   EXPECT_EQ(r.worst_param, "b");
   EXPECT_NEAR(r.max_param_abs_err, 0.01, 1e-6);
+  EXPECT_EQ(r.step_failures, 0);
+  EXPECT_EQ(r.param_failures, 1);
+}
+
+TEST_F(GoldenTest, ReportsTheGradientNormError) {
+  auto steps = steps_;
+  steps[0].grad_norm *= 2;  // a factor-2 gradient scale
+  auto r = compare(golden_, config_, steps, params_);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NEAR(r.max_grad_norm_rel_err, 1.0, 1e-12);
+  EXPECT_EQ(r.max_loss_rel_err, 0.0);
 }
 
 TEST_F(GoldenTest, NaNNeverPasses) {
