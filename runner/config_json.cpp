@@ -84,7 +84,10 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
-  j["debug"] = {{"fail_rank", c.debug.fail_rank}, {"fail_step", c.debug.fail_step}, {"fail_mode", name_of(c.debug.fail_mode)}};
+  j["debug"] = {{"fail_rank", c.debug.fail_rank},
+                {"fail_step", c.debug.fail_step},
+                {"fail_mode", name_of(c.debug.fail_mode)},
+                {"inject", name_of(c.debug.inject)}};
   return j;
 }
 
