@@ -48,12 +48,15 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Rank
   if (!rank.is_main()) return 0;
   CompareReport rep = compare(g, c, r.steps, r.final_params);
   std::cout.precision(3);
-  std::cout << rank.log_prefix << "check " << c.name << " against " << golden_path(c) << " (" << g.header["generator"].get<std::string>()
-            << "): max loss rel err " << rep.max_loss_rel_err << ", max param abs err " << rep.max_param_abs_err
-            << " (" << rep.worst_param << "), max param rel err " << rep.max_param_rel_err << "\n";
+  std::cout << rank.log_prefix << "check " << c.name << " against " << golden_path(c) << " ("
+            << g.header["generator"].get<std::string>() << "): max loss rel err " << rep.max_loss_rel_err
+            << ", max param abs err " << rep.max_param_abs_err << " (" << rep.worst_param << "), max param rel err "
+            << rep.max_param_rel_err << ", max grad_norm rel err " << rep.max_grad_norm_rel_err << "\n";
   if (!rep.ok) {
-    throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es); first divergence: " +
-                      rep.first_failure);
+    throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es) (" +
+                      std::to_string(rep.step_failures) + " in per-step losses and gradient norms, " +
+                      std::to_string(rep.param_failures) +
+                      " in final parameters); first divergence: " + rep.first_failure);
   }
   std::cout << rank.log_prefix << "check passed\n";
   return 0;

@@ -145,19 +145,27 @@ struct CheckConfig {
   double param_atol = 1e-5;  // final parameter absolute tolerance
 };
 
-// Fault injection for testing the launcher: rank fail_rank fails at step
-// fail_step, as fail_mode says. Off by default.
+// Fault injection: for testing the launcher, rank fail_rank fails at step
+// fail_step, as fail_mode says; for testing the golden checks, `inject` makes
+// every rank compute a wrong step the way a plausible bug would. Off by default.
 enum class FailMode {
   kError,   // reports an error (exit 3), as a failing rank does
   kExit,    // exits with code 7 without reporting anything
   kSignal,  // kills itself with SIGKILL, as `kill -9` or the OOM killer would
 };
+enum class Inject {
+  kNone,
+  kGradX2,              // backward runs on twice the loss: gradients (and their norm) x 2
+  kMicrobatchOffByOne,  // the last dp rank reads its batch one microbatch late
+};
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
   int64_t fail_step = 1;   // the step at which it fails
   FailMode fail_mode = FailMode::kError;
+  Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
 };
 const char* name_of(FailMode v);
+const char* name_of(Inject v);
 
 // Distributed checkpoints (runner/checkpoint.h).
 struct CheckpointConfig {

@@ -84,6 +84,8 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
       if (std::string(what) == "loss") {
         r.max_loss_abs_err = std::max(r.max_loss_abs_err, err.abs);
         r.max_loss_rel_err = std::max(r.max_loss_rel_err, err.rel);
+      } else {
+        r.max_grad_norm_rel_err = std::max(r.max_grad_norm_rel_err, err.rel);
       }
       if (!err.ok) fail(r, describe("step " + std::to_string(e.step) + " " + what, ev, av, err, rtol, atol));
     }
@@ -127,6 +129,33 @@ void compare_params(const Golden& g, const ExperimentConfig& c, const NamedTenso
     actual.erase(it);
   }
   for (const auto& [name, t] : actual) fail(r, "parameter " + name + " is in the run but not in the golden");
+}
+
+// The rounding a golden was trained under (tools/reference's mixed-precision
+// options), in words; "" for none.
+std::string golden_policy(const nlohmann::json& header) {
+  if (header.contains("param_dtype")) {
+    return header["param_dtype"].get<std::string>() + " compute, " + header.value("reduce_dtype", std::string("?")) +
+           " gradient reduction";
+  }
+  if (header.contains("all_gather")) return header["all_gather"].get<std::string>() + " all-gather";
+  return "";
+}
+
+// The same for a plan: its fully_shard's param_dtype and reduce_dtype, or its
+// all-gather extension when that rounds (split_bfloat16 is exact).
+std::string plan_policy(const ExperimentConfig& c) {
+  std::string have;
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kFullyShard) continue;
+    if (t.param_dtype) {
+      have = std::string(name_of(*t.param_dtype)) + " compute, " + name_of(t.reduce_dtype.value_or(*t.param_dtype)) +
+             " gradient reduction";
+    } else if (t.all_gather == AllGather::kBfloat16) {
+      have = std::string(name_of(t.all_gather)) + " all-gather";
+    }
+  }
+  return have;
 }
 
 }  // namespace
@@ -245,8 +274,9 @@ Golden parse_golden(const std::string& text, const std::string& path) {
     for (auto key : {"format_version", "generator", "name", "command", "config_hash", "libtorch_version", "dtype"}) {
       g.header[key] = j.at(key);
     }
-    // A golden trained under a mixed-precision policy (tools/reference --param-dtype) names it.
-    for (auto key : {"param_dtype", "reduce_dtype"}) {
+    // A golden trained under a mixed-precision policy (tools/reference --param-dtype or
+    // --all-gather) names it.
+    for (auto key : {"param_dtype", "reduce_dtype", "all_gather"}) {
       if (j.contains(key)) g.header[key] = j.at(key).get<std::string>();
     }
     for (const auto& s : j.at("steps")) {
@@ -300,25 +330,23 @@ CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vec
     throw CheckFailed("golden dtype " + g.header["dtype"].get<std::string>() + " differs from train.dtype " +
                       name_of(c.train.dtype));
   }
-  if (g.header.contains("param_dtype")) {
-    // Such a golden is only the single-device result of a plan that computes and reduces the same way.
-    const std::string want = g.header["param_dtype"].get<std::string>() + " compute, " +
-                             g.header.value("reduce_dtype", std::string("?")) + " gradient reduction";
-    std::string have;
-    for (const auto& t : c.parallelize) {
-      if (t.kind != TransformKind::kFullyShard || !t.param_dtype) continue;
-      have = std::string(name_of(*t.param_dtype)) + " compute, " +
-             name_of(t.reduce_dtype.value_or(*t.param_dtype)) + " gradient reduction";
-    }
+  const std::string want = golden_policy(g.header);
+  if (!want.empty()) {
+    // Such a golden is only the single-device result of a plan that rounds the same way.
+    const std::string have = plan_policy(c);
     if (have != want) {
-      throw CheckFailed("golden " + golden_path(c) + " was trained with " + want + " (fully_shard's mixed precision) "
-                        "but this plan computes with " + (have.empty() ? std::string("no mixed precision") : have) +
-                        "; set fully_shard's param_dtype and reduce_dtype to match, or use a float32 golden");
+      const std::string plan = have.empty() ? std::string("no mixed precision") : have;
+      throw CheckFailed("golden " + golden_path(c) + " was trained with " + want +
+                        " (fully_shard's mixed precision) but this plan computes with " + plan +
+                        "; set fully_shard's param_dtype, reduce_dtype and all_gather to match, or use a float32 "
+                        "golden");
     }
   }
   CompareReport r;
   compare_steps(g, c, steps, r);
+  r.step_failures = r.failures;
   compare_params(g, c, params, r);
+  r.param_failures = r.failures - r.step_failures;
   return r;
 }
 

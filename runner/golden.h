@@ -47,7 +47,9 @@ struct CompareReport {
   bool ok = true;
   std::string first_failure;  // "step 3 loss: expected ..., actual ..., abs err ..., rel err ..."
   int failures = 0;
-  double max_loss_abs_err = 0, max_loss_rel_err = 0;
+  int step_failures = 0;   // of them, in the per-step losses and gradient norms
+  int param_failures = 0;  // in the final parameters
+  double max_loss_abs_err = 0, max_loss_rel_err = 0, max_grad_norm_rel_err = 0;
   double max_param_abs_err = 0, max_param_rel_err = 0;
   std::string worst_param;
 };

@@ -206,6 +206,30 @@ double pipeline_bubble(parallel::Pipeline& pipe) {
   return makespan > 0 ? 1.0 - total_busy / (pipe.group().size * makespan) : 0.0;
 }
 
+// debug.inject: the wrong step a plausible bug would compute, for proving that
+// the golden checks fail on it. grad_factor multiplies the gradients (a wrong
+// dp divisor, scale_grads applied twice); data_shift moves the last dp rank's
+// batch by one microbatch (a microbatch index off by one: one microbatch of the
+// global batch dropped, one from outside it read).
+struct Injection {
+  double grad_factor = 1.0;
+  int64_t data_shift = 0;
+};
+
+Injection injection(const ExperimentConfig& c, const Plan& plan, int64_t dp_rank, const RankContext& rank) {
+  Injection in;
+  if (c.debug.inject == Inject::kNone) return in;
+  if (c.debug.inject == Inject::kGradX2) in.grad_factor = 2.0;
+  if (c.debug.inject == Inject::kMicrobatchOffByOne && dp_rank + 1 == plan.dp_size) {
+    in.data_shift = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : plan.local_microbatch;
+  }
+  if (rank.is_main()) {
+    std::cout << rank.log_prefix << "debug.inject: " << name_of(c.debug.inject)
+              << ": this run trains wrongly on purpose\n";
+  }
+  return in;
+}
+
 }  // namespace
 
 models::ModelPtr build_model(const ExperimentConfig& c) {
@@ -322,9 +346,11 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   TrainResult result;
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
   const int64_t mb = plan.local_microbatch;
+  const Injection inject = injection(c, plan, dp_rank, rank);
+  const int64_t batch_begin = dp_rank * plan.local_batch + inject.data_shift;
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
-  const double grad_scale = static_cast<double>(plan.dp_size);
+  const double grad_scale = static_cast<double>(plan.dp_size) * inject.grad_factor;
   for (int64_t step = first_step; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
@@ -346,7 +372,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
     if (par.pipe) {
       auto phase = Clock::now();
-      Batch b = dataset->batch(step, dp_rank * plan.local_batch, (dp_rank + 1) * plan.local_batch);
+      Batch b = dataset->batch(step, batch_begin, batch_begin + plan.local_batch);
       par.sync->set_requires_sync(false);                // every reduction after the last microbatch
       if (par.fsdp) par.fsdp->set_requires_sync(false);  // one reduce-scatter per unit, after it
       local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
@@ -361,7 +387,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
       if (par.sync) par.sync->set_requires_sync(m + 1 == t.microbatches);
       if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
-      const int64_t begin = dp_rank * plan.local_batch + m * mb;
+      const int64_t begin = batch_begin + m * mb;
       Batch b = dataset->batch(step, begin, begin + mb);
       auto phase = Clock::now();
       auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);

@@ -186,6 +186,17 @@ TEST(Config, HashIgnoresParallelismAndLogging) {
   EXPECT_NE(config_hash(a), config_hash(c));
 }
 
+TEST(Config, InjectedFaultsKeepTheGoldenHash) {
+  // A run with debug.inject is checked against the right run's golden, so the hash ignores it.
+  auto a = parse_config(kMinimal, "x.yaml");
+  auto b = parse_config(kMinimal, "x.yaml", {"debug.inject=grad_x2"});
+  EXPECT_EQ(a.debug.inject, Inject::kNone);
+  EXPECT_EQ(b.debug.inject, Inject::kGradX2);
+  EXPECT_EQ(parse_config(kMinimal, "x.yaml", {"debug.inject=microbatch_off_by_one"}).debug.inject,
+            Inject::kMicrobatchOffByOne);
+  EXPECT_EQ(config_hash(a), config_hash(b));
+  EXPECT_NE(error_of(kMinimal, {"debug.inject=grad_x3"}).find("debug.inject"), std::string::npos);
+}
 TEST(Planner, MeshProductMustEqualWorldSize) {
   auto c = parse_config(std::string(kMinimal) + "mesh: {shape: [2, 3], names: [dp, tp]}\n", "x.yaml");
   try {

@@ -71,6 +71,8 @@ TEST_F(GoldenTest, ReportsTheFirstDivergingStep) {
   auto r = compare(golden_, config_, steps, params_);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.failures, 2);
+  EXPECT_EQ(r.step_failures, 2);
+  EXPECT_EQ(r.param_failures, 0);
   EXPECT_EQ(r.first_failure.rfind("step 2 loss: expected 0.5, actual 0.5005", 0), 0u) << r.first_failure;
 }
 
@@ -89,6 +91,17 @@ TEST_F(GoldenTest, ReportsTheParameterAndElement) {
   EXPECT_EQ(r.first_failure.rfind("parameter b element 3: expected", 0), 0u) << r.first_failure;
   EXPECT_EQ(r.worst_param, "b");
   EXPECT_NEAR(r.max_param_abs_err, 0.01, 1e-6);
+  EXPECT_EQ(r.step_failures, 0);
+  EXPECT_EQ(r.param_failures, 1);
+}
+
+TEST_F(GoldenTest, ReportsTheGradientNormError) {
+  auto steps = steps_;
+  steps[0].grad_norm *= 2;  // a factor-2 gradient scale
+  auto r = compare(golden_, config_, steps, params_);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NEAR(r.max_grad_norm_rel_err, 1.0, 1e-12);
+  EXPECT_EQ(r.max_loss_rel_err, 0.0);
 }
 
 TEST_F(GoldenTest, NaNNeverPasses) {
@@ -135,6 +148,16 @@ TEST_F(GoldenTest, AMixedPrecisionGoldenNeedsAPlanThatComputesTheSameWay) {
   }
   // reduce_dtype defaults to param_dtype: bfloat16 reductions are another policy.
   EXPECT_THROW(compare(mixed, with(", param_dtype: bfloat16"), steps_, params_), CheckFailed);
+  EXPECT_THROW(compare(mixed, with(", all_gather: bfloat16"), steps_, params_), CheckFailed);
+
+  // The bfloat16 all-gather rounds the parameters only: its own policy. split_bfloat16 is exact.
+  Golden rounded = golden_;
+  rounded.header["all_gather"] = "bfloat16";
+  write_golden(path, rounded);
+  rounded = read_golden(path);
+  EXPECT_TRUE(compare(rounded, with(", all_gather: bfloat16"), steps_, params_).ok);
+  EXPECT_THROW(compare(rounded, with(", all_gather: split_bfloat16"), steps_, params_), CheckFailed);
+  EXPECT_THROW(compare(rounded, with(", param_dtype: bfloat16, reduce_dtype: float32"), steps_, params_), CheckFailed);
 }
 
 TEST_F(GoldenTest, NonIntegerCountsAreFileErrors) {

@@ -183,10 +183,12 @@ class MixedPrecision:
     through copies cast to param_dtype each step, float inputs enter the model in param_dtype and its
     output leaves in the training dtype, and each microbatch's gradients are cast to reduce_dtype and
     summed there (composer's reduce-scatter input and its accumulation over microbatches), then
-    handed to the optimizer in the masters' dtype."""
+    handed to the optimizer in the masters' dtype. With gather_dtype (the bfloat16 all-gather
+    extension) the copies are the masters rounded to gather_dtype and cast back to param_dtype."""
 
-    def __init__(self, model, param_dtype, reduce_dtype):
+    def __init__(self, model, param_dtype, reduce_dtype, gather_dtype=None):
         self.model, self.param_dtype, self.reduce_dtype = model, param_dtype, reduce_dtype
+        self.gather_dtype = gather_dtype or param_dtype
         self.masters = list(model.parameters())
         self.train_dtype = self.masters[0].dtype
         index = {id(p): i for i, p in enumerate(self.masters)}
@@ -197,7 +199,7 @@ class MixedPrecision:
         self.copies = []
 
     def cast_parameters(self):
-        self.copies = [p.detach().to(self.param_dtype).requires_grad_() for p in self.masters]
+        self.copies = [p.detach().to(self.gather_dtype).to(self.param_dtype).requires_grad_() for p in self.masters]
         self.acc = [None] * len(self.masters)
         for mod, name, i in self.slots:
             mod._parameters[name] = self.copies[i]
@@ -253,9 +255,16 @@ def main():
                     help="train under fully_shard's mixed-precision policy: every parameter computes in a copy cast "
                          "to this dtype, float inputs are cast to it at the model's entry and the output back, and "
                          "gradients are accumulated and applied in --reduce-dtype")
-    ap.add_argument("--reduce-dtype", choices=["float32"], default="float32",
-                    help="with --param-dtype: the dtype gradients are accumulated in (the training dtype)")
+    ap.add_argument("--reduce-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="with --param-dtype: the dtype gradients are cast to and accumulated in (fully_shard's "
+                         "reduce_dtype) before the optimizer sees them in the training dtype")
+    ap.add_argument("--all-gather", choices=["bfloat16"], default=None,
+                    help="train as fully_shard's bfloat16 all-gather extension does: every parameter computes in "
+                         "the training dtype with its value rounded to this dtype; gradients stay in the training "
+                         "dtype")
     args = ap.parse_args()
+    if args.param_dtype and args.all_gather:
+        ap.error("--param-dtype and --all-gather are two policies; give one")
 
     with open(os.path.join(args.run_dir, "config.resolved.json")) as f:
         cfg = json.load(f)
@@ -286,7 +295,11 @@ def main():
     params = list(model.parameters())
     opt = make_optimizer(t["optimizer"], params)
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
-    mixed = MixedPrecision(model, DTYPES[args.param_dtype], DTYPES[args.reduce_dtype]) if args.param_dtype else None
+    mixed = None
+    if args.param_dtype:
+        mixed = MixedPrecision(model, DTYPES[args.param_dtype], DTYPES[args.reduce_dtype])
+    elif args.all_gather:
+        mixed = MixedPrecision(model, dtype, dtype, gather_dtype=DTYPES[args.all_gather])
     steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
     mb = B // M
     records = []
@@ -329,16 +342,20 @@ def main():
     if dead:
         sys.exit("reference: refusing to write %s: %s; change the seed, learning rate or loss so every step "
                  "trains" % (args.golden, dead))
+    # The policy a plan must use to be checked against this golden (composer's comparator reads it).
+    policy = {"param_dtype": args.param_dtype, "reduce_dtype": args.reduce_dtype} if args.param_dtype else {}
+    if args.all_gather:
+        policy = {"all_gather": args.all_gather}
     golden = {
         "format_version": GOLDEN_FORMAT,
         "generator": "pytorch-reference",
         "name": cfg["name"],
-        "command": "tools/reference/reference.py --run-dir " + args.run_dir +
-                   (" --param-dtype %s --reduce-dtype %s" % (args.param_dtype, args.reduce_dtype) if mixed else ""),
+        "command": " ".join(["tools/reference/reference.py --run-dir", args.run_dir] +
+                            ["--%s %s" % (k.replace("_", "-"), v) for k, v in policy.items()]),
         "config_hash": cfg["config_hash"],
         "libtorch_version": torch.__version__.split("a")[0].split("+")[0],
         "dtype": t["dtype"],
-        **({"param_dtype": args.param_dtype, "reduce_dtype": args.reduce_dtype} if mixed else {}),
+        **policy,
         "steps": records,
         "params": [golden_param(n, p) for n, p in model.named_parameters()],
     }
