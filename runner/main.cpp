@@ -26,6 +26,16 @@ void tune_allocator() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// When this rank failed: taken where the error is caught, before unwinding
+// closes the process groups (the peers then fail too, and must be stamped later).
+int64_t failed_at = 0;
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 int run(int argc, char** argv) {
   tune_allocator();
   CliOptions options = parse_cli(argc, argv);
@@ -50,7 +60,12 @@ int run(int argc, char** argv) {
   if (!std::getenv("COMPOSER_LAUNCHED")) {  // composer's launcher prefixes lines itself
     rank.log_prefix = "[rank " + std::to_string(rank.rank) + "/" + std::to_string(rank.world_size) + "] ";
   }
-  return run_command(options, config, plan, rank);
+  try {
+    return run_command(options, config, plan, rank);
+  } catch (...) {
+    failed_at = monotonic_ns();  // `rank` (and its process groups) still exist here
+    throw;
+  }
 }
 
 // Prints the error and, for a rank started by composer's launcher, records
@@ -59,11 +74,7 @@ int fail(int code, const std::string& kind, const std::string& message) {
   std::cerr << kind << ": " << message << "\n";
   const char* dir = std::getenv("COMPOSER_ERROR_DIR");
   const char* rank = std::getenv("RANK");
-  if (dir && rank) {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    std::ofstream(std::string(dir) + "/" + rank) << ts.tv_sec * 1000000000LL + ts.tv_nsec << " " << code << "\n";
-  }
+  if (dir && rank) std::ofstream(std::string(dir) + "/" + rank) << (failed_at ? failed_at : monotonic_ns()) << " " << code << "\n";
   return code;
 }
 
