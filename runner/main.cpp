@@ -26,15 +26,7 @@ void tune_allocator() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-// When this rank failed: taken where the error is caught, before unwinding
-// closes the process groups (the peers then fail too, and must be stamped later).
-int64_t failed_at = 0;
-
-int64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+int report(std::exception_ptr error);
 
 int run(int argc, char** argv) {
   tune_allocator();
@@ -60,11 +52,13 @@ int run(int argc, char** argv) {
   if (!std::getenv("COMPOSER_LAUNCHED")) {  // composer's launcher prefixes lines itself
     rank.log_prefix = "[rank " + std::to_string(rank.rank) + "/" + std::to_string(rank.world_size) + "] ";
   }
+  // A rank reports its error while its process groups still exist: closing
+  // them makes the peers fail too, and the launcher must see this rank's
+  // report (and stamp) before theirs.
   try {
     return run_command(options, config, plan, rank);
   } catch (...) {
-    failed_at = monotonic_ns();  // `rank` (and its process groups) still exist here
-    throw;
+    return report(std::current_exception());
   }
 }
 
@@ -74,17 +68,18 @@ int fail(int code, const std::string& kind, const std::string& message) {
   std::cerr << kind << ": " << message << "\n";
   const char* dir = std::getenv("COMPOSER_ERROR_DIR");
   const char* rank = std::getenv("RANK");
-  if (dir && rank) std::ofstream(std::string(dir) + "/" + rank) << (failed_at ? failed_at : monotonic_ns()) << " " << code << "\n";
+  if (dir && rank) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    std::ofstream(std::string(dir) + "/" + rank) << ts.tv_sec * 1000000000LL + ts.tv_nsec << " " << code << "\n";
+  }
   return code;
 }
 
-}  // namespace
-}  // namespace composer
-
-int main(int argc, char** argv) {
-  using namespace composer;
+// Prints the error behind `error` and returns its exit code.
+int report(std::exception_ptr error) {
   try {
-    return run(argc, argv);
+    std::rethrow_exception(error);
   } catch (const UserError& e) {
     return fail(2, "error", e.what());
   } catch (const CheckFailed& e) {
@@ -95,5 +90,16 @@ int main(int argc, char** argv) {
     return fail(3, "runtime failure", e.what_without_backtrace());
   } catch (const std::exception& e) {
     return fail(3, "runtime failure", e.what());
+  }
+}
+
+}  // namespace
+}  // namespace composer
+
+int main(int argc, char** argv) {
+  try {
+    return composer::run(argc, argv);
+  } catch (...) {
+    return composer::report(std::current_exception());
   }
 }
