@@ -247,6 +247,63 @@ def golden_param(name, t):
             "float64_base64": base64.b64encode(raw).decode()}
 
 
+def load_config(run_dir):
+    """The resolved config composer wrote into a run directory."""
+    with open(os.path.join(run_dir, "config.resolved.json")) as f:
+        return json.load(f)
+
+
+def build_model(cfg, run_dir, who="reference"):
+    """cfg's model with the run's initial weights, in the training dtype, in training mode."""
+    model = models.build(cfg["model"]["name"], cfg["model"]["args"])
+    init = read_safetensors(os.path.join(run_dir, "init.safetensors"))
+    named = dict(model.named_parameters())  # each tensor once, as composer saves them
+    missing = [n for n in named if n not in init]
+    unexpected = [n for n in init if n not in named]
+    if missing or unexpected:
+        sys.exit(f"{who}: weights do not match the model: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for n, p in named.items():
+            if tuple(p.shape) != tuple(init[n].shape):
+                sys.exit(f"{who}: {n} has shape {tuple(init[n].shape)}, the model {tuple(p.shape)}")
+            p.copy_(init[n])
+    # Cast parameters only: Module.to(dtype) would also turn Llama's complex
+    # freqs_cis buffer real.
+    dtype = DTYPES[cfg["train"]["dtype"]]
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    model.train()
+    return model
+
+
+def write_golden(path, cfg, records, named_params, generator, command, policy, who="reference"):
+    """Writes records (step, loss, grad_norm, lr) and the final parameters (name, tensor) as a golden
+    file in composer's format, with the rounding policy a plan must use to be checked against it
+    (composer's comparator reads it); refuses a degenerate one."""
+    dead = degenerate(records)
+    if dead:
+        sys.exit("%s: refusing to write %s: %s; change the seed, learning rate or loss so every step "
+                 "trains" % (who, path, dead))
+    golden = {
+        "format_version": GOLDEN_FORMAT,
+        "generator": generator,
+        "name": cfg["name"],
+        "command": command,
+        "config_hash": cfg["config_hash"],
+        "libtorch_version": torch.__version__.split("a")[0].split("+")[0],
+        "dtype": cfg["train"]["dtype"],
+        **policy,
+        "steps": records,
+        "params": [golden_param(n, p) for n, p in named_params],
+    }
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(golden, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="composer output directory of a single-device run")
@@ -266,29 +323,12 @@ def main():
     if args.param_dtype and args.all_gather:
         ap.error("--param-dtype and --all-gather are two policies; give one")
 
-    with open(os.path.join(args.run_dir, "config.resolved.json")) as f:
-        cfg = json.load(f)
+    cfg = load_config(args.run_dir)
     t = cfg["train"]
     dtype = DTYPES[t["dtype"]]
     torch.set_num_threads(max(1, t["threads"] or os.cpu_count()))
 
-    model = models.build(cfg["model"]["name"], cfg["model"]["args"])
-    init = read_safetensors(os.path.join(args.run_dir, "init.safetensors"))
-    named = dict(model.named_parameters())  # each tensor once, as composer saves them
-    missing = [n for n in named if n not in init]
-    unexpected = [n for n in init if n not in named]
-    if missing or unexpected:
-        sys.exit(f"reference: weights do not match the model: missing {missing}, unexpected {unexpected}")
-    with torch.no_grad():
-        for n, p in named.items():
-            if tuple(p.shape) != tuple(init[n].shape):
-                sys.exit(f"reference: {n} has shape {tuple(init[n].shape)}, the model {tuple(p.shape)}")
-            p.copy_(init[n])
-    # Cast parameters only: Module.to(dtype) would also turn Llama's complex
-    # freqs_cis buffer real.
-    for p in model.parameters():
-        p.data = p.data.to(dtype)
-    model.train()
+    model = build_model(cfg, args.run_dir)
 
     data = Data(cfg, dtype)
 
@@ -338,33 +378,13 @@ def main():
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
         print(f"reference step {step}/{steps} loss {total:.6g} grad_norm {norm:.4g}")
 
-    dead = degenerate(records)
-    if dead:
-        sys.exit("reference: refusing to write %s: %s; change the seed, learning rate or loss so every step "
-                 "trains" % (args.golden, dead))
     # The policy a plan must use to be checked against this golden (composer's comparator reads it).
     policy = {"param_dtype": args.param_dtype, "reduce_dtype": args.reduce_dtype} if args.param_dtype else {}
     if args.all_gather:
         policy = {"all_gather": args.all_gather}
-    golden = {
-        "format_version": GOLDEN_FORMAT,
-        "generator": "pytorch-reference",
-        "name": cfg["name"],
-        "command": " ".join(["tools/reference/reference.py --run-dir", args.run_dir] +
-                            ["--%s %s" % (k.replace("_", "-"), v) for k, v in policy.items()]),
-        "config_hash": cfg["config_hash"],
-        "libtorch_version": torch.__version__.split("a")[0].split("+")[0],
-        "dtype": t["dtype"],
-        **policy,
-        "steps": records,
-        "params": [golden_param(n, p) for n, p in model.named_parameters()],
-    }
-    tmp = args.golden + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(golden, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, args.golden)
-    print(f"wrote {args.golden}")
+    command = " ".join(["tools/reference/reference.py --run-dir", args.run_dir] +
+                       ["--%s %s" % (k.replace("_", "-"), v) for k, v in policy.items()])
+    write_golden(args.golden, cfg, records, model.named_parameters(), "pytorch-reference", command, policy)
 
 
 if __name__ == "__main__":
