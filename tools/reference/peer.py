@@ -31,12 +31,18 @@ stage whose output is a view returns a copy.
 """
 import argparse
 import contextlib
+import ctypes
 import fnmatch
+import gc
+import json
 import math
 import os
 import re
+import socket
+import struct
 import sys
 import tempfile
+import time
 import traceback
 import types
 
@@ -466,12 +472,12 @@ def grad_norm_sq(params):
     return total
 
 
-def worker(rank, cfg, run_dir, golden, init_file, command):
-    torch.set_num_threads(1)
+def worker(rank, cfg, run_dir, golden, init_file, command, threads, timings):
+    torch.set_num_threads(threads)
     plan = Plan(cfg)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=plan.world)
     try:
-        train(rank, cfg, run_dir, golden, plan, command)
+        train(rank, cfg, run_dir, golden, plan, command, timings)
     except Unsupported as e:
         if rank == 0:
             sys.stderr.write(f"peer: {cfg['name']}: not run with PyTorch's parallelisms: {e}\n")
@@ -483,7 +489,52 @@ def worker(rank, cfg, run_dir, golden, init_file, command):
         dist.destroy_process_group()
 
 
-def train(rank, cfg, run_dir, golden, plan, command):
+# ---- timings (--timings), measured as composer's metrics measure them --------
+
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS after giving freed heap back (composer's reset_peak_rss)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
+TCPI_BYTES_SENT = 200  # offsetof(struct tcp_info, tcpi_bytes_sent) on Linux >= 4.19
+
+
+def tcp_tx_bytes():
+    """Bytes this process's TCP sockets have sent (the kernel's per-socket counters)."""
+    sent = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = os.dup(int(name))
+        except OSError:  # the directory's own descriptor, closed by now
+            continue
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:  # not a socket
+            os.close(fd)
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                if len(info) >= TCPI_BYTES_SENT + 8:
+                    sent += struct.unpack_from("<Q", info, TCPI_BYTES_SENT)[0]
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return sent
+
+
+def train(rank, cfg, run_dir, golden, plan, command, timings=None):
     t = cfg["train"]
     dtype = DTYPES[t["dtype"]]
     mesh = init_device_mesh("cpu", tuple(plan.shape), mesh_dim_names=tuple(plan.names))
@@ -608,7 +659,13 @@ def train(rank, cfg, run_dir, golden, plan, command):
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     max_norm = t["grad_clip"] if t["grad_clip"] > 0 else math.inf
     records = []
+    timing = []
+    if timings:
+        gc.collect()
+        reset_peak_rss()
     for step in range(1, steps + 1):
+        start = time.perf_counter()
+        tcp_start = tcp_tx_bytes() if timings and rank == 0 and plan.world > 1 else None
         lr = opt.param_groups[0]["lr"]
         opt.zero_grad(set_to_none=True)
         reported = []
@@ -647,9 +704,19 @@ def train(rank, cfg, run_dir, golden, plan, command):
         opt.step()
         scheduler.step()
         records.append({"step": step, "loss": total.item(), "grad_norm": norm, "lr": lr})
+        if timings:
+            ms = (time.perf_counter() - start) * 1000.0
+            timing.append({"step": step, "loss": total.item(), "step_ms": ms, "samples_per_s": B * 1000.0 / ms,
+                           "peak_rss_mb": peak_rss_mb(),
+                           **({"tcp_tx_bytes": tcp_tx_bytes() - tcp_start} if tcp_start is not None else {})})
         if rank == 0:
             print(f"peer step {step}/{steps} loss {total.item():.6g} grad_norm {norm:.4g}")
 
+    if timings and rank == 0:
+        with open(timings, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in timing)
+    if not golden:
+        return
     # Final parameters: full values, the pp ranks' stages gathered on rank 0.
     mine = {n: full_value(q) for n, q in local.items()}
     holder = all(coords[d] == 0 for d in plan.names if d != plan.pp_dim)
@@ -670,8 +737,13 @@ def train(rank, cfg, run_dir, golden, plan, command):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="composer output directory of a run of the parallel config")
-    ap.add_argument("--golden", required=True, help="golden file to write")
+    ap.add_argument("--golden", help="golden file to write")
+    ap.add_argument("--timings", help="metrics file (JSON lines) to write: rank 0's step_ms, samples_per_s, "
+                    "peak_rss_mb and tcp_tx_bytes per step, measured as composer measures them")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1)")
     args = ap.parse_args()
+    if not args.golden and not args.timings:
+        ap.error("give --golden, --timings or both")
     cfg = load_config(args.run_dir)
     try:
         plan = Plan(cfg)
@@ -684,7 +756,8 @@ def main():
         # Forked ranks share the parent's imported torch (no per-rank import); the parent has
         # started no intra-op threads.
         try:
-            mp.start_processes(worker, args=(cfg, args.run_dir, args.golden, os.path.join(tmp, "store"), command),
+            mp.start_processes(worker, args=(cfg, args.run_dir, args.golden, os.path.join(tmp, "store"), command,
+                                                    args.threads, args.timings),
                                nprocs=plan.world, start_method="fork")
         except mp.ProcessRaisedException as e:
             sys.exit(f"peer: {cfg['name']}: rank {e.error_index} failed (traceback above)")
