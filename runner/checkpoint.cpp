@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <iostream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,8 @@
 #include <sstream>
 
 #include "parallelisms/collectives.h"
+#include "runner/checkpoint_reader.h"
+#include "runner/rank.h"
 #include "runner/errors.h"
 
 namespace composer {
@@ -87,18 +91,6 @@ int64_t step_of(const fs::path& p) {
   return std::stoll(n.substr(5));
 }
 
-uint64_t fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char b : bytes) h = (h ^ b) * 0x100000001b3ull;
-  return h;
-}
-
-std::string hex64(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 void fsync_path(const std::string& path, int flags) {
   const int fd = open(path.c_str(), flags | O_CLOEXEC);
   if (fd >= 0) {
@@ -120,12 +112,20 @@ void write_synced(const std::string& path, const std::string& bytes) {
   fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
 }
 
-std::string read_text(const std::string& path) {
+// The raw JSON header of a safetensors file.
+std::string header_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw FileError(path, "cannot read the file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  unsigned char len[8] = {};
+  if (!in.read(reinterpret_cast<char*>(len), 8)) throw RuntimeFailure("cannot read " + path + " back");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  std::string h(n, '\0');
+  if (!in.read(h.data(), static_cast<std::streamsize>(n))) throw RuntimeFailure("cannot read " + path + " back");
+  return h;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // One local tensor a checkpoint holds: a parameter or one of its optimizer
@@ -154,7 +154,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     known.insert(keys.begin(), keys.end());
     if (hp.spec && !hp.spec->held()) continue;
     Piece base;
-    base.global = hp.spec ? hp.spec->global_shape : shape_of(hp.param);
+    base.global = hp.spec && !hp.spec->global_shape.empty() ? hp.spec->global_shape : shape_of(hp.param);
     base.box = hp.spec ? hp.spec->box() : parallel::Box{std::vector<int64_t>(base.global.size(), 0), base.global};
     base.owner = hp.spec ? hp.spec->counts() : rank == 0;
     base.key = hp.name;
@@ -177,8 +177,13 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
 
 }  // namespace
 
-Checkpointer::Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world)
-    : c_(c), dir_(c.checkpoint.dir.empty() ? out_dir + "/checkpoints" : c.checkpoint.dir), rank_(rank), world_(world) {}
+Checkpointer::Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
+                           std::string log_prefix)
+    : c_(c),
+      dir_(c.checkpoint.dir.empty() ? out_dir + "/checkpoints" : c.checkpoint.dir),
+      rank_(rank),
+      world_(world),
+      log_prefix_(std::move(log_prefix)) {}
 
 std::string Checkpointer::resume_path() const {
   const std::string& r = c_.checkpoint.resume;
@@ -206,49 +211,78 @@ bool Checkpointer::due(int64_t step) const {
 }
 
 void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt) {
+  const auto start = std::chrono::steady_clock::now();
   const std::string folder = (fs::path(dir_) / step_folder(step)).string();
   fs::create_directories(folder);
   std::set<std::string> known;
   NamedTensors mine;
   nlohmann::json offsets = nlohmann::json::object(), global = nlohmann::json::object();
+  nlohmann::json hashes = nlohmann::json::object();  // per tensor, of each hash block of its bytes
+  auto add = [&](const std::string& key, const torch::Tensor& t) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    hashes[key] = block_hashes(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+    mine.emplace_back(key, c);
+  };
   for (auto& p : pieces_of(params, opt, rank_, false, 0, known)) {
     if (!p.owner) continue;
-    mine.emplace_back(p.key, p.local);
+    add(p.key, p.local);
     offsets[p.key] = p.box.offset;
     global[p.key] = p.global;
   }
-  mine.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
-  const std::string bytes = serialize_safetensors(
-      mine, {{"format", "composer-checkpoint-rank"}, {"offsets", offsets.dump()}, {"global_shapes", global.dump()}});
+  add("rng", at::detail::getDefaultCPUGenerator().get_state());
+  const std::string bytes = serialize_safetensors(mine, {{"format", "composer-checkpoint-rank"},
+                                                         {"offsets", offsets.dump()},
+                                                         {"global_shapes", global.dump()},
+                                                         {"fnv1a64", hashes.dump()}});
+  mine.clear();
   write_synced(folder + "/" + rank_file(rank_), bytes);
-  // Every rank's file hash reaches rank 0; the collective is also the barrier
-  // after which every file is on disk.
+  const DebugConfig& d = c_.debug;
+  if (d.fail_at == FailAt::kBeforeIndex && d.fail_rank == rank_ && d.fail_step == step) {
+    fail_on_purpose(d, rank_, "after writing " + rank_file(rank_) + " of step " + std::to_string(step) +
+                                  ", before its index.json");
+  }
+  // Every rank's file hash, size and write time reach rank 0; the collective
+  // is also the barrier after which every file is on disk.
   const int64_t world = world_ ? world_->size : 1;
-  auto hashes = torch::zeros({world}, torch::kLong);
-  hashes[rank_] = static_cast<int64_t>(fnv1a64(bytes));
-  if (world_) parallel::all_reduce(*world_, hashes);
+  auto file_hashes = torch::zeros({world}, torch::kLong);
+  auto stats = torch::zeros({2, world}, torch::kDouble);  // bytes, seconds
+  file_hashes[rank_] = static_cast<int64_t>(fnv1a64(bytes.data(), bytes.size()));
+  stats[0][rank_] = static_cast<double>(bytes.size());
+  stats[1][rank_] = seconds_since(start);
+  if (world_) {
+    parallel::all_reduce(*world_, file_hashes);
+    parallel::all_reduce(*world_, stats);
+  }
   if (rank_ != 0) return;
 
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
   for (int64_t r = 0; r < world; ++r) {
     const std::string name = rank_file(r);
-    files.push_back({{"name", name}, {"fnv1a64", hex64(static_cast<uint64_t>(hashes[r].item<int64_t>()))}});
-    const nlohmann::json header = read_safetensors_header(folder + "/" + name);
+    const std::string text = header_text(folder + "/" + name);
+    const nlohmann::json header = nlohmann::json::parse(text);
     const auto meta = header.value("__metadata__", nlohmann::json::object());
     const auto offs = nlohmann::json::parse(meta.value("offsets", std::string("{}")));
     const auto shapes = nlohmann::json::parse(meta.value("global_shapes", std::string("{}")));
+    const auto blocks = nlohmann::json::parse(meta.value("fnv1a64", std::string("{}")));
+    files.push_back({{"name", name},
+                     {"fnv1a64", hex64(static_cast<uint64_t>(file_hashes[r].item<int64_t>()))},
+                     {"header_fnv1a64", hex64(fnv1a64(text.data(), text.size()))},
+                     {"rng_fnv1a64", blocks.at("rng")}});
     for (const auto& item : header.items()) {
       if (item.key() == "__metadata__" || item.key() == "rng") continue;
       auto& entry = tensors[item.key()];
       entry["dtype"] = item.value()["dtype"];
       entry["shape"] = shapes.at(item.key());
-      entry["chunks"].push_back({{"file", name}, {"offset", offs.at(item.key())}, {"size", item.value()["shape"]}});
+      entry["chunks"].push_back({{"file", name},
+                                 {"offset", offs.at(item.key())},
+                                 {"size", item.value()["shape"]},
+                                 {"fnv1a64", blocks.at(item.key())}});
     }
   }
   const nlohmann::json resolved = to_json(c_);
   nlohmann::json index = {
       {"format", "composer-checkpoint"},
-      {"version", 1},
+      {"version", 2},
       {"step", step},
       {"samples_seen", step * c_.train.global_batch},
       {"world_size", world},
@@ -256,12 +290,45 @@ void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Opti
       {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
       {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", opt.steps()}}},
       {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
+      {"hash_block_bytes", kHashBlockBytes},
       {"files", files},
       {"tensors", tensors}};
-  write_synced(folder + "/" + kIndex, index.dump(1));
+  const std::string index_text = index.dump(1);
+  write_synced(folder + "/" + kIndex, index_text);
+  log_save(folder, index, stats, static_cast<double>(index_text.size()));
+  prune(step);
+}
 
-  // Keep the newest keep_latest_k complete checkpoints; drop older ones and
-  // incomplete folders older than the newest complete one (a crash's leftovers).
+// Save figures: the payload against the ideal (every parameter and optimizer
+// state once) and the write throughput of each rank (its bytes over its time
+// to serialise, hash, write and sync them).
+void Checkpointer::log_save(const std::string& folder, const nlohmann::json& index, const torch::Tensor& stats,
+                            double index_bytes) const {
+  double ideal = 0, on_disk = index_bytes, rate = 0;
+  for (const auto& item : index["tensors"].items()) {
+    double n = static_cast<double>(c10::elementSize(scalar_type_of_name(item.value()["dtype"].get<std::string>(), folder)));
+    for (const auto& s : item.value()["shape"]) n *= s.get<double>();
+    ideal += n;
+  }
+  const int64_t world = stats.size(1);
+  double slowest = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    on_disk += stats[0][r].item<double>();
+    rate += stats[0][r].item<double>() / std::max(stats[1][r].item<double>(), 1e-9) / world;
+    slowest = std::max(slowest, stats[1][r].item<double>());
+  }
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "checkpoint saved %s: %.3f MB on disk in %lld rank files and index.json, ideal %.3f MB (parameters "
+                "and optimizer state once; x%.4f); %.3f s, %.1f MB/s per rank",
+                folder.c_str(), on_disk / 1e6, static_cast<long long>(world), ideal / 1e6, on_disk / ideal, slowest,
+                rate / 1e6);
+  std::cout << log_prefix_ << line << "\n";
+}
+
+// Keep the newest keep_latest_k complete checkpoints; drop older ones and
+// incomplete folders older than the newest complete one (a crash's leftovers).
+void Checkpointer::prune(int64_t step) const {
   std::vector<std::pair<int64_t, fs::path>> complete, partial;
   for (const auto& e : fs::directory_iterator(dir_)) {
     const int64_t s = step_of(e.path());
@@ -277,8 +344,9 @@ void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Opti
 }
 
 int64_t Checkpointer::load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt) {
-  const std::string index_path = (fs::path(path) / kIndex).string();
-  const CheckpointIndex index = parse_checkpoint_index(read_text(index_path), index_path);
+  const auto start = std::chrono::steady_clock::now();
+  CheckpointReader reader(path);
+  const CheckpointIndex& index = reader.index();
   if (index.config_hash != config_hash(c_)) {
     throw ConfigError(c_.checkpoint.resume_ref,
                       path + " was saved by a config with another seed, model, train or data section (hash " +
@@ -289,74 +357,38 @@ int64_t Checkpointer::load(const std::string& path, const std::vector<HeldParam>
   std::vector<Piece> pieces = pieces_of(params, opt, rank_, true, static_cast<double>(index.step), known);
   for (const auto& [key, e] : index.tensors) {
     if (!known.count(key)) {
-      throw FileError(index_path, "unexpected tensor '" + key + "': the model has no parameter or optimizer state of "
-                                  "that name (another model or optimizer saved it)");
+      throw FileError(reader.index_path(), "unexpected tensor '" + key + "': the model has no parameter or optimizer "
+                                           "state of that name (another model or optimizer saved it)");
     }
   }
-  std::map<std::string, std::map<std::string, torch::Tensor>> files;  // read on first use, hash checked
-  auto file = [&](const std::string& name) -> std::map<std::string, torch::Tensor>& {
-    auto it = files.find(name);
-    if (it != files.end()) return it->second;
-    const std::string p = (fs::path(path) / name).string();
-    const std::string bytes = read_text(p);
-    if (hex64(fnv1a64(bytes)) != index.file_hashes.at(name)) {
-      throw FileError(p, "its hash differs from the one index.json records: the file is damaged or was replaced");
-    }
-    auto& out = files[name];
-    for (auto& [k, t] : parse_safetensors(bytes, p)) out[k] = t;
-    return out;
-  };
-  torch::NoGradGuard no_grad;
-  for (auto& piece : pieces) {
-    auto it = index.tensors.find(piece.key);
-    if (it == index.tensors.end()) {
-      throw FileError(index_path, "missing tensor '" + piece.key + "' that the model or optimizer needs");
-    }
-    const auto& e = it->second;
-    if (e.shape != piece.global) {
-      throw FileError(index_path, "tensor '" + piece.key + "' has shape " + c10::str(e.shape) +
-                                      " but the model's is " + c10::str(piece.global));
-    }
-    int64_t covered = 0;
-    for (const auto& ch : e.chunks) {
-      torch::Tensor dst = piece.local, src;
-      int64_t n = 1;
-      for (size_t d = 0; d < e.shape.size() && n > 0; ++d) {
-        const int64_t lo = std::max(piece.box.offset[d], ch.offset[d]);
-        const int64_t hi = std::min(piece.box.offset[d] + piece.box.size[d], ch.offset[d] + ch.size[d]);
-        n *= std::max<int64_t>(0, hi - lo);
-      }
-      if (n == 0) continue;
-      auto& tensors = file(ch.file);
-      auto t = tensors.find(piece.key);
-      if (t == tensors.end() || t->second.sizes().vec() != ch.size) {
-        throw FileError((fs::path(path) / ch.file).string(), "has no tensor '" + piece.key + "' of the size index.json records");
-      }
-      src = t->second;
-      for (size_t d = 0; d < e.shape.size(); ++d) {
-        const int64_t lo = std::max(piece.box.offset[d], ch.offset[d]);
-        const int64_t hi = std::min(piece.box.offset[d] + piece.box.size[d], ch.offset[d] + ch.size[d]);
-        dst = dst.narrow(static_cast<int64_t>(d), lo - piece.box.offset[d], hi - lo);
-        src = src.narrow(static_cast<int64_t>(d), lo - ch.offset[d], hi - lo);
-      }
-      dst.copy_(src);
-      covered += n;
-    }
-    if (covered != piece.local.numel()) {
-      throw FileError(index_path, "the chunks of '" + piece.key + "' cover " + std::to_string(covered) + " of the " +
-                                      std::to_string(piece.local.numel()) + " elements this rank needs");
-    }
-  }
+  for (auto& piece : pieces) reader.read_box(piece.key, piece.global, piece.box, piece.local);
   // The RNG: this rank's own when the job has the same ranks and plan, else rank 0's.
   const nlohmann::json resolved = to_json(c_);
   const bool same = index.world_size == (world_ ? world_->size : 1) &&
                     index.plan == nlohmann::json{{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}};
-  auto& rng_file = file(rank_file(same ? rank_ : 0));
-  auto rng = rng_file.find("rng");
-  if (rng == rng_file.end()) throw FileError(path, "a rank file has no rng state");
   at::Generator gen = at::detail::getDefaultCPUGenerator();
-  gen.set_state(rng->second);
+  gen.set_state(reader.read_rng(rank_file(same ? rank_ : 0)));
   opt.set_steps(index.step);
+
+  // Load figures: the bytes each rank read (headers and the hash blocks that
+  // cover its rows) and its read rate.
+  const int64_t world = world_ ? world_->size : 1;
+  auto stats = torch::zeros({2, world}, torch::kDouble);
+  stats[0][rank_] = static_cast<double>(reader.bytes_read());
+  stats[1][rank_] = seconds_since(start);
+  if (world_) parallel::all_reduce(*world_, stats);
+  if (rank_ == 0) {
+    double total = 0, rate = 0, slowest = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      total += stats[0][r].item<double>();
+      rate += stats[0][r].item<double>() / std::max(stats[1][r].item<double>(), 1e-9) / world;
+      slowest = std::max(slowest, stats[1][r].item<double>());
+    }
+    char line[300];
+    std::snprintf(line, sizeof line, "checkpoint loaded %s: %.3f MB read by %lld ranks; %.3f s, %.1f MB/s per rank",
+                  path.c_str(), total / 1e6, static_cast<long long>(world), slowest, rate / 1e6);
+    std::cout << log_prefix_ << line << "\n";
+  }
   return index.step;
 }
 

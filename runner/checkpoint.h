@@ -5,9 +5,10 @@
 // rank-RRRRR.safetensors with their global offsets, and rank 0, after every
 // rank has synced its file, writes index.json (each tensor's dtype, global
 // shape and chunks; the step, optimizer, data position, config hash, plan and
-// the files' hashes) through a temporary name: a folder without index.json is
-// not a checkpoint. Loading is resharding: each rank reads the overlaps of its
-// pieces under the current plan with the saved chunks.
+// the hashes of the files, their headers and every 1 MiB block of each
+// tensor) through a temporary name: a folder without index.json is not a
+// checkpoint. Loading is resharding: each rank reads the overlaps of its
+// pieces under the current plan with the saved chunks (runner/checkpoint_reader.h).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -42,8 +43,10 @@ struct HeldParam {
 
 class Checkpointer {
  public:
-  // `world` is the job's world group (null on one rank).
-  Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world);
+  // `world` is the job's world group (null on one rank); rank 0 logs each
+  // save's and load's sizes and throughput with `log_prefix`.
+  Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
+               std::string log_prefix = "");
 
   // The checkpoint folder to resume from per checkpoint.resume; "" to start fresh.
   std::string resume_path() const;
@@ -51,7 +54,8 @@ class Checkpointer {
   bool due(int64_t step) const;
   // Writes step `step`'s checkpoint (a collective: every rank calls it).
   void save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt);
-  // Loads `path` into the parameters and optimizer state; returns its step.
+  // Loads `path` into the parameters and optimizer state, reading only the
+  // rows of the saved chunks that this rank's pieces overlap; returns its step.
   int64_t load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt);
 
   const std::string& dir() const { return dir_; }
@@ -61,6 +65,11 @@ class Checkpointer {
   std::string dir_;
   int rank_;
   parallel::Group* world_;
+  std::string log_prefix_;
+
+  void log_save(const std::string& folder, const nlohmann::json& index, const torch::Tensor& stats,
+                double index_bytes) const;
+  void prune(int64_t step) const;
 };
 
 }  // namespace composer

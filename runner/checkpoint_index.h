@@ -1,5 +1,6 @@
-// A distributed checkpoint's index.json (runner/checkpoint.h): what it holds
-// and its strict reader. Every malformed index is a FileError naming the file.
+// A distributed checkpoint's index.json (runner/checkpoint.h): what it holds,
+// its strict reader, and the hashes it records. Every malformed index is a
+// FileError naming the file.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -10,22 +11,38 @@
 
 namespace composer {
 
+// The hashes of a checkpoint: FNV-1a 64 (hex) of each file, of each file's
+// safetensors header, and of every kHashBlockBytes block of each stored
+// tensor's bytes, so a reader that reads only some rows checks exactly the
+// bytes it read.
+constexpr int64_t kHashBlockBytes = 1 << 20;
+uint64_t fnv1a64(const char* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+std::string hex64(uint64_t v);
+std::vector<std::string> block_hashes(const char* data, size_t n, int64_t block = kHashBlockBytes);
+
 // A parsed, validated index.json. Malformed indexes are FileErrors.
 struct CheckpointIndex {
   struct Chunk {
     std::string file;
     std::vector<int64_t> offset, size;
+    std::vector<std::string> block_hashes;  // of the stored bytes, per hash block
   };
   struct Entry {
     std::string dtype;
     std::vector<int64_t> shape;
     std::vector<Chunk> chunks;
   };
+  struct File {
+    std::string hash;                    // the whole file's
+    std::string header_hash;             // its safetensors header's (the JSON bytes)
+    std::vector<std::string> rng_hashes;  // its rng tensor's blocks
+  };
   int64_t step = 0;
   int64_t world_size = 1;
+  int64_t hash_block_bytes = kHashBlockBytes;
   std::string config_hash;
   nlohmann::json plan;
-  std::map<std::string, std::string> file_hashes;  // file -> fnv1a64 hex
+  std::map<std::string, File> files;
   std::map<std::string, Entry> tensors;
 };
 CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& path);

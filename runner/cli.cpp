@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "runner/export.h"
 #include "runner/golden.h"
 #include "runner/trainer.h"
 
@@ -14,17 +15,21 @@ namespace {
 
 const char kUsage[] =
     "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR]\n"
+    "       composer export --config FILE --checkpoint DIR --out FILE [--max-shard-size 5GB]\n"
     "\n"
     "commands:\n"
     "  run     train the experiment (default)\n"
     "  check   train and compare with the golden file; exit 1 on mismatch\n"
     "  golden  train on one device and write the golden file (check.golden)\n"
     "  plan    validate the config, print it resolved and summarise the plan\n"
+    "  export  write a checkpoint's weights as one safetensors file for PyTorch (in shards with a\n"
+    "          model.safetensors.index.json above --max-shard-size); runs in this process\n"
     "\n"
     "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
 
 const std::pair<const char*, Command> kCommands[] = {
-    {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan}};
+    {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan},
+    {"export", Command::kExport}};
 
 std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
   std::string dir = o.out.empty() ? "runs/" + c.name : o.out;
@@ -46,7 +51,7 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Rank
   std::string dir = prepare_out_dir(o, c);
   TrainResult r = train(c, p, rank, dir);
   if (!rank.is_main()) return 0;
-  CompareReport rep = compare(g, c, r.steps, r.final_params);
+  CompareReport rep = compare(g, c, r.steps, read_safetensors(dir + "/final.safetensors"));
   std::cout.precision(3);
   std::cout << rank.log_prefix << "check " << c.name << " against " << golden_path(c) << " ("
             << g.header["generator"].get<std::string>() << "): max loss rel err " << rep.max_loss_rel_err
@@ -75,12 +80,15 @@ CliOptions parse_cli(int argc, char** argv) {
       "config,c", po::value<std::string>(&o.config), "experiment YAML file")(
       "set", po::value<std::vector<std::string>>(&o.sets)->composing(),
       "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)")(
-      "out", po::value<std::string>(&o.out), "output directory (default runs/<name>)")(
+      "out", po::value<std::string>(&o.out), "output directory (default runs/<name>); export: the file to write")(
+      "checkpoint", po::value<std::string>(&o.checkpoint), "export: the checkpoint (a step-N folder with index.json)")(
+      "max-shard-size", po::value<std::string>(&o.max_shard_size),
+      "export: shard above this size (default 5GB; 500MB, 64KiB or bytes)")(
       "nnodes", po::value<int>(&o.node.nnodes), "invocations (nodes) that form the job (default 1)")(
       "node-rank", po::value<int>(&o.node.node_rank), "this node's index, 0 .. nnodes-1 (default 0)")(
       "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
       "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
-      "command", po::value<std::string>(), "run, check, golden or plan");
+      "command", po::value<std::string>(), "run, check, golden, plan or export");
   po::positional_options_description pos;
   pos.add("command", 1);
   po::variables_map vm;
@@ -109,9 +117,19 @@ CliOptions parse_cli(int argc, char** argv) {
         found = true;
       }
     }
-    if (!found) throw UserError("unknown command '" + name + "'; use run, check, golden or plan (composer --help)");
+    if (!found) {
+      throw UserError("unknown command '" + name + "'; use run, check, golden, plan or export (composer --help)");
+    }
   }
   if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
+  const bool exporting = o.command == Command::kExport;
+  if (exporting && (o.checkpoint.empty() || o.out.empty())) {
+    throw UserError("composer export needs --checkpoint DIR (a step-N folder) and --out FILE; see composer --help");
+  }
+  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty())) {
+    throw UserError("--checkpoint and --max-shard-size belong to composer export; to resume a run, set "
+                    "checkpoint.resume (--set checkpoint.resume=DIR)");
+  }
   return o;
 }
 
@@ -140,11 +158,19 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
         throw UserError("refusing to write the golden " + golden_path(c) + ": " + *why +
                         "; change the seed, learning rate or loss so every step trains");
       }
-      write_golden(golden_path(c), make_golden(c, r.steps, r.final_params, o.command_line));
+      write_golden(golden_path(c), make_golden(c, r.steps, read_safetensors(dir + "/final.safetensors"), o.command_line));
       std::cout << "wrote " << golden_path(c) << "\n";
       return 0;
     }
     case Command::kCheck: return do_check(o, c, p, rank);
+    case Command::kExport: {
+      ExportOptions e;
+      e.checkpoint = o.checkpoint;
+      e.out = o.out;
+      if (!o.max_shard_size.empty()) e.max_shard_bytes = parse_byte_size(o.max_shard_size, "--max-shard-size");
+      for (const auto& line : export_checkpoint(c, e)) std::cout << line << "\n";
+      return 0;
+    }
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // The command line: `composer [run|check|golden|plan] --config FILE
-// [--set a.b=v ...] [--out DIR]`, and the commands themselves.
+// [--set a.b=v ...] [--out DIR]` and `composer export --config FILE
+// --checkpoint DIR --out FILE`, and the commands themselves.
 #pragma once
 #include <string>
 #include <vector>
@@ -11,13 +12,15 @@
 
 namespace composer {
 
-enum class Command { kRun, kCheck, kGolden, kPlan };
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport };
 
 struct CliOptions {
   Command command = Command::kRun;
   std::string config;             // --config
   std::vector<std::string> sets;  // --set a.b=value, in order
-  std::string out;                // --out; "" = runs/<name>
+  std::string out;                // --out; "" = runs/<name> (export: the file)
+  std::string checkpoint;         // --checkpoint (export)
+  std::string max_shard_size;     // --max-shard-size (export); "" = 5GB
   NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
   std::vector<std::string> argv;  // the invocation, to start ranks with
   std::string command_line;       // the whole invocation, for golden headers

@@ -30,6 +30,7 @@ const EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
                                       {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
 const EnumName<FailMode> kFailModes[] = {{FailMode::kError, "error"}, {FailMode::kExit, "exit"},
                                          {FailMode::kSignal, "signal"}};
+const EnumName<FailAt> kFailAts[] = {{FailAt::kStep, "step"}, {FailAt::kBeforeIndex, "before_index"}};
 const EnumName<Inject> kInjects[] = {
     {Inject::kNone, "none"}, {Inject::kGradX2, "grad_x2"}, {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"}};
 const EnumName<DataSource> kSources[] = {
@@ -425,6 +426,7 @@ DebugConfig read_debug(YamlMap& root) {
   m.get("fail_rank", c.fail_rank);
   m.get("fail_step", c.fail_step);
   m.get_enum("fail_mode", c.fail_mode, kFailModes);
+  m.get_enum("fail_at", c.fail_at, kFailAts);
   m.get_enum("inject", c.inject, kInjects);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
   m.finish();
@@ -556,6 +558,7 @@ const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
 const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
 const char* name_of(Offload v) { return lookup(kOffloads, v); }
 const char* name_of(FailMode v) { return lookup(kFailModes, v); }
+const char* name_of(FailAt v) { return lookup(kFailAts, v); }
 const char* name_of(Inject v) { return lookup(kInjects, v); }
 const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
 

@@ -153,6 +153,10 @@ enum class FailMode {
   kExit,    // exits with code 7 without reporting anything
   kSignal,  // kills itself with SIGKILL, as `kill -9` or the OOM killer would
 };
+enum class FailAt {
+  kStep,         // at the start of step fail_step
+  kBeforeIndex,  // in step fail_step's checkpoint save, after writing its rank file, before the index
+};
 enum class Inject {
   kNone,
   kGradX2,              // backward runs on twice the loss: gradients (and their norm) x 2
@@ -162,9 +166,11 @@ struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
   int64_t fail_step = 1;   // the step at which it fails
   FailMode fail_mode = FailMode::kError;
+  FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
 };
 const char* name_of(FailMode v);
+const char* name_of(FailAt v);
 const char* name_of(Inject v);
 
 // Distributed checkpoints (runner/checkpoint.h).

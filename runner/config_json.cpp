@@ -89,6 +89,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["debug"] = {{"fail_rank", c.debug.fail_rank},
                 {"fail_step", c.debug.fail_step},
                 {"fail_mode", name_of(c.debug.fail_mode)},
+                {"fail_at", name_of(c.debug.fail_at)},
                 {"inject", name_of(c.debug.inject)}};
   return j;
 }

@@ -36,10 +36,11 @@ int run(int argc, char** argv) {
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
   check_devices(config, env ? env->local_world_size : plan.world_size / options.node.nnodes);
-  if (options.command != Command::kPlan && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
+  const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
+  if (!one_process && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
     for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";  // once per job, before it starts
   }
-  if (options.command == Command::kPlan) {  // validates and explains; joins no job
+  if (one_process) {  // plan validates and explains, export reads a checkpoint: neither joins a job
     RankContext none;
     return run_command(options, config, plan, none);
   }
@@ -65,7 +66,7 @@ int run(int argc, char** argv) {
 // Prints the error and, for a rank started by composer's launcher, records
 // when it failed so the launcher can name the rank that failed first.
 int fail(int code, const std::string& kind, const std::string& message) {
-  std::cerr << kind << ": " << message << "\n";
+  std::cerr << kind + ": " + message + "\n";  // one write: the launcher prefixes whole lines
   const char* dir = std::getenv("COMPOSER_ERROR_DIR");
   const char* rank = std::getenv("RANK");
   if (dir && rank) {

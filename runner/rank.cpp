@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -15,6 +18,13 @@
 #include "runner/errors.h"
 
 namespace composer {
+
+void fail_on_purpose(const DebugConfig& d, int rank, const std::string& where) {
+  std::cout.flush();
+  if (d.fail_mode == FailMode::kExit) std::_Exit(7);
+  if (d.fail_mode == FailMode::kSignal) raise(SIGKILL);
+  throw RuntimeFailure("injected failure " + where + " (debug.fail_rank " + std::to_string(rank) + ")");
+}
 
 namespace {
 

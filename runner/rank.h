@@ -21,6 +21,10 @@ struct RankContext {
   bool is_main() const { return rank == 0; }
 };
 
+// debug.fail_rank's failure, the way debug.fail_mode says (`where` names the
+// point in the error it reports).
+[[noreturn]] void fail_on_purpose(const DebugConfig& d, int rank, const std::string& where);
+
 // The rendezvous store's server, listening on `addr`:`port` only (not on every
 // address; port 0 picks a free one). A UserError names the address and the
 // reason when the socket cannot be bound.

@@ -21,16 +21,44 @@ const DTypeName kDTypes[] = {{torch::kFloat, "F32"}, {torch::kDouble, "F64"}, {t
                              {torch::kShort, "I16"}, {torch::kChar, "I8"},    {torch::kByte, "U8"},
                              {torch::kBool, "BOOL"}};
 
-const char* dtype_name(torch::ScalarType t) {
+constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
+
+// The header (with its length in front and padding to 8 bytes) of tensors of
+// these dtypes and shapes, laid out in order.
+std::string header_bytes(const std::vector<SafetensorsWriter::Entry>& entries,
+                         const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& e : entries) {
+    uint64_t n = c10::elementSize(e.dtype);
+    for (int64_t s : e.shape) n *= static_cast<uint64_t>(s);
+    header[e.name] = {{"dtype", safetensors_dtype(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  std::string out(8, '\0');
+  uint64_t len = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  return out + h;
+}
+
+}  // namespace
+
+const char* safetensors_dtype(torch::ScalarType t) {
   for (const auto& d : kDTypes) {
     if (d.type == t) return d.name;
   }
   throw UserError(std::string("safetensors cannot store dtype ") + c10::toString(t));
 }
 
-constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
-
-}  // namespace
+torch::ScalarType scalar_type_of_name(const std::string& name, const std::string& path) {
+  for (const auto& d : kDTypes) {
+    if (name == d.name) return d.type;
+  }
+  throw FileError(path, "unsupported safetensors dtype " + name);
+}
 
 NamedTensors parse_safetensors(const std::string& bytes, const std::string& path) {
   if (bytes.size() < 8) {
@@ -128,26 +156,50 @@ NamedTensors read_safetensors(const std::string& path) {
 }
 
 std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<SafetensorsWriter::Entry> entries;
   std::vector<torch::Tensor> data;
-  uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    auto c = t.detach().to(torch::kCPU).contiguous();
-    uint64_t n = c.numel() * c.element_size();
-    header[name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + n}}};
-    offset += n;
-    data.push_back(c);
+    data.push_back(t.detach().to(torch::kCPU).contiguous());
+    entries.push_back({name, data.back().scalar_type(), data.back().sizes().vec()});
   }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  std::string out(8, '\0');
-  uint64_t len = h.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-  out += h;
+  std::string out = header_bytes(entries, metadata);
   for (const auto& c : data) out.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
   return out;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<Entry>& entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(entries) {
+  const std::string tmp = path_ + ".tmp";
+  out_ = std::fopen(tmp.c_str(), "wb");
+  if (!out_) throw RuntimeFailure("cannot write " + tmp);
+  const std::string h = header_bytes(entries_, metadata);
+  if (std::fwrite(h.data(), 1, h.size(), out_) != h.size()) throw RuntimeFailure("cannot write " + tmp);
+  size_ = h.size();
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (out_) std::fclose(out_);
+}
+
+void SafetensorsWriter::write(const torch::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(next_ < entries_.size(), "more tensors than the header of ", path_, " lists");
+  const Entry& e = entries_[next_++];
+  auto c = t.detach().to(torch::kCPU).contiguous();
+  TORCH_INTERNAL_ASSERT(c.scalar_type() == e.dtype && c.sizes().vec() == e.shape, e.name, " is ", c.sizes(), " ",
+                        c.scalar_type(), " but the header says ", c10::IntArrayRef(e.shape), " ", e.dtype);
+  const size_t n = c.numel() * c.element_size();
+  if (n && std::fwrite(c.data_ptr(), 1, n, out_) != n) throw RuntimeFailure("cannot write " + path_ + ".tmp");
+  size_ += n;
+}
+
+void SafetensorsWriter::finish() {
+  TORCH_INTERNAL_ASSERT(next_ == entries_.size(), path_, ": ", entries_.size() - next_, " tensors not written");
+  const bool ok = std::fclose(out_) == 0;
+  out_ = nullptr;
+  if (!ok) throw RuntimeFailure("cannot write " + path_ + ".tmp (disk full?)");
+  const std::string tmp = path_ + ".tmp";
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path_);
 }
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -32,5 +33,39 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 // Serialises to bytes (what write_safetensors writes).
 std::string serialize_safetensors(const NamedTensors& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+
+// The safetensors name of a dtype ("F32") and back; an unsupported one is a
+// UserError (a FileError naming `path` when reading).
+const char* safetensors_dtype(torch::ScalarType t);
+torch::ScalarType scalar_type_of_name(const std::string& name, const std::string& path);
+
+// Writes a safetensors file one tensor at a time, so that a writer holds one
+// tensor, never the whole set: the header is written first from every
+// tensor's name, dtype and shape, then each tensor's bytes in that order. The
+// bytes equal write_safetensors' for the same tensors; the file appears under
+// `path` (renamed from a temporary name) at finish().
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(std::string path, const std::vector<Entry>& entries,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  // The next entry's tensor (its dtype and shape must match).
+  void write(const torch::Tensor& t);
+  void finish();
+  // Bytes the file has (header included).
+  uint64_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  uint64_t size_ = 0;
+  std::FILE* out_ = nullptr;
+};
 
 }  // namespace composer

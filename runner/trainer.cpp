@@ -18,6 +18,7 @@
 #include "parallelisms/replicate.h"
 #include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
+#include "runner/export.h"
 #include "runner/optim.h"
 
 namespace composer {
@@ -138,18 +139,6 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par)
   auto t = torch::tensor({sq}, torch::kDouble);
   parallel::all_reduce(*par.world, t);
   return std::sqrt(t.item<double>());
-}
-
-// Full parameters by FQN, assembled from every rank's pieces by their
-// placements (every rank takes part in the collectives).
-NamedTensors full_params(models::Model& model, Parallel& par) {
-  if (!par.any) return snapshot_params(model);
-  NamedTensors out;
-  for (auto& [name, p] : nn::unique_named_parameters(model)) {
-    const parallel::ShardSpec* spec = par.placements->find(p);
-    out.emplace_back(name, spec ? parallel::gather_full(*spec, p.detach()) : p.detach().clone());
-  }
-  return out;
 }
 
 void reset_counters(RankContext& rank) {
@@ -323,7 +312,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   auto optimizer = make_optimizer(t.optimizer, params);
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) held.push_back({name, p, par.placements->find(p)});
-  Checkpointer checkpointer(c, out_dir, rank.rank, par.world);
+  Checkpointer checkpointer(c, out_dir, rank.rank, par.world, rank.log_prefix);
   int64_t first_step = 1;
   if (checkpoints) {
     const std::string from = checkpointer.resume_path();
@@ -355,12 +344,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     auto start = std::chrono::steady_clock::now();
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
-    if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step) {
-      std::cout.flush();
-      if (c.debug.fail_mode == FailMode::kExit) std::_Exit(7);
-      if (c.debug.fail_mode == FailMode::kSignal) raise(SIGKILL);
-      throw RuntimeFailure("injected failure at step " + std::to_string(step) + " (debug.fail_rank " +
-                           std::to_string(rank.rank) + ")");
+    if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step && c.debug.fail_at == FailAt::kStep) {
+      fail_on_purpose(c.debug, rank.rank, "at step " + std::to_string(step));
     }
     StepRecord r;
     r.step = step;
@@ -438,10 +423,10 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     write_json(out_dir + "/timeline.rank" + std::to_string(rank.rank) + ".json",
                {{"rank", rank.rank}, {"stages", par.pipe->local_stages()}, {"timeline", tl}});
   }
-  NamedTensors full = full_params(*model, par);
-  if (rank.is_main()) {
-    result.final_params = std::move(full);
-    write_safetensors(out_dir + "/final.safetensors", result.final_params, {{"format", "pt"}});
+  if (par.any) {
+    write_final_weights(*model, par.placements.get(), par.world, rank.rank, out_dir + "/final.safetensors");
+  } else if (rank.is_main()) {
+    write_final_weights(*model, nullptr, nullptr, 0, out_dir + "/final.safetensors");
   }
   return result;
 }

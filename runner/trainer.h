@@ -16,14 +16,14 @@ namespace composer {
 
 struct TrainResult {
   std::vector<StepRecord> steps;
-  NamedTensors final_params;  // full tensors by FQN (on the main rank)
 };
 
 // Builds the model of `c`: seeded init, then model.init_from when set.
 models::ModelPtr build_model(const ExperimentConfig& c);
 
 // Trains per `plan` on this rank. The main rank writes config.resolved.json,
-// init.safetensors, metrics.jsonl and final.safetensors into `out_dir`. With
+// init.safetensors, metrics.jsonl and final.safetensors (the full parameters,
+// streamed to it from their owners) into `out_dir`. With
 // `checkpoints`, it resumes per checkpoint.resume and saves per
 // checkpoint.interval (composer run; check and golden always train afresh).
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,

@@ -8,6 +8,7 @@
 #include "models/registry.h"
 #include "runner/checkpoint.h"
 #include "runner/config.h"
+#include "runner/export.h"
 #include "runner/safetensors.h"
 #include "runner/trainer.h"
 
@@ -50,6 +51,35 @@ TEST(Safetensors, FileRoundTrip) {
   write_safetensors(path, {{"w", torch::ones({2, 2})}});
   auto t = read_safetensors(path);
   EXPECT_TRUE(t.at(0).second.equal(torch::ones({2, 2})));
+}
+
+TEST(Safetensors, StreamingWriterWritesTheSameBytesAsWriteSafetensors) {
+  NamedTensors in = {{"a", torch::randn({3, 5})}, {"b", torch::arange(7, torch::kLong)}, {"c", torch::randn({})}};
+  std::string path = testing::temp_path("stream.safetensors");
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [n, t] : in) entries.push_back({n, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter w(path, entries, {{"format", "pt"}});
+  for (const auto& [n, t] : in) w.write(t);
+  w.finish();
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, serialize_safetensors(in, {{"format", "pt"}}));
+  EXPECT_EQ(w.size(), bytes.size());
+}
+
+TEST(Export, ByteSizesParseWithUnitsAndBadOnesAreNamed) {
+  EXPECT_EQ(parse_byte_size("5GB", "--max-shard-size"), 5000000000u);
+  EXPECT_EQ(parse_byte_size("64KiB", "--max-shard-size"), 65536u);
+  EXPECT_EQ(parse_byte_size("1000", "--max-shard-size"), 1000u);
+  for (const char* bad : {"", "0", "5 GB", "GB", "-1", "5TB"}) {
+    try {
+      parse_byte_size(bad, "--max-shard-size");
+      ADD_FAILURE() << bad << " parsed";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("--max-shard-size " + std::string(bad) + ": expected a positive size"),
+                std::string::npos);
+    }
+  }
 }
 
 TEST(Safetensors, TooShortFile) {
@@ -150,40 +180,64 @@ std::string index_error(const std::string& text) {
 }
 
 const char* kIndexHead =
-    R"({"format": "composer-checkpoint", "version": 1, "step": 4, "world_size": 2, "config_hash": "ab",
-        "files": [{"name": "rank-00000.safetensors", "fnv1a64": "00"}], "tensors": )";
+    R"({"format": "composer-checkpoint", "version": 2, "step": 4, "world_size": 2, "config_hash": "ab",
+        "hash_block_bytes": 1048576,
+        "files": [{"name": "rank-00000.safetensors", "fnv1a64": "00", "header_fnv1a64": "01", "rng_fnv1a64": ["02"]}],
+        "tensors": )";
 
 TEST(CheckpointIndex, AWellFormedIndexParses) {
   auto x = parse_checkpoint_index(std::string(kIndexHead) +
                                       R"({"w": {"dtype": "F32", "shape": [4, 2], "chunks": [
-                                         {"file": "rank-00000.safetensors", "offset": [2, 0], "size": [2, 2]}]}}})",
+                                         {"file": "rank-00000.safetensors", "offset": [2, 0], "size": [2, 2],
+                                          "fnv1a64": ["03"]}]}}})",
                                   "ck/index.json");
   EXPECT_EQ(x.step, 4);
   EXPECT_EQ(x.world_size, 2);
   ASSERT_EQ(x.tensors.count("w"), 1u);
   EXPECT_EQ(x.tensors["w"].chunks[0].offset, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(x.tensors["w"].chunks[0].block_hashes, (std::vector<std::string>{"03"}));
+  EXPECT_EQ(x.files["rank-00000.safetensors"].header_hash, "01");
+  EXPECT_EQ(x.files["rank-00000.safetensors"].rng_hashes, (std::vector<std::string>{"02"}));
+}
+
+TEST(CheckpointIndex, BlockHashesCoverEveryByteInBlocks) {
+  const std::string bytes = "abcdefghij";
+  auto h = block_hashes(bytes.data(), bytes.size(), 4);
+  ASSERT_EQ(h.size(), 3u);  // 4 + 4 + 2 bytes
+  EXPECT_EQ(h[2], hex64(fnv1a64("ij", 2)));
+  EXPECT_EQ(hex64(fnv1a64("", 0)), "cbf29ce484222325");  // FNV-1a 64's offset basis
+  EXPECT_EQ(hex64(fnv1a64("a", 1)), "af63dc4c8601ec8c");  // the published FNV-1a 64 of "a"
+  EXPECT_TRUE(block_hashes(bytes.data(), 0).empty());
 }
 
 TEST(CheckpointIndex, MalformedIndexesAreFileErrorsNamingTheProblem) {
   auto with = [](const std::string& tensors) { return index_error(std::string(kIndexHead) + tensors + "}"); };
   EXPECT_NE(index_error("{").find("ck/index.json: checkpoint index is not valid JSON"), std::string::npos);
   EXPECT_NE(index_error(R"({"format": "x"})").find("not a composer checkpoint index"), std::string::npos);
-  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "other", "offset": [0], "size": [4]}]}})")
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "other", "offset": [0], "size": [4],
+                   "fnv1a64": []}]}})")
                 .find("a chunk names a file the index does not list"),
             std::string::npos);
   EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "rank-00000.safetensors",
-                   "offset": [3], "size": [2]}]}})")
+                   "offset": [3], "size": [2], "fnv1a64": []}]}})")
                 .find("a chunk lies outside the tensor's shape"),
             std::string::npos);
   EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "rank-00000.safetensors",
-                   "offset": [0, 0], "size": [4]}]}})")
+                   "offset": [0, 0], "size": [4], "fnv1a64": []}]}})")
                 .find("one entry per dim"),
             std::string::npos);
   EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [-4], "chunks": []}})").find("non-negative integers"),
             std::string::npos);
-  EXPECT_NE(index_error(R"({"format": "composer-checkpoint", "version": 1, "step": 1, "world_size": 1,
-                           "config_hash": "a", "files": [{"name": "../x", "fnv1a64": "0"}], "tensors": {}})")
+  EXPECT_NE(index_error(R"({"format": "composer-checkpoint", "version": 2, "step": 1, "world_size": 1,
+                           "config_hash": "a", "hash_block_bytes": 1048576, "files": [{"name": "../x",
+                           "fnv1a64": "0", "header_fnv1a64": "0", "rng_fnv1a64": []}], "tensors": {}})")
                 .find("must be a plain name inside the checkpoint folder"),
+            std::string::npos);
+  EXPECT_NE(with(R"({"w": {"dtype": "F32", "shape": [4], "chunks": [{"file": "rank-00000.safetensors",
+                   "offset": [0], "size": [4]}]}})")
+                .find("tensor 'w''s chunk has no 'fnv1a64'"),
+            std::string::npos);
+  EXPECT_NE(index_error(R"({"format": "composer-checkpoint", "version": 1})").find("unsupported checkpoint version 1"),
             std::string::npos);
 }
 
