@@ -10,11 +10,11 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, torch::Tensor tied_weigh
     TORCH_INTERNAL_ASSERT(tied_weight.size(0) == out && tied_weight.size(1) == in);
     weight = register_parameter("weight", tied_weight);
   } else {
-    weight = register_parameter("weight", torch::empty({out, in}));
+    weight = register_parameter("weight", torch::empty({out, in}, param_options()));
     torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
   }
   if (with_bias) {
-    bias = register_parameter("bias", torch::empty({out}));
+    bias = register_parameter("bias", torch::empty({out}, param_options()));
     double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
     torch::nn::init::uniform_(bias, -bound, bound);
   }
@@ -117,15 +117,15 @@ torch::Tensor Linear::forward(torch::Tensor x) {
 }
 
 Embedding::Embedding(int64_t n, int64_t d) : Module("Embedding"), num_embeddings(n), embedding_dim(d) {
-  weight = register_parameter("weight", torch::empty({n, d}));
+  weight = register_parameter("weight", torch::empty({n, d}, param_options()));
   torch::nn::init::normal_(weight);
 }
 
 torch::Tensor Embedding::forward(torch::Tensor ids) { return torch::embedding(param(weight), ids); }
 
 LayerNorm::LayerNorm(int64_t d, double e, bool with_bias) : Module("LayerNorm"), dim(d), eps(e) {
-  weight = register_parameter("weight", torch::ones({d}));
-  if (with_bias) bias = register_parameter("bias", torch::zeros({d}));
+  weight = register_parameter("weight", torch::ones({d}, param_options()));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({d}, param_options()));
 }
 
 torch::Tensor LayerNorm::forward(torch::Tensor x) {
@@ -134,7 +134,7 @@ torch::Tensor LayerNorm::forward(torch::Tensor x) {
 }
 
 RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
-  weight = register_parameter("weight", torch::ones({d}));
+  weight = register_parameter("weight", torch::ones({d}, param_options()));
 }
 
 torch::Tensor RMSNorm::forward(torch::Tensor x) {
@@ -162,7 +162,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   const int64_t seq = q.size(-2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   if (causal) {
-    auto mask = torch::ones({seq, k.size(-2)}, torch::dtype(torch::kBool)).triu(1);
+    auto mask = torch::ones({seq, k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
   auto probs = torch::softmax(scores, -1);

@@ -114,7 +114,7 @@ class Llama : public Model {
     // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
     auto inv = 1.0 / torch::pow(a.rope_theta, torch::arange(0, a.head_dim(), 2).to(torch::kFloat) / a.head_dim());
     auto angles = torch::outer(torch::arange(2 * a.max_seq_len).to(torch::kFloat), inv);
-    auto cos = angles.cos(), sin = angles.sin();
+    auto cos = angles.cos().to(nn::param_options().device()), sin = angles.sin().to(nn::param_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
       auto block = std::make_shared<TransformerBlock>(i, a);
       block->attention->set_rope(cos, sin);

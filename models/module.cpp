@@ -4,6 +4,17 @@
 
 namespace composer::nn {
 
+namespace {
+thread_local bool shape_only = false;
+}  // namespace
+
+torch::TensorOptions param_options() {
+  return shape_only ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
+}
+
+ShapeOnly::ShapeOnly() : previous_(shape_only) { shape_only = true; }
+ShapeOnly::~ShapeOnly() { shape_only = previous_; }
+
 torch::Tensor Module::operator()(torch::Tensor input) {
   for (auto& [handle, hook] : pre_hooks_) input = hook(*this, std::move(input));
   torch::Tensor output = forward(input);

@@ -86,6 +86,22 @@ class ModuleList : public Module {
   std::vector<ModulePtr> items_;
 };
 
+// Where models create their parameters: on the CPU, or on the meta device
+// (shapes and dtypes, no storage) while a ShapeOnly guard lives on this thread,
+// so that a plan can describe a model too large to build.
+torch::TensorOptions param_options();
+
+class ShapeOnly {
+ public:
+  ShapeOnly();
+  ~ShapeOnly();
+  ShapeOnly(const ShapeOnly&) = delete;
+  ShapeOnly& operator=(const ShapeOnly&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Every composer module below `root` with its fully-qualified name, root first ("").
 std::vector<std::pair<std::string, Module*>> named_modules(Module& root);
 

@@ -83,7 +83,7 @@ class Transformer : public Model {
   }
   torch::Tensor forward(torch::Tensor tokens) override {
     const int64_t s = tokens.size(1);
-    auto pos = torch::arange(s, torch::dtype(torch::kLong));
+    auto pos = torch::arange(s, tokens.options().dtype(torch::kLong));
     auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
     h = torch::dropout(h, args_.dropout_p, is_training());
     for (size_t i = 0; i < layers->size(); ++i) h = (*layers->at(i))(h);
@@ -93,7 +93,7 @@ class Transformer : public Model {
   std::vector<PipelinePiece> pipeline_pieces() override {
     std::vector<PipelinePiece> out;
     out.push_back({"tok_embeddings", {"tok_embeddings", "pos_embeddings"}, false, [this](torch::Tensor tokens) {
-                     auto pos = torch::arange(tokens.size(1), torch::dtype(torch::kLong));
+                     auto pos = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
                      auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
                      return torch::dropout(h, args_.dropout_p, is_training());
                    }});

@@ -1,3 +1,4 @@
+#include "runner/estimate.h"
 #include "runner/cli.h"
 
 #include <boost/program_options.hpp>
@@ -140,6 +141,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
       for (const auto& line : p.warnings) std::cout << "warning: " << line << "\n";
       for (const auto& line : describe_placements(c, p)) std::cout << "placement: " << line << "\n";
+      for (const auto& e : estimate_memory(c, p)) std::cout << "memory: rank " << e.rank << ": " << e.str() << "\n";
       std::cout << "config hash " << config_hash(c) << "\n";
       return 0;
     case Command::kRun: {

@@ -125,6 +125,8 @@ MeshConfig read_mesh(YamlMap& root) {
   m.get_enum("backend", c.backend, kBackends);
   m.get("timeout_s", c.timeout_s);
   require_positive(m.ref("timeout_s"), c.timeout_s, "timeout_s");
+  m.get("memory_per_rank_mb", c.memory_per_rank_mb);
+  require_non_negative(m.ref("memory_per_rank_mb"), c.memory_per_rank_mb, "memory_per_rank_mb");
   m.finish();
   if (c.shape.size() != c.names.size()) {
     throw ConfigError(m.ref("names"), "mesh has " + std::to_string(c.shape.size()) + " dims in shape but " +

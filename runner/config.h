@@ -62,6 +62,7 @@ struct MeshConfig {
   DeviceKind device = DeviceKind::kCpu;  // where parameters, batches and gradients live
   Backend backend = Backend::kGloo;  // gloo, or nccl (cuda only); default gloo on cpu, nccl on cuda
   double timeout_s = 300;            // rendezvous and collective timeout; a dead peer fails the job after this
+  double memory_per_rank_mb = 0;     // what a rank may use, for the fit check; 0 = host memory / local ranks
   SourceRef ref;
   int64_t world_size() const;
 };

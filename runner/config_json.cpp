@@ -60,7 +60,8 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                {"names", c.mesh.names},
                {"device", name_of(c.mesh.device)},
                {"backend", name_of(c.mesh.backend)},
-               {"timeout_s", c.mesh.timeout_s}};
+               {"timeout_s", c.mesh.timeout_s},
+               {"memory_per_rank_mb", c.mesh.memory_per_rank_mb}};
   j["parallelize"] = nlohmann::json::array();
   for (const auto& p : c.parallelize) j["parallelize"].push_back(transform_json(p));
   j["train"] = {

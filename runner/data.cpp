@@ -264,8 +264,11 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
                                                   : c.data.targets;
   check_targets(c, p);
   torch::NoGradGuard no_grad;
-  auto probe = p.input.tokens ? torch::zeros({1, p.seq_len}, torch::kLong)
-                              : torch::zeros({1, p.input.features}, p.dtype);
+  // On the parameters' device: a shape-only (meta) model gets a meta probe.
+  const auto params = model.parameters();
+  const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  auto probe = p.input.tokens ? torch::zeros({1, p.seq_len}, torch::dtype(torch::kLong).device(device))
+                              : torch::zeros({1, p.input.features}, torch::dtype(p.dtype).device(device));
   auto out = model(probe);
   p.output_shape = out.sizes().slice(1).vec();
   return p;

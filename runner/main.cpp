@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "runner/estimate.h"
+#include "runner/memory.h"
 #include "runner/cli.h"
 #include "runner/errors.h"
 
@@ -35,8 +37,12 @@ int run(int argc, char** argv) {
   ExperimentConfig config = load_config(options.config, options.sets);
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
-  check_devices(config, env ? env->local_world_size : plan.world_size / options.node.nnodes);
+  const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
+  check_devices(config, local_ranks);
   const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
+  if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
+    check_fit(config, estimate_memory(config, plan), local_ranks);
+  }
   if (!one_process && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
     for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";  // once per job, before it starts
   }
@@ -98,6 +104,7 @@ int report(std::exception_ptr error) {
 }  // namespace composer
 
 int main(int argc, char** argv) {
+  composer::memory::install_counting_allocator();  // before any tensor exists
   try {
     return composer::run(argc, argv);
   } catch (...) {

@@ -107,6 +107,7 @@ void Metrics::record(const StepRecord& r) {
     j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;
     j["microbatch_losses"] = r.microbatch_losses;
   }
+  if (r.peak_alloc_mb >= 0) j["peak_alloc_mb"] = r.peak_alloc_mb;
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
   if (r.parallel) {
     j["comm_calls"] = r.comm_calls;

@@ -22,6 +22,7 @@ struct StepRecord {
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;
+  double peak_alloc_mb = -1;  // the most tensor memory alive at once this step (memory.h), -1 uncounted
   // Communication this step, as seen by the logging rank (multi-rank runs only).
   bool parallel = false;
   int64_t comm_calls = 0;

@@ -19,6 +19,7 @@
 #include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
 #include "runner/export.h"
+#include "runner/memory.h"
 #include "runner/optim.h"
 
 namespace composer {
@@ -226,7 +227,7 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
   torch::manual_seed(c.seed);
   models::ModelPtr model = spec->build(c.model.args);
-  if (!c.model.init_from.empty()) {
+  if (!c.model.init_from.empty() && !nn::param_options().device().is_meta()) {  // values, not shapes
     naming_config_key(c.model.init_from_ref, [&] { load_weights(*model, c.model.init_from); });
   }
   return model;
@@ -273,6 +274,25 @@ std::vector<std::string> describe_placements(const ExperimentConfig& c, const Pl
     out.push_back(lines.count(n) ? lines[n] : n + " (no placement)");
   }
   return out;
+}
+
+void with_planned_model(const ExperimentConfig& c, const Plan& plan, int r,
+                        const std::function<void(models::Model&, const parallel::Placements&)>& visit) {
+  nn::ShapeOnly shapes;
+  RankContext ctx;
+  ctx.rank = r;
+  ctx.world_size = static_cast<int>(plan.world_size);
+  parallel::MeshOptions o;
+  o.connect = false;
+  if (!plan.transforms.empty()) {
+    ctx.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, r, c10::intrusive_ptr<c10d::Store>(),
+                                                      o, plan.flat_groups);
+  }
+  ctx.rank = -1;  // not the main rank: no log lines
+  models::ModelPtr model = build_model(c);
+  model->to(scalar_type_of(c.train.dtype));
+  Parallel par = apply_transforms(*model, plan, ctx, torch::Tensor());
+  visit(*model, *par.placements);
 }
 
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
@@ -328,6 +348,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   // Peak RSS in the metrics covers training: building the full model before
   // sharding (and writing init weights) is setup.
   reset_peak_rss();
+  const int64_t setup_live_bytes = memory::live_bytes();
+  std::vector<int64_t> step_peaks;
 
   std::unique_ptr<Metrics> metrics;
   if (rank.is_main()) metrics = std::make_unique<Metrics>(out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix,
@@ -344,6 +366,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     auto start = std::chrono::steady_clock::now();
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
+    memory::reset_peak();
     if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step && c.debug.fail_at == FailAt::kStep) {
       fail_on_purpose(c.debug, rank.rank, "at step " + std::to_string(step));
     }
@@ -410,11 +433,21 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     r.samples_per_s = static_cast<double>(t.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);
     r.peak_rss_mb = peak_rss_mb();
+    step_peaks.push_back(memory::peak_bytes());
+    r.peak_alloc_mb = static_cast<double>(step_peaks.back()) / (1 << 20);
     add_comm(rank, r);
     if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
     if (metrics) metrics->record(r);
     result.steps.push_back(r);
     if (checkpoints && checkpointer.due(step)) checkpointer.save(step, held, *optimizer);
+  }
+  if (memory::counting() && !step_peaks.empty()) {  // every rank writes its counted tensor memory
+    std::filesystem::create_directories(out_dir);
+    write_json(out_dir + "/memory.rank" + std::to_string(rank.rank) + ".json",
+               {{"rank", rank.rank},
+                {"setup_live_bytes", setup_live_bytes},
+                {"peak_bytes", *std::max_element(step_peaks.begin(), step_peaks.end())},
+                {"step_peak_bytes", step_peaks}});
   }
   if (par.pipe) {  // every rank writes the timeline of its last step
     nlohmann::json tl = nlohmann::json::array();

@@ -2,9 +2,12 @@
 // the configured steps over this rank's share of the data, records metrics
 // and returns what a golden comparison needs.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "models/model.h"
+#include "parallelisms/placement.h"
 #include "runner/config.h"
 #include "runner/data.h"
 #include "runner/metrics.h"
@@ -34,6 +37,12 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
 // summary past `limit` lines). Builds the model once per pipeline rank and
 // applies the plan on a mesh without process groups: no rank starts.
 std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit = 64);
+
+// Builds the model of `c` shape-only (meta tensors), applies the plan for
+// rank `r` on a mesh without process groups and calls `visit` with the model
+// and the placements the transforms recorded.
+void with_planned_model(const ExperimentConfig& c, const Plan& plan, int r,
+                        const std::function<void(models::Model&, const parallel::Placements&)>& visit);
 
 // The resolved config plus the decided data plan and the config hash: what
 // the PyTorch reference reads to reproduce a run.

@@ -1,0 +1,82 @@
+// Meta kernels (output shapes, no data) for the ATen operators composer's
+// models use that LibTorch itself gives none (PyTorch registers them in
+// Python). A memory estimate runs a model on meta tensors (estimate.h); each
+// kernel allocates exactly the outputs its CPU kernel returns, so the counted
+// bytes match a real run's.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace composer {
+
+void ensure_meta_kernels() {}  // referencing this file keeps its registrations in the link
+
+namespace {
+
+at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
+
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  auto shape = self.sizes().vec();
+  if (!shape.empty()) shape[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(shape, self.options());
+}
+
+at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& /*indices*/, c10::SymInt num_weights,
+                                    c10::SymInt /*padding_idx*/, bool /*scale_grad_by_freq*/) {
+  return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const std::optional<at::Tensor>& /*weight*/, const std::optional<at::Tensor>& /*bias*/,
+    const std::optional<at::Tensor>& /*running_mean*/, const std::optional<at::Tensor>& /*running_var*/,
+    bool /*training*/, double /*momentum*/, double /*eps*/) {
+  const int64_t c = input.dim() > 1 ? input.size(1) : 1;
+  auto stats = input.options().dtype(input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  return {at::empty_like(input), at::empty({c}, stats), at::empty({c}, stats)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& /*running_mean*/, const std::optional<at::Tensor>& /*running_var*/,
+    const std::optional<at::Tensor>& /*save_mean*/, const std::optional<at::Tensor>& /*save_invstd*/, bool /*train*/,
+    double /*eps*/, std::array<bool, 3> mask) {
+  const int64_t c = input.dim() > 1 ? input.size(1) : 1;
+  auto param = weight && weight->defined() ? weight->options() : input.options();
+  return {mask[0] ? at::empty_like(input) : at::Tensor(), mask[1] ? at::empty({c}, param) : at::Tensor(),
+          mask[2] ? at::empty({c}, param) : at::Tensor()};
+  (void)grad_out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
+    const at::Tensor& /*grad_out*/, const at::Tensor& input, c10::SymIntArrayRef /*normalized_shape*/,
+    const at::Tensor& /*mean*/, const at::Tensor& /*rstd*/, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  auto like = [](const std::optional<at::Tensor>& t) { return t && t->defined() ? at::empty_like(*t) : at::Tensor(); };
+  return {mask[0] ? at::empty_like(input) : at::Tensor(), mask[1] ? like(weight) : at::Tensor(),
+          mask[2] ? like(bias) : at::Tensor()};
+}
+
+at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& /*target*/, int64_t reduction) {
+  return reduction == at::Reduction::None ? at::empty_like(self) : at::empty({}, self.options());
+}
+
+at::Tensor mse_loss_backward(const at::Tensor& /*grad*/, const at::Tensor& self, const at::Tensor& /*target*/,
+                             int64_t /*reduction*/) {
+  return at::empty_like(self);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("relu", relu);
+  m.impl("index_select", index_select);
+  m.impl("embedding_dense_backward", embedding_dense_backward);
+  m.impl("native_batch_norm", native_batch_norm);
+  m.impl("native_batch_norm_backward", native_batch_norm_backward);
+  m.impl("native_layer_norm_backward", native_layer_norm_backward);
+  m.impl("mse_loss", mse_loss);
+  m.impl("mse_loss_backward", mse_loss_backward);
+}
+
+}  // namespace composer
