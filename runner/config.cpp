@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "models/registry.h"
+#include "runner/config_delay.h"
 #include "runner/yaml_reader.h"
 
 namespace composer {
@@ -419,13 +420,14 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   return c;
 }
 
-DebugConfig read_debug(YamlMap& root) {
+DebugConfig read_debug(YamlMap& root, int64_t world_size) {
   YamlMap m = section(root, "debug");
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
   m.get("fail_step", c.fail_step);
   m.get_enum("fail_mode", c.fail_mode, kFailModes);
   m.get_enum("inject", c.inject, kInjects);
+  if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
   m.finish();
   return c;
@@ -597,7 +599,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.data = read_data(root);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
-  c.debug = read_debug(root);
+  c.debug = read_debug(root, c.mesh.world_size());
   root.finish();
   return c;
 }

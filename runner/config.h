@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "parallelisms/delay.h"
 #include "parallelisms/schedule.h"
 #include "runner/errors.h"
 
@@ -163,6 +164,7 @@ struct DebugConfig {
   int64_t fail_step = 1;   // the step at which it fails
   FailMode fail_mode = FailMode::kError;
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
+  std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
 };
 const char* name_of(FailMode v);
 const char* name_of(Inject v);

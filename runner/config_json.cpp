@@ -89,7 +89,11 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["debug"] = {{"fail_rank", c.debug.fail_rank},
                 {"fail_step", c.debug.fail_step},
                 {"fail_mode", name_of(c.debug.fail_mode)},
-                {"inject", name_of(c.debug.inject)}};
+                {"inject", name_of(c.debug.inject)},
+                {"delay", nlohmann::json::array()}};
+  for (const auto& d : c.debug.delay) {
+    j["debug"]["delay"].push_back({{"point", parallel::name_of(d.point)}, {"ms", d.ms}, {"ranks", d.ranks}});
+  }
   return j;
 }
 
