@@ -96,11 +96,11 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
 Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   if (g.size == 1) return {};
   delay_at(g.delays, DelayPoint::kBeforeAllReduce);
-  // bfloat16 tensors are summed in float32 and rounded once at the end: a
-  // bfloat16 ring would round after every hop, so its sum would depend on
-  // the group size and the ranks' order. Twice the bytes, for a result that
-  // is the same at any group size.
-  const bool widen = t.scalar_type() == torch::kBFloat16;
+  // bfloat16 and float16 tensors are summed in float32 and rounded once at
+  // the end: a 16-bit ring would round after every hop, so its sum would
+  // depend on the group size and the ranks' order. Twice the bytes, for a
+  // result that is the same at any group size.
+  const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
   auto wire = widen ? t.to(torch::kFloat) : t;
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{wire};

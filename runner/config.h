@@ -15,7 +15,7 @@
 
 namespace composer {
 
-enum class DType { kFloat32, kFloat64, kBFloat16 };
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 enum class Backend { kGloo, kNccl };
 enum class DeviceKind { kCpu, kCuda };
 enum class TransformKind { kTensorParallel, kActivationCheckpointing, kFullyShard, kReplicate, kPipeline };
