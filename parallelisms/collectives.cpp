@@ -1,10 +1,9 @@
 #include "parallelisms/collectives.h"
 
-#include "parallelisms/delay.h"
-
 #include <future>
-
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "parallelisms/delay.h"
 
 namespace composer::parallel {
 

@@ -11,9 +11,10 @@
 namespace composer {
 namespace {
 
-const EnumName<DType> kDTypes[] = {
-    {DType::kFloat32, "float32"}, {DType::kFloat64, "float64"}, {DType::kBFloat16, "bfloat16"},
-    {DType::kFloat16, "float16"}};
+const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
+                                   {DType::kFloat64, "float64"},
+                                   {DType::kBFloat16, "bfloat16"},
+                                   {DType::kFloat16, "float16"}};
 const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
 const EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 const EnumName<TransformKind> kTransforms[] = {
@@ -328,9 +329,10 @@ TrainConfig read_train(YamlMap& root) {
   require_positive(m.ref("microbatches"), static_cast<double>(c.microbatches), "microbatches");
   m.get_enum("dtype", c.dtype, kDTypes);
   if (c.dtype == DType::kFloat16) {
-    throw ConfigError(m.ref("dtype"), "float16 parameters and optimizer state underflow (Adam's eps 1e-8 is 0 in "
-                                      "float16); train in float32 and compute in float16 with fully_shard's "
-                                      "param_dtype: float16");
+    throw ConfigError(m.ref("dtype"),
+                      "float16 parameters and optimizer state underflow (Adam's eps 1e-8 is 0 in "
+                      "float16); train in float32 and compute in float16 with fully_shard's "
+                      "param_dtype: float16");
   }
   c.optimizer = read_optimizer(m);
   {

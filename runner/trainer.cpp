@@ -186,8 +186,8 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
   const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
   auto loss_of = [&](int mb, const torch::Tensor& out) {
-    auto loss = compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k,
-                             t.global_batch);
+    auto loss =
+        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
     delays.at(parallel::DelayPoint::kAfterLoss);
     return loss;
   };

@@ -352,9 +352,9 @@ TEST(Config, DebugDelayIsOneEntryOrAList) {
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss, ms: 0}}\n").find("ms"),
             std::string::npos);
-  EXPECT_NE(error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss, ms: 3, rank: [0]}}\n")
-                .find("unknown key"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss, ms: 3, rank: [0]}}\n").find("unknown key"),
+      std::string::npos);
 }
 
 TEST(Delays, SleepOnlyOnTheirRanksAndCountTheSleeps) {
