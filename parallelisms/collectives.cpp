@@ -1,8 +1,9 @@
 #include "parallelisms/collectives.h"
 
 #include <future>
-
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "parallelisms/delay.h"
 
 namespace composer::parallel {
 
@@ -93,11 +94,12 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
 
 Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   if (g.size == 1) return {};
-  // bfloat16 tensors are summed in float32 and rounded once at the end: a
-  // bfloat16 ring would round after every hop, so its sum would depend on
-  // the group size and the ranks' order. Twice the bytes, for a result that
-  // is the same at any group size.
-  const bool widen = t.scalar_type() == torch::kBFloat16;
+  delay_at(g.delays, DelayPoint::kBeforeAllReduce);
+  // bfloat16 and float16 tensors are summed in float32 and rounded once at
+  // the end: a 16-bit ring would round after every hop, so its sum would
+  // depend on the group size and the ranks' order. Twice the bytes, for a
+  // result that is the same at any group size.
+  const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
   auto wire = widen ? t.to(torch::kFloat) : t;
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{wire};
@@ -137,6 +139,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   std::vector<std::vector<torch::Tensor>> outs(1);
   for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(padded));
   std::vector<torch::Tensor> ins{padded};
+  delay_at(g.delays, DelayPoint::kBeforeAllGather);
   g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
   g.pg->allgather(outs, ins)->wait();
   std::vector<torch::Tensor> parts;
@@ -158,6 +161,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
     flat.narrow(0, i * max * row, sizes[i] * row).copy_(src.narrow(0, offset, sizes[i] * row));
     offset += sizes[i] * row;
   }
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
   if (op == Reduce::kAvg) mine.div_(g.size);
@@ -192,17 +196,22 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
   if (g.size == 1) return {};
   g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
   if (!async) {
+    delay_at(g.delays, DelayPoint::kBeforeAllGather);
     ring_all_gather(g, out);
     return {};
   }
   Group* gp = &g;
-  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] { ring_all_gather(*gp, out); }));
+  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] {
+    delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
+    ring_all_gather(*gp, out);
+  }));
   return Handle(c10::intrusive_ptr<c10d::Work>(), [done] { done->get(); });
 }
 
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   const int64_t chunk = flat.numel() / g.size;
   if (g.size == 1) return flat.view({-1});
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
   if (op == Reduce::kAvg) mine.div_(g.size);
@@ -210,6 +219,7 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
 }
 
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
+  delay_at(g.delays, DelayPoint::kBeforeSend);
   auto c = t.contiguous();
   g.counter->add("send", nbytes(c), nbytes(c));
   std::vector<torch::Tensor> ts{c};
@@ -219,6 +229,7 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
 }
 
 void recv(Group& g, torch::Tensor& t, int src, int tag) {
+  delay_at(g.delays, DelayPoint::kBeforeRecv);
   std::vector<torch::Tensor> ts{t};
   g.pg->recv(ts, src, tag)->wait();
 }

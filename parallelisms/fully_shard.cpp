@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "parallelisms/delay.h"
 #include "parallelisms/tensor_parallel.h"
 
 namespace composer::parallel {
@@ -110,6 +111,7 @@ void start_gather(FullyShard::Unit& u) {
 std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
   torch::NoGradGuard no_grad;
   if (!u.recv.defined()) start_gather(u);
+  delay_at(u.group->delays, DelayPoint::kBeforeAllGatherWait);
   u.gather.wait();
   if (u.owner->in_flight == &u) u.owner->in_flight = nullptr;
   std::vector<torch::Tensor> values;
@@ -217,6 +219,7 @@ struct UnshardFn : torch::autograd::Function<UnshardFn> {
 // Unbinds the unsharded tensors from their buffer and returns it to the pool.
 void release_unsharded(FullyShard::Unit& u) {
   if (!u.unsharded_base.defined()) return;
+  delay_at(u.group->delays, DelayPoint::kBeforeFree);
   for (auto& p : u.params) {
     if (p.full.defined()) bind_storage(p.full, nullptr, 0);
   }

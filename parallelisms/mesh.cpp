@@ -73,6 +73,7 @@ void DeviceMesh::create(const std::vector<std::string>& dims, c10::intrusive_ptr
   g.size = static_cast<int>(g.ranks.size());
   g.rank = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank_) - g.ranks.begin());
   g.counter = std::make_shared<CommCounter>();
+  g.delays = options_.delays;
   connect(g, k);
   groups_.emplace(k, std::move(g));
 }
@@ -111,6 +112,7 @@ Group& DeviceMesh::subgroup(const std::string& dim, const std::vector<int>& memb
   TORCH_INTERNAL_ASSERT(me != members.end(), "rank ", rank_, " asked for a subgroup it is not in");
   g.rank = static_cast<int>(me - members.begin());
   g.counter = std::make_shared<CommCounter>();
+  g.delays = options_.delays;
   connect(g, k);
   return groups_.emplace(k, std::move(g)).first->second;
 }

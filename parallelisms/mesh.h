@@ -24,6 +24,7 @@ std::vector<int64_t> coords_of(int rank, const std::vector<int64_t>& shape);
 
 class CommCounter;
 class CudaRuntime;
+class Delays;
 
 // One process group as seen from this rank.
 struct Group {
@@ -33,6 +34,7 @@ struct Group {
   int size = 1;
   c10::intrusive_ptr<c10d::Backend> pg;        // null when size == 1
   std::shared_ptr<CommCounter> counter;        // calls and bytes issued on this group
+  std::shared_ptr<const Delays> delays;        // debug.delay: sleeps at named points (null: none)
 };
 
 struct MeshOptions {
@@ -42,6 +44,7 @@ struct MeshOptions {
   bool connect = true;                         // false: groups without process groups (planning only)
   CudaRuntime* cuda = nullptr;                 // nccl: makes the NCCL groups (parallelisms/cuda_runtime.h)
   int device = 0;                              // nccl: this rank's GPU
+  std::shared_ptr<const Delays> delays;        // given to every group (debug.delay)
 };
 
 class DeviceMesh {

@@ -165,26 +165,30 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
 
 }  // namespace
 
-bool fqn_matches(const std::string& pattern, const std::string& fqn) {
-  // Backtracking glob where '*' never crosses a '.'.
-  size_t p = 0, f = 0, star = std::string::npos, mark = 0;
-  while (f < fqn.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = f;
-    } else if (p < pattern.size() && pattern[p] == fqn[f]) {
-      ++p;
-      ++f;
-    } else if (star != std::string::npos && fqn[mark] != '.') {
-      p = star + 1;
-      f = ++mark;
-    } else {
-      return false;
+namespace {
+
+// Does pattern[i..] match fqn[j..]? Patterns are a few segments long, so
+// plain backtracking is enough.
+bool glob_from(const std::string& p, size_t i, const std::string& f, size_t j) {
+  while (i < p.size()) {
+    if (p[i] == '*') {
+      const bool any_depth = i + 1 < p.size() && p[i + 1] == '*';
+      const size_t rest = i + (any_depth ? 2 : 1);
+      for (size_t k = j;; ++k) {
+        if (glob_from(p, rest, f, k)) return true;
+        if (k == f.size() || (!any_depth && f[k] == '.')) return false;
+      }
     }
+    if (j == f.size() || p[i] != f[j]) return false;
+    ++i;
+    ++j;
   }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
+  return j == f.size();
 }
+
+}  // namespace
+
+bool fqn_matches(const std::string& pattern, const std::string& fqn) { return glob_from(pattern, 0, fqn, 0); }
 
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {
   auto modules = nn::named_modules(model);

@@ -29,7 +29,8 @@
 
 namespace composer::parallel {
 
-// '*' matches any run of characters within one dotted segment.
+// '*' matches any run of characters within one dotted segment; '**' any run
+// across segments too (`**` alone: every module at every depth).
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
 
 // Checks a plan against a model without any process group: every pattern

@@ -5,13 +5,16 @@
 #include <sstream>
 
 #include "models/registry.h"
+#include "runner/config_delay.h"
 #include "runner/yaml_reader.h"
 
 namespace composer {
 namespace {
 
-const EnumName<DType> kDTypes[] = {
-    {DType::kFloat32, "float32"}, {DType::kFloat64, "float64"}, {DType::kBFloat16, "bfloat16"}};
+const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
+                                   {DType::kFloat64, "float64"},
+                                   {DType::kBFloat16, "bfloat16"},
+                                   {DType::kFloat16, "float16"}};
 const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
 const EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 const EnumName<TransformKind> kTransforms[] = {
@@ -328,6 +331,12 @@ TrainConfig read_train(YamlMap& root) {
   m.get("microbatches", c.microbatches);
   require_positive(m.ref("microbatches"), static_cast<double>(c.microbatches), "microbatches");
   m.get_enum("dtype", c.dtype, kDTypes);
+  if (c.dtype == DType::kFloat16) {
+    throw ConfigError(m.ref("dtype"),
+                      "float16 parameters and optimizer state underflow (Adam's eps 1e-8 is 0 in "
+                      "float16); train in float32 and compute in float16 with fully_shard's "
+                      "param_dtype: float16");
+  }
   c.optimizer = read_optimizer(m);
   {
     YamlMap s(m.has("lr_schedule") ? m.node("lr_schedule") : YAML::Node(), "train.lr_schedule", root.context());
@@ -422,7 +431,7 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   return c;
 }
 
-DebugConfig read_debug(YamlMap& root) {
+DebugConfig read_debug(YamlMap& root, int64_t world_size) {
   YamlMap m = section(root, "debug");
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
@@ -430,6 +439,7 @@ DebugConfig read_debug(YamlMap& root) {
   m.get_enum("fail_mode", c.fail_mode, kFailModes);
   m.get_enum("fail_at", c.fail_at, kFailAts);
   m.get_enum("inject", c.inject, kInjects);
+  if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
   m.finish();
   return c;
@@ -602,7 +612,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.data = read_data(root);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
-  c.debug = read_debug(root);
+  c.debug = read_debug(root, c.mesh.world_size());
   root.finish();
   return c;
 }

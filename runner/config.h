@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "models/model.h"
+#include "parallelisms/delay.h"
 #include "parallelisms/schedule.h"
 #include "runner/errors.h"
 
 namespace composer {
 
-enum class DType { kFloat32, kFloat64, kBFloat16 };
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 enum class Backend { kGloo, kNccl };
 enum class DeviceKind { kCpu, kCuda };
 enum class TransformKind { kTensorParallel, kActivationCheckpointing, kFullyShard, kReplicate, kPipeline };
@@ -169,6 +170,7 @@ struct DebugConfig {
   FailMode fail_mode = FailMode::kError;
   FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
+  std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
 };
 const char* name_of(FailMode v);
 const char* name_of(FailAt v);

@@ -91,7 +91,11 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                 {"fail_step", c.debug.fail_step},
                 {"fail_mode", name_of(c.debug.fail_mode)},
                 {"fail_at", name_of(c.debug.fail_at)},
-                {"inject", name_of(c.debug.inject)}};
+                {"inject", name_of(c.debug.inject)},
+                {"delay", nlohmann::json::array()}};
+  for (const auto& d : c.debug.delay) {
+    j["debug"]["delay"].push_back({{"point", parallel::name_of(d.point)}, {"ms", d.ms}, {"ranks", d.ranks}});
+  }
   return j;
 }
 

@@ -232,6 +232,7 @@ torch::ScalarType scalar_type_of(DType d) {
   switch (d) {
     case DType::kFloat64: return torch::kDouble;
     case DType::kBFloat16: return torch::kBFloat16;
+    case DType::kFloat16: return torch::kHalf;
     default: return torch::kFloat;
   }
 }

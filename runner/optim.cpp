@@ -8,7 +8,8 @@ namespace composer {
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
                            int64_t n, int64_t global) {
   // Reduced-precision outputs are promoted so the loss itself is float32.
-  auto y = output.scalar_type() == torch::kBFloat16 ? output.to(torch::kFloat) : output;
+  const bool reduced = output.scalar_type() == torch::kBFloat16 || output.scalar_type() == torch::kHalf;
+  auto y = reduced ? output.to(torch::kFloat) : output;
   torch::Tensor l;
   bool mean_type = true;
   switch (loss.name) {

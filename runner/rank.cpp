@@ -88,10 +88,12 @@ c10::intrusive_ptr<c10d::Store> host_rendezvous(const std::string& addr, int por
 RankContext single_rank(const ExperimentConfig& c, const Plan& plan) {
   RankContext r;
   r.log_prefix = "[rank 0/1] ";
+  if (!c.debug.delay.empty()) r.delays = std::make_shared<parallel::Delays>(c.debug.delay, 0);
   if (!c.parallelize.empty()) {
+    parallel::MeshOptions mo;
+    mo.delays = r.delays;
     r.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, 0,
-                                                    c10::make_intrusive<c10d::HashStore>(),
-                                                    parallel::MeshOptions{}, plan.flat_groups);
+                                                    c10::make_intrusive<c10d::HashStore>(), mo, plan.flat_groups);
   }
   return r;
 }
@@ -123,6 +125,8 @@ RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& 
   mo.timeout = timeout;
   mo.host = (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") ? "127.0.0.1" : "";
   RankContext r;
+  if (!c.debug.delay.empty()) r.delays = std::make_shared<parallel::Delays>(c.debug.delay, env.rank);
+  mo.delays = r.delays;
   r.rank = env.rank;
   r.world_size = env.world_size;
   r.local_world_size = env.local_world_size;

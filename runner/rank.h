@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "parallelisms/delay.h"
 #include "parallelisms/mesh.h"
 #include "runner/config.h"
 #include "runner/launcher.h"
@@ -18,6 +19,7 @@ struct RankContext {
   int local_world_size = 1;
   std::unique_ptr<parallel::DeviceMesh> mesh;  // null when world_size == 1
   std::string log_prefix;                      // "[rank r/N] " when composer logs it itself
+  std::shared_ptr<const parallel::Delays> delays;  // debug.delay on this rank (null: none), shared with the mesh
   bool is_main() const { return rank == 0; }
 };
 

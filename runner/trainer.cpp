@@ -164,7 +164,7 @@ void add_comm(RankContext& rank, StepRecord& r) {
 // the microbatch's share of the batch loss), divided by n when scale_grads.
 // Returns the sum of the microbatch shares: the batch loss.
 double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
-                     double grad_scale) {
+                     double grad_scale, const parallel::Delays& delays) {
   const auto& t = c.train;
   const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
   bool scale = true;
@@ -176,7 +176,10 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
   const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
   auto loss_of = [&](int mb, const torch::Tensor& out) {
-    return compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
+    auto loss =
+        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
+    delays.at(parallel::DelayPoint::kAfterLoss);
+    return loss;
   };
   return pipe.run(input_of, loss_of, factor * grad_scale);
 }
@@ -218,6 +221,16 @@ Injection injection(const ExperimentConfig& c, const Plan& plan, int64_t dp_rank
               << ": this run trains wrongly on purpose\n";
   }
   return in;
+}
+
+// "250 ms before_reduce_scatter, ..." for the entries on `rank`.
+std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) {
+  std::string out;
+  for (const auto& d : delays) {
+    if (!d.ranks.empty() && std::find(d.ranks.begin(), d.ranks.end(), rank) == d.ranks.end()) continue;
+    out += (out.empty() ? "" : ", ") + std::to_string(d.ms) + " ms " + parallel::name_of(d.point);
+  }
+  return out;
 }
 
 }  // namespace
@@ -358,6 +371,12 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
   const int64_t mb = plan.local_microbatch;
   const Injection inject = injection(c, plan, dp_rank, rank);
+  static const parallel::Delays kNoDelays({}, 0);
+  const parallel::Delays& delays = rank.delays ? *rank.delays : kNoDelays;
+  if (!delays.empty()) {
+    std::cout << rank.log_prefix << "debug.delay: this rank sleeps at " << delay_summary(c.debug.delay, rank.rank)
+              << "; the results must not change\n";
+  }
   const int64_t batch_begin = dp_rank * plan.local_batch + inject.data_shift;
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
@@ -383,7 +402,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       Batch b = dataset->batch(step, batch_begin, batch_begin + plan.local_batch);
       par.sync->set_requires_sync(false);                // every reduction after the last microbatch
       if (par.fsdp) par.fsdp->set_requires_sync(false);  // one reduce-scatter per unit, after it
-      local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale);
+      local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale, delays);
       if (par.fsdp) {
         par.fsdp->flush();
         par.fsdp->reshard();
@@ -400,6 +419,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       auto phase = Clock::now();
       auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);
       r.forward_ms += ms_since(phase);
+      delays.at(parallel::DelayPoint::kAfterLoss);
       phase = Clock::now();
       (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
       local_loss += loss.item<double>();
@@ -424,6 +444,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       r.loss = l.item<double>();
     }
 
+    delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
     phase = Clock::now();
     r.grad_norm = global_grad_norm(params, par);
     if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
@@ -455,6 +476,10 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     std::filesystem::create_directories(out_dir);
     write_json(out_dir + "/timeline.rank" + std::to_string(rank.rank) + ".json",
                {{"rank", rank.rank}, {"stages", par.pipe->local_stages()}, {"timeline", tl}});
+  }
+  if (!delays.empty()) {
+    std::cout << rank.log_prefix << "debug.delay: slept " << delays.slept() << " times, " << delays.slept_ms()
+              << " ms in all\n";
   }
   if (par.any) {
     write_final_weights(*model, par.placements.get(), par.world, rank.rank, out_dir + "/final.safetensors");

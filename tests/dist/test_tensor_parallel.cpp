@@ -39,6 +39,16 @@ TEST(FqnMatch, StarStaysInsideASegment) {
   EXPECT_TRUE(fqn_matches("net*", "net12"));
 }
 
+TEST(FqnMatch, DoubleStarCrossesSegments) {
+  EXPECT_TRUE(fqn_matches("**", "module"));
+  EXPECT_TRUE(fqn_matches("**", "layers.0.attention.wq"));
+  EXPECT_TRUE(fqn_matches("layers.**.wq", "layers.1.attention.wq"));
+  EXPECT_FALSE(fqn_matches("layers.**.wq", "layers.1.attention.wk"));
+  EXPECT_TRUE(fqn_matches("**.bias", "a.b.bias"));
+  EXPECT_FALSE(fqn_matches("**.bias", "bias"));
+  EXPECT_FALSE(fqn_matches("layers.*.wq", "layers.1.attention.wq"));
+}
+
 TEST(TpPlanCheck, NamesThePatternAndTheProblem) {
   auto m = make("simple_model");
   EXPECT_FALSE(check_tp_plan(*m, plan_of("simple_model")).has_value());

@@ -329,5 +329,48 @@ TEST(Planner, TensorParallelPlanIsTheModels) {
   EXPECT_EQ(p.dp_size, 1);
 }
 
+TEST(Config, DebugDelayIsOneEntryOrAList) {
+  const std::string mesh = "mesh: {shape: [2], names: [dp]}\nparallelize: [{replicate: {}}]\n";
+  auto one = parse_config(std::string(kMinimal) + mesh + "debug: {delay: {point: before_free, ms: 250, ranks: [1]}}\n",
+                          "x.yaml");
+  ASSERT_EQ(one.debug.delay.size(), 1u);
+  EXPECT_EQ(one.debug.delay[0].point, parallel::DelayPoint::kBeforeFree);
+  EXPECT_EQ(one.debug.delay[0].ms, 250);
+  EXPECT_EQ(one.debug.delay[0].ranks, std::vector<int64_t>{1});
+  auto list = parse_config(std::string(kMinimal) + mesh +
+                               "debug:\n  delay:\n    - {point: after_loss, ms: 5}\n"
+                               "    - {point: before_reduce_scatter, ms: 7, ranks: [0, 1]}\n",
+                           "x.yaml");
+  ASSERT_EQ(list.debug.delay.size(), 2u);
+  EXPECT_EQ(list.debug.delay[0].point, parallel::DelayPoint::kAfterLoss);
+  EXPECT_TRUE(list.debug.delay[0].ranks.empty());  // every rank
+  EXPECT_EQ(list.debug.delay[1].point, parallel::DelayPoint::kBeforeReduceScatter);
+  EXPECT_EQ(to_json(list)["debug"]["delay"][1]["point"], "before_reduce_scatter");
+  // Delays never change what a run computes: the golden hash ignores them.
+  EXPECT_EQ(config_hash(one), config_hash(parse_config(std::string(kMinimal) + mesh, "x.yaml")));
+  EXPECT_NE(error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss}}\n").find("missing required key 'ms'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss, ms: 0}}\n").find("ms"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(std::string(kMinimal) + "debug: {delay: {point: after_loss, ms: 3, rank: [0]}}\n").find("unknown key"),
+      std::string::npos);
+}
+
+TEST(Delays, SleepOnlyOnTheirRanksAndCountTheSleeps) {
+  std::vector<parallel::Delay> d{{parallel::DelayPoint::kBeforeFree, 1, {1}},
+                                 {parallel::DelayPoint::kAfterLoss, 2, {}}};
+  parallel::Delays rank0(d, 0), rank1(d, 1);
+  rank0.at(parallel::DelayPoint::kBeforeFree);
+  rank0.at(parallel::DelayPoint::kAfterLoss);
+  rank1.at(parallel::DelayPoint::kBeforeFree);
+  rank1.at(parallel::DelayPoint::kBeforeSend);
+  EXPECT_EQ(rank0.slept(), 1);
+  EXPECT_EQ(rank0.slept_ms(), 2);
+  EXPECT_EQ(rank1.slept(), 1);
+  EXPECT_EQ(rank1.slept_ms(), 1);
+  EXPECT_TRUE(parallel::Delays({}, 0).empty());
+}
+
 }  // namespace
 }  // namespace composer

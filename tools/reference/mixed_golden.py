@@ -7,8 +7,8 @@ model, train and data only, so the golden fits the parallel plan) to write the i
 the resolved config; reference.py trains from them with the plan's fully_shard policy
 (--param-dtype/--reduce-dtype, or --all-gather for the bfloat16 all-gather extension). A golden
 that moves too little for the config's tolerances to tell a wrong run from a right one is refused:
-some parameter must move by >= 8 x param_atol over the run, and some step's loss must differ from
-the previous one by >= 5 x loss_rtol (relative).
+some parameter must move by >= 8 x param_atol over the run, and (with more than one step) some
+step's loss must differ from the previous one by >= 5 x loss_rtol (relative).
 
     tools/reference/mixed_golden.py --config configs/parity/fsdp_bf16_transformer_dp2.yaml
     build/composer check --config configs/parity/fsdp_bf16_transformer_dp2.yaml
@@ -62,7 +62,8 @@ def read_f32_safetensors(path):
 
 
 def movement(golden_path, init_path):
-    """(the largest parameter movement over the run, the largest relative loss change between steps)."""
+    """(the largest parameter movement over the run, the largest relative loss change between steps, None
+    for a one-step run)."""
     with open(golden_path) as f:
         golden = json.load(f)
     init = read_f32_safetensors(init_path)
@@ -72,16 +73,17 @@ def movement(golden_path, init_path):
         final = struct.unpack("<%dd" % (len(raw) // 8), raw)
         moved = max([moved] + [abs(a - b) for a, b in zip(final, init[p["name"]])])
     losses = [s["loss"] for s in golden["steps"]]
-    change = max(abs(b - a) / abs(a) for a, b in zip(losses, losses[1:]))
+    change = max((abs(b - a) / abs(a) for a, b in zip(losses, losses[1:])), default=None)
     return moved, change
 
 
 def too_little(moved, change, loss_rtol, param_atol):
     """Why a golden that moves this much cannot catch a wrong run under these tolerances, or None."""
-    if moved < PARAM_MOVES * param_atol or change < LOSS_MOVES * loss_rtol:
-        return ("parameters move by at most %.2e (need %d x param_atol %.2e) and losses by %.2e relative per step "
+    if moved < PARAM_MOVES * param_atol or (change is not None and change < LOSS_MOVES * loss_rtol):
+        return ("parameters move by at most %.2e (need %d x param_atol %.2e) and losses by %s relative per step "
                 "(need %d x loss_rtol %.2e): too little for the tolerances to catch a wrong run; raise the learning "
-                "rate" % (moved, PARAM_MOVES, param_atol, change, LOSS_MOVES, loss_rtol))
+                "rate" % (moved, PARAM_MOVES, param_atol, "%.2e" % change if change is not None else "(one step)",
+                          LOSS_MOVES, loss_rtol))
     return None
 
 
@@ -121,8 +123,8 @@ def main():
     why = too_little(moved, change, cfg["check"]["loss_rtol"], cfg["check"]["param_atol"])
     if why:
         sys.exit("mixed_golden: the golden of %s (%s): %s" % (args.config, " ".join(policy), why))
-    print("mixed_golden: %s (PyTorch reference, %s): parameters move up to %.2e, losses by up to %.2e relative per "
-          "step" % (golden, " ".join(policy), moved, change))
+    print("mixed_golden: %s (PyTorch reference, %s): parameters move up to %.2e, losses by up to %s relative per "
+          "step" % (golden, " ".join(policy), moved, "%.2e" % change if change is not None else "(one step)"))
 
 
 if __name__ == "__main__":

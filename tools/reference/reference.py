@@ -26,7 +26,7 @@ GOLDEN_FORMAT = 1
 FULL_LIMIT = 1 << 20
 SAMPLES = 512
 MASK64 = (1 << 64) - 1
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ST_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16,
              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
              "BOOL": torch.bool}
@@ -133,7 +133,7 @@ class Data:
 
 def loss_fn(cfg, out, target, n, global_batch):
     name, scale = cfg["name"], cfg["scale"]
-    y = out.float() if out.dtype == torch.bfloat16 else out
+    y = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
     if name == "sum":
         return y.sum() * scale
     if name == "mean":
@@ -308,11 +308,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="composer output directory of a single-device run")
     ap.add_argument("--golden", required=True, help="golden file to write")
-    ap.add_argument("--param-dtype", choices=["bfloat16"], default=None,
+    ap.add_argument("--param-dtype", choices=["bfloat16", "float16"], default=None,
                     help="train under fully_shard's mixed-precision policy: every parameter computes in a copy cast "
                          "to this dtype, float inputs are cast to it at the model's entry and the output back, and "
                          "gradients are accumulated and applied in --reduce-dtype")
-    ap.add_argument("--reduce-dtype", choices=["float32", "bfloat16"], default="float32",
+    ap.add_argument("--reduce-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="with --param-dtype: the dtype gradients are cast to and accumulated in (fully_shard's "
                          "reduce_dtype) before the optimizer sees them in the training dtype")
     ap.add_argument("--all-gather", choices=["bfloat16"], default=None,
@@ -363,8 +363,8 @@ def main():
             # PyTorch's own: the 2-norm of the gradients' 2-norms, and clipping by max_norm / (norm + 1e-6).
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item() if grads else 0.0
         else:
-            # bfloat16 gradients: clip_grad_norm_'s formula with each norm taken in float32, as composer
-            # does (PyTorch would sum bfloat16 squares in bfloat16).
+            # 16-bit gradients: clip_grad_norm_'s formula with each norm taken in float32, as composer
+            # does (PyTorch would sum 16-bit squares in 16 bits).
             norms = [g.detach().float().norm(2) for g in grads]
             norm = torch.stack(norms).norm(2).item() if grads else 0.0
             coef = min(1.0, max_norm / (norm + 1e-6))
