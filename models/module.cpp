@@ -17,7 +17,8 @@ ShapeOnly::~ShapeOnly() { shape_only = previous_; }
 
 torch::Tensor Module::operator()(torch::Tensor input) {
   for (auto& [handle, hook] : pre_hooks_) input = hook(*this, std::move(input));
-  torch::Tensor output = forward(input);
+  torch::Tensor output =
+      wrapper_ ? wrapper_(*this, input, [this](const torch::Tensor& x) { return forward(x); }) : forward(input);
   for (auto& [handle, hook] : post_hooks_) output = hook(*this, input, std::move(output));
   return output;
 }

@@ -28,6 +28,15 @@ class Module : public torch::nn::Module {
   torch::Tensor operator()(torch::Tensor input);
   virtual torch::Tensor forward(torch::Tensor input) = 0;
 
+  // Runs in place of forward, between the pre- and post-hooks: it gets the
+  // input and a function that runs this module's forward, and returns the
+  // output (activation checkpointing decides there how forward runs). One per
+  // module; an empty wrapper removes it.
+  using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+  using ForwardWrapper = std::function<torch::Tensor(Module&, const torch::Tensor& input, const Forward& forward)>;
+  void set_forward_wrapper(ForwardWrapper wrapper) { wrapper_ = std::move(wrapper); }
+  bool has_forward_wrapper() const { return static_cast<bool>(wrapper_); }
+
   int add_pre_hook(PreHook hook);
   int add_post_hook(PostHook hook);
   void remove_hook(int handle);
@@ -54,6 +63,7 @@ class Module : public torch::nn::Module {
   int next_handle_ = 0;
   std::vector<std::pair<int, PreHook>> pre_hooks_;
   std::vector<std::pair<int, PostHook>> post_hooks_;
+  ForwardWrapper wrapper_;
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> views_;
 };
 

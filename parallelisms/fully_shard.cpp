@@ -265,33 +265,6 @@ void reshard_storage(FullyShard::Unit& u) {
   u.freed = true;
 }
 
-bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn) {
-  for (const auto& p : patterns) {
-    if (fqn_matches(p, fqn)) return true;
-  }
-  return false;
-}
-
-// The modules `patterns` select, outermost first. A matched module without a
-// forward of its own (a ModuleList) never runs, so its children are the units.
-std::vector<std::pair<std::string, nn::Module*>> select_units(models::Model& model,
-                                                              const std::vector<std::string>& patterns) {
-  std::vector<std::pair<std::string, nn::Module*>> out;
-  std::vector<std::string> containers;
-  for (auto& [name, m] : nn::named_modules(model)) {
-    const bool child_of_container =
-        !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
-        name.find('.', containers.back().size() + 1) == std::string::npos;
-    if (name.empty() || !(matches_any(patterns, name) || child_of_container)) continue;
-    if (dynamic_cast<nn::ModuleList*>(m)) {
-      containers.push_back(name);
-      continue;
-    }
-    out.emplace_back(name, m);
-  }
-  return out;
-}
-
 // fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate
 // dim and Shard over the shard dim; gradients are averaged over both.
 void record_placement(ShardSpec& spec, Group& shard, Group* replicate, int64_t dim) {
@@ -321,7 +294,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
   // innermost unit that contains every module computing with it on this rank
   // (a weight tied across two units belongs to their common ancestor, so it is
   // gathered for as long as either uses it).
-  std::vector<std::pair<std::string, nn::Module*>> unit_modules = select_units(model, options.units);
+  std::vector<std::pair<std::string, nn::Module*>> unit_modules = select_modules(model, options.units);
   unit_modules.emplace_back("", &model);
   std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
   std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> user_names;

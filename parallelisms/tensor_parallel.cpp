@@ -190,6 +190,31 @@ bool glob_from(const std::string& p, size_t i, const std::string& f, size_t j) {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn) { return glob_from(pattern, 0, fqn, 0); }
 
+bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn) {
+  for (const auto& p : patterns) {
+    if (fqn_matches(p, fqn)) return true;
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, nn::Module*>> select_modules(models::Model& model,
+                                                                const std::vector<std::string>& patterns) {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  std::vector<std::string> containers;
+  for (auto& [name, m] : nn::named_modules(model)) {
+    const bool child_of_container =
+        !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
+        name.find('.', containers.back().size() + 1) == std::string::npos;
+    if (name.empty() || !(matches_any(patterns, name) || child_of_container)) continue;
+    if (dynamic_cast<nn::ModuleList*>(m)) {
+      containers.push_back(name);
+      continue;
+    }
+    out.emplace_back(name, m);
+  }
+  return out;
+}
+
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {
   auto modules = nn::named_modules(model);
   for (const auto& r : plan) {

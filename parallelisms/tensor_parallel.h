@@ -32,6 +32,13 @@ namespace composer::parallel {
 // '*' matches any run of characters within one dotted segment; '**' any run
 // across segments too (`**` alone: every module at every depth).
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
+bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn);
+
+// The modules `patterns` select (fully_shard's and activation checkpointing's
+// units), outermost first, without the root. A matched module without a
+// forward of its own (a ModuleList) never runs, so its children stand in for it.
+std::vector<std::pair<std::string, nn::Module*>> select_modules(models::Model& model,
+                                                                const std::vector<std::string>& patterns);
 
 // Checks a plan against a model without any process group: every pattern
 // matches a module, and each style suits the module's type. Returns the

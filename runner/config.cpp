@@ -241,6 +241,12 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       break;
     case TransformKind::kActivationCheckpointing:
       m.get("units", t.units);
+      if (t.units.empty()) {
+        throw ConfigError(m.self_ref(), "activation_checkpointing needs units: the modules to checkpoint, as FQN "
+                                        "patterns (e.g. units: [layers.*])");
+      }
+      m.get("every", t.every);
+      require_positive(m.ref("every"), static_cast<double>(t.every), "every");
       break;
     case TransformKind::kFullyShard:
       t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});

@@ -73,6 +73,7 @@ struct TransformConfig {
   TransformKind kind = TransformKind::kReplicate;
   std::vector<std::string> mesh_dim;   // mesh dims it spans (fully_shard: [replicate, shard] for HSDP)
   std::vector<std::string> units;      // fully_shard / activation_checkpointing: module FQN patterns
+  int64_t every = 1;                   // activation_checkpointing: checkpoint every n-th matching unit
   std::string plan = "default";        // tensor_parallel: the model's plan, or custom (then `styles`)
   models::TpPlan styles;               // tensor_parallel: the custom plan's rules
   bool sequence_parallel = false;      // tensor_parallel: shard norms and residuals on the sequence dim

@@ -29,7 +29,7 @@ nlohmann::json transform_json(const TransformConfig& t) {
                                {"desired_input", layout(r.desired_input)}});
       }
       break;
-    case TransformKind::kActivationCheckpointing: j = {{"units", t.units}}; break;
+    case TransformKind::kActivationCheckpointing: j = {{"units", t.units}, {"every", t.every}}; break;
     case TransformKind::kFullyShard:
       j = {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", t.reshard_after_forward},
            {"param_dtype", t.param_dtype ? name_of(*t.param_dtype) : ""},

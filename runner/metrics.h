@@ -19,6 +19,7 @@ struct StepRecord {
   double pipeline_bubble = -1;  // idle fraction over the pipeline ranks this step; -1 without a pipeline
   double pipeline_bubble_formula = -1;  // the schedule's bubble with unit-cost actions
   std::vector<double> microbatch_losses;  // pipeline: each microbatch's loss (summed over dp ranks)
+  int64_t recomputes = -1;  // activation checkpointing: unit forwards recomputed this step; -1 without it
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "models/registry.h"
+#include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/cuda_runtime.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/pipeline.h"
@@ -88,11 +89,6 @@ void check_order_and_dims(const ExperimentConfig& c) {
 
 void check_supported(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) {
-    if (t.kind == TransformKind::kActivationCheckpointing) {
-      throw PlanError(t.ref, std::string("the ") + name_of(t.kind) +
-                                 " transform is not supported yet in this version; use tensor_parallel, fully_shard, "
-                                 "replicate or pipeline, or remove it");
-    }
     if (t.kind == TransformKind::kFullyShard && &t != &c.parallelize.front()) {
       for (const auto& u : c.parallelize) {
         if (&u == &t) break;
@@ -175,6 +171,37 @@ void plan_fully_shard(const ExperimentConfig& c) {
                                "the model's own forward), but " + fqn + " is in none; add a units pattern for it");
       }
     }
+  }
+}
+
+// Activation checkpointing: every pattern names a module, the units do not
+// nest, and no fully_shard unit lies inside one (its parameters would be
+// gathered inside the no-grad forward, out of reach of the recompute, which
+// computes with the parameters present when the unit's backward begins).
+void plan_activation_checkpointing(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    if (t.kind != TransformKind::kActivationCheckpointing) continue;
+    torch::manual_seed(c.seed);
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    const parallel::ActivationCheckpointOptions o{t.units, t.every};
+    if (auto problem = parallel::check_checkpoint_units(*model, o)) throw PlanError(t.ref, *problem);
+    const auto units = parallel::checkpoint_units(*model, o);
+    for (const auto& f : c.parallelize) {
+      if (f.kind != TransformKind::kFullyShard) continue;
+      for (const auto& [inner, m] : parallel::select_modules(*model, f.units)) {
+        for (const auto& outer : units) {
+          if (inner.rfind(outer + ".", 0) != 0) continue;
+          throw PlanError(f.ref, "fully_shard unit " + inner + " lies inside the checkpointed unit " + outer +
+                                     ", whose recompute computes with the parameters gathered before it; make the "
+                                     "fully_shard units the checkpointed modules or modules that contain them "
+                                     "(e.g. both units: [" + t.units.front() + "])");
+        }
+      }
+    }
+    std::string list;
+    for (size_t i = 0; i < units.size(); ++i) list += (i ? ", " : "") + units[i];
+    p.summary.push_back("activation_checkpointing: " + std::to_string(units.size()) + " units recompute their "
+                        "forward in backward (" + list + ")");
   }
 }
 
@@ -318,6 +345,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
                           join(c.parallelize[i].mesh_dim) + "]");
     }
   }
+  plan_activation_checkpointing(c, p);
   return p;
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "models/registry.h"
+#include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/grad_sync.h"
 #include "parallelisms/pipeline.h"
@@ -39,6 +40,7 @@ struct Parallel {
   parallel::Group* world = nullptr;
   std::unique_ptr<parallel::Placements> placements = std::make_unique<parallel::Placements>();
   std::unique_ptr<parallel::TensorParallel> tp;
+  std::unique_ptr<parallel::ActivationCheckpoint> ac;
   std::unique_ptr<parallel::FullyShard> fsdp;
   std::unique_ptr<parallel::Pipeline> pipe;
   std::unique_ptr<parallel::GradSync> sync;
@@ -74,20 +76,38 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
   return o;
 }
 
+void apply_activation_checkpointing(models::Model& model, const Plan& plan, Parallel& p) {
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kActivationCheckpointing) {
+      p.ac = parallel::apply_activation_checkpointing(model, {t.units, t.every});
+    }
+  }
+}
+
 Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& rank, const torch::Tensor& example) {
   Parallel p;
-  if (!rank.mesh || plan.transforms.empty()) return p;
+  // Activation checkpointing changes how a unit computes, not where: alone it
+  // needs no mesh, and the run is a single-device one.
+  bool distributed = false;
+  for (const auto& t : plan.transforms) distributed = distributed || t.kind != TransformKind::kActivationCheckpointing;
+  if (!rank.mesh || !distributed) {
+    apply_activation_checkpointing(model, plan, p);
+    return p;
+  }
   p.any = true;
   p.world = &rank.mesh->world();
   if (!plan.dp_dims.empty()) p.dp = &rank.mesh->group(plan.dp_dims);
-  // Tensor parallelism shards the math first; a pipeline then keeps only its
-  // stages' parameters, and data parallelism shards or replicates what this
-  // rank holds.
+  // Tensor parallelism shards the math first; activation checkpointing wraps
+  // the sharded units (their recompute re-runs the tensor-parallel
+  // collectives); a pipeline then keeps only its stages' parameters, and data
+  // parallelism shards or replicates what this rank holds (its hooks run
+  // around the checkpointed forward, so a unit is gathered before it).
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kTensorParallel) {
       p.tp = parallel::apply_tensor_parallel(model, rank.mesh->group(t.mesh_dim), plan.tp_plan, *p.placements);
     }
   }
+  apply_activation_checkpointing(model, plan, p);
   for (const auto& t : plan.transforms) {
     if (t.kind != TransformKind::kPipeline) continue;
     parallel::PipelineOptions o;
@@ -383,6 +403,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const double grad_scale = static_cast<double>(plan.dp_size) * inject.grad_factor;
   for (int64_t step = first_step; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
+    const int64_t recomputes_before = par.ac ? par.ac->recomputes() : 0;
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
     memory::reset_peak();
@@ -456,6 +477,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     r.peak_rss_mb = peak_rss_mb();
     step_peaks.push_back(memory::peak_bytes());
     r.peak_alloc_mb = static_cast<double>(step_peaks.back()) / (1 << 20);
+    if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
     add_comm(rank, r);
     if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
     if (metrics) metrics->record(r);

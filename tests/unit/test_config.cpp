@@ -283,12 +283,40 @@ TEST(Planner, ADimServesOneTransform) {
   EXPECT_NE(e.find("mesh dim 'dp' is already used"), std::string::npos) << e;
 }
 
-TEST(Planner, UnexecutedTransformsAreRejectedBeforeAnyRankStarts) {
-  std::string e =
-      plan_error(std::string(kMinimal) + "parallelize:\n  - activation_checkpointing: {}\n", 1);
-  EXPECT_NE(e.find("x.yaml:4:5: parallelize[0]: the activation_checkpointing transform is not supported yet"),
+TEST(Planner, ActivationCheckpointingNamesItsUnits) {
+  const std::string t = "name: t\nmodel: {name: transformer, args: {n_layers: 4}}\n";
+  auto p = make_plan(parse_config(t + "parallelize:\n  - activation_checkpointing: {units: [layers], every: 2}\n",
+                                  "x.yaml"),
+                     1);
+  EXPECT_EQ(p.summary.back(),
+            "activation_checkpointing: 2 units recompute their forward in backward (layers.1, layers.3)");
+  const std::string no_units =
+      error_of("name: t\nmodel: {name: mlp_module}\nparallelize:\n  - activation_checkpointing: {}\n");
+  EXPECT_NE(no_units.find("x.yaml:4:"), std::string::npos) << no_units;
+  EXPECT_NE(no_units.find("parallelize[0].activation_checkpointing: activation_checkpointing needs units"),
+            std::string::npos)
+      << no_units;
+  std::string e = plan_error(t + "parallelize:\n  - activation_checkpointing: {units: ['layers.*.nope']}\n", 1);
+  EXPECT_NE(e.find("x.yaml:4:5: parallelize[0]: layers.*.nope: unit pattern matches no module of Transformer"),
             std::string::npos)
       << e;
+}
+
+TEST(Planner, NoFullyShardUnitInsideACheckpointedUnit) {
+  std::string e = plan_error("name: t\nmodel: {name: transformer}\nmesh: {shape: [2], names: [dp]}\n"
+                             "parallelize:\n  - activation_checkpointing: {units: ['layers.*']}\n"
+                             "  - fully_shard: {units: ['layers.*.attention']}\n",
+                             2);
+  EXPECT_NE(e.find("x.yaml:6:5: parallelize[1]: fully_shard unit layers.0.attention lies inside the checkpointed "
+                   "unit layers.0"),
+            std::string::npos)
+      << e;
+  auto p = make_plan(parse_config("name: t\nmodel: {name: transformer}\nmesh: {shape: [2], names: [dp]}\n"
+                                  "parallelize:\n  - activation_checkpointing: {units: ['layers.*.attention']}\n"
+                                  "  - fully_shard: {units: ['layers.*']}\n",
+                                  "x.yaml"),
+                     2);
+  EXPECT_EQ(p.dp_size, 2);
 }
 
 TEST(Planner, TensorParallelNeedsDividedHeads) {

@@ -1,0 +1,210 @@
+#include "parallelisms/activation_checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "models/layers.h"
+#include "parallelisms/tensor_parallel.h"
+
+namespace composer::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One tensor a layer of the unit computes with: the layer, its registered
+// parameter and which input of the checkpointed function carries the view.
+struct Use {
+  nn::Module* module;
+  torch::Tensor param;
+  size_t input;
+};
+
+// What a checkpointed forward keeps for its recompute.
+struct Recompute : torch::CustomClassHolder {
+  nn::Module::Forward forward;
+  std::vector<torch::Tensor> views;  // inputs 1..: the tensors the layers computed with
+  std::vector<Use> uses;
+  torch::Tensor rng_state;                   // the CPU generator's state when forward began
+  nn::WeightGradRecords* records = nullptr;  // a zero-bubble stage's records, open at forward
+  std::atomic<int64_t>* recomputes = nullptr;
+};
+
+torch::Tensor rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_rng_state(const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// Runs the unit's forward again with grad enabled: on `input`, with the
+// layers seeing `leaves` in place of the views they computed with, the
+// generator at its forward-time state, and the forward's deferred-weight
+// scope open. The layers' views and the generator are restored afterwards.
+torch::Tensor recompute(Recompute& r, const torch::Tensor& input, const std::vector<torch::Tensor>& leaves) {
+  std::vector<torch::Tensor> before;
+  for (const Use& u : r.uses) {
+    before.push_back(u.module->param(u.param));
+    u.module->set_view(u.param, leaves[u.input]);
+  }
+  auto restore = [&](const torch::Tensor& rng) {
+    for (size_t i = 0; i < r.uses.size(); ++i) {
+      const Use& u = r.uses[i];
+      if (before[i].unsafeGetTensorImpl() == u.param.unsafeGetTensorImpl()) {
+        u.module->clear_view(u.param);
+      } else {
+        u.module->set_view(u.param, before[i]);
+      }
+    }
+    set_rng_state(rng);
+  };
+  const torch::Tensor now = rng_state();
+  set_rng_state(r.rng_state);
+  torch::Tensor y;
+  try {
+    torch::AutoGradMode grad(true);
+    nn::DeferWeightGrads defer(r.records);
+    y = r.forward(input);
+  } catch (...) {
+    restore(now);
+    throw;
+  }
+  restore(now);
+  return y;
+}
+
+// Forward: the unit's forward without a graph. Backward: recompute, then the
+// gradients of the output back to the input and to every tensor the layers
+// computed with.
+struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Recompute> r) {
+    ctx->save_for_backward({inputs[0]});
+    torch::Tensor y = r->forward(inputs[0]);
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(std::move(r));
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto r = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const size_t n = r->views.size() + 1;
+    std::vector<torch::Tensor> leaves(n);
+    leaves[0] = x.detach();
+    if (ctx->needs_input_grad(0)) leaves[0].requires_grad_(true);
+    {
+      // Aliases, not detached copies: a Linear that defers its weight
+      // gradient to a W step records the alias, whose graph leads on to the
+      // parameter.
+      torch::AutoGradMode grad(true);
+      for (size_t k = 1; k < n; ++k) leaves[k] = r->views[k - 1].view_as(r->views[k - 1]);
+    }
+    torch::Tensor y = recompute(*r, leaves[0], leaves);
+    r->recomputes->fetch_add(1);
+    variable_list out(n + 1);  // the last: the Recompute argument
+    std::vector<torch::Tensor> wrt;
+    std::vector<size_t> at;
+    for (size_t k = 0; k < n; ++k) {
+      if (leaves[k].requires_grad() && (k == 0 || ctx->needs_input_grad(k))) {
+        wrt.push_back(leaves[k]);
+        at.push_back(k);
+      }
+    }
+    if (!y.requires_grad() || wrt.empty() || !grads[0].defined()) return out;
+    auto g = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true);
+    for (size_t i = 0; i < at.size(); ++i) out[at[i]] = g[i];
+    return out;
+  }
+};
+
+struct Unit {
+  std::vector<std::pair<nn::Module*, torch::Tensor>> uses;  // every (layer, parameter) inside the unit
+  std::shared_ptr<std::atomic<int64_t>> recomputes;
+};
+
+torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::Module::Forward& forward) {
+  if (!torch::GradMode::is_enabled()) return forward(x);
+  auto r = c10::make_intrusive<Recompute>();
+  std::vector<torch::Tensor> inputs{x};
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (const auto& [m, p] : unit.uses) {
+    const torch::Tensor& v = m->param(p);
+    if (!v.defined() || !v.requires_grad()) continue;
+    auto [it, fresh] = index.emplace(v.unsafeGetTensorImpl(), inputs.size());
+    if (fresh) inputs.push_back(v);
+    r->uses.push_back({m, p, it->second});
+  }
+  if (!x.requires_grad() && inputs.size() == 1) return forward(x);  // nothing to differentiate
+  r->views.assign(inputs.begin() + 1, inputs.end());
+  r->forward = forward;
+  r->rng_state = rng_state();
+  r->records = nn::DeferWeightGrads::active();
+  r->recomputes = unit.recomputes.get();
+  return CheckpointFn::apply(at::TensorList(inputs), r)[0];
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options) {
+  std::vector<std::string> out;
+  auto matches = select_modules(model, options.units);
+  for (size_t i = 0; i < matches.size(); ++i) {
+    if ((static_cast<int64_t>(i) + 1) % options.every == 0) out.push_back(matches[i].first);
+  }
+  return out;
+}
+
+std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options) {
+  auto modules = nn::named_modules(model);
+  for (const auto& pattern : options.units) {
+    bool found = false;
+    for (auto& [name, m] : modules) found = found || (!name.empty() && fqn_matches(pattern, name));
+    if (!found) return pattern + ": unit pattern matches no module of " + model.type();
+  }
+  const auto matches = select_modules(model, options.units);
+  if (options.every > static_cast<int64_t>(matches.size())) {
+    return "every " + std::to_string(options.every) + " is more than the " + std::to_string(matches.size()) +
+           " matching units, so nothing would be checkpointed; use every <= " + std::to_string(matches.size());
+  }
+  for (const auto& [outer, m] : matches) {
+    for (const auto& [inner, n] : matches) {
+      if (inner.rfind(outer + ".", 0) == 0) {
+        return "units " + outer + " and " + inner + " nest (the inner one would be recomputed twice); " +
+               "give patterns that select one of them";
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+ActivationCheckpoint::ActivationCheckpoint(models::Model& model, const ActivationCheckpointOptions& options)
+    : units_(checkpoint_units(model, options)) {
+  std::unordered_map<std::string, nn::Module*> by_name;
+  for (auto& [name, m] : nn::named_modules(model)) by_name[name] = m;
+  for (const auto& name : units_) {
+    nn::Module* module = by_name.at(name);
+    TORCH_INTERNAL_ASSERT(!module->has_forward_wrapper(), "module ", name, " is checkpointed twice");
+    auto unit = std::make_shared<Unit>();
+    unit->recomputes = recomputes_;
+    for (auto& [sub_name, sub] : nn::named_modules(*module)) {
+      for (auto& item : sub->named_parameters(/*recurse=*/false)) unit->uses.emplace_back(sub, item.value());
+    }
+    module->set_forward_wrapper([unit](nn::Module&, const torch::Tensor& x, const nn::Module::Forward& forward) {
+      return checkpointed(*unit, x, forward);
+    });
+  }
+}
+
+std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
+                                                                     const ActivationCheckpointOptions& options) {
+  return std::make_unique<ActivationCheckpoint>(model, options);
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,57 @@
+// activation_checkpointing: a checkpointed unit's forward keeps no activations,
+// only its input and the CPU generator's state; its backward restores that
+// state, runs the forward again with grad enabled and back-propagates through
+// it (torch.utils.checkpoint, which LibTorch lacks).
+//
+// The unit's forward is one autograd function whose inputs are the unit's
+// input and every tensor its layers compute with (each parameter as the
+// layer sees it: the parameter itself, a tensor-parallel shard, fully_shard's
+// unsharded view). Its backward recomputes with an alias of each of those
+// tensors in place of the layers' views and hands their gradients back to
+// autograd as the function's input gradients, so they travel on through
+// whatever links the view to its parameter (fully_shard's reduce-scatter, a
+// leaf's accumulation and gradient-synchronisation hooks) exactly as without
+// checkpointing. The recompute therefore computes with the parameters that
+// are present when the unit's backward runs (fully_shard re-gathers those
+// before it, so nothing is gathered twice), re-runs the collectives inside the
+// unit (tensor parallel), and records its Linear layers for a zero-bubble W
+// step when the forward ran under one.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace composer::parallel {
+
+struct ActivationCheckpointOptions {
+  std::vector<std::string> units;  // module FQN patterns, as fully_shard's
+  int64_t every = 1;               // checkpoint the every-th, 2 x every-th, ... matching unit
+};
+
+// The unit FQNs `options` checkpoint in `model`, in forward order.
+std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options);
+
+// Why `options` cannot checkpoint `model`: a pattern that matches no module,
+// or units that nest. nullopt when they can.
+std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options);
+
+class ActivationCheckpoint {
+ public:
+  ActivationCheckpoint(models::Model& model, const ActivationCheckpointOptions& options);
+  const std::vector<std::string>& units() const { return units_; }
+  // Backward recomputes so far (one per checkpointed unit and microbatch).
+  int64_t recomputes() const { return recomputes_->load(); }
+
+ private:
+  std::vector<std::string> units_;
+  std::shared_ptr<std::atomic<int64_t>> recomputes_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
+                                                                     const ActivationCheckpointOptions& options);
+
+}  // namespace composer::parallel
