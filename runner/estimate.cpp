@@ -192,7 +192,7 @@ void check_fit(const ExperimentConfig& c, const std::vector<MemoryEstimate>& est
     if (state >= e.activations) help = "fully_shard (shards parameters, gradients and optimizer state over dp) or "
                                        "tensor_parallel over more ranks";
     else help = "more microbatches (train.microbatches), activation_checkpointing, or a smaller global_batch";
-    throw PlanError(c.mesh.ref, "rank " + std::to_string(e.rank) + " needs about " + format_bytes(e.peak()) +
+    throw PlanError(c.model.ref, "rank " + std::to_string(e.rank) + " needs about " + format_bytes(e.peak()) +
                                     " but may use " + format_bytes(limit) + " (" + e.str() + "); try " + help +
                                     ", or set mesh.memory_per_rank_mb if more is available");
   }
