@@ -94,7 +94,8 @@ def make(composer, config, work, golden, policy, sets=()):
         os.makedirs(d or ".", exist_ok=True)
     run_dir = os.path.join(work, "single")
     single = ["parallelize=[]", "mesh.shape=[]", "mesh.names=[]"]
-    args = [composer, "run", "--config", config, "--out", run_dir]
+    # Always trains afresh: a folder left by an earlier run would otherwise be resumed (checkpoint.resume: auto).
+    args = [composer, "run", "--config", config, "--out", run_dir, "--set", "checkpoint.resume=never"]
     subprocess.run(args + [a for s in list(sets) + single for a in ("--set", s)], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     python = os.environ.get("PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
