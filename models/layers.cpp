@@ -170,3 +170,66 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return torch::matmul(probs, v);
 }
 }  // namespace composer::nn
+
+namespace composer::nn {
+
+BatchNorm1d::BatchNorm1d(int64_t n, double e, double m) : Module("BatchNorm1d"), num_features(n), eps(e), momentum(m) {
+  weight = register_parameter("weight", torch::ones({n}, param_options()));
+  bias = register_parameter("bias", torch::zeros({n}, param_options()));
+  running_mean = register_buffer("running_mean", torch::zeros({n}, param_options()));
+  running_var = register_buffer("running_var", torch::ones({n}, param_options()));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, param_options().dtype(torch::kLong)));
+}
+
+torch::Tensor BatchNorm1d::forward(torch::Tensor x) {
+  TORCH_CHECK(x.dim() >= 2 && x.size(1) == num_features, "BatchNorm1d(", num_features, ") got input of shape ",
+              x.sizes(), ": dim 1 must have ", num_features, " features");
+  if (is_training()) {
+    torch::NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+  }
+  // at::batch_norm updates running_mean and running_var in place in training mode (unbiased variance).
+  return torch::batch_norm(x, param(weight), param(bias), running_mean, running_var, is_training(), momentum, eps,
+                           /*cudnn_enabled=*/false);
+}
+
+void BatchNorm1d::to(torch::Dtype dtype, bool non_blocking) {
+  Module::to(dtype, non_blocking);
+  num_batches_tracked.set_data(num_batches_tracked.to(torch::kLong));
+}
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double p, int64_t kv_len)
+    : Module("MultiheadAttention"), embed_dim(e), num_heads(h), key_value_len(kv_len), dropout(p) {
+  in_proj_weight = register_parameter("in_proj_weight", torch::empty({3 * e, e}, param_options()));
+  in_proj_bias = register_parameter("in_proj_bias", torch::zeros({3 * e}, param_options()));
+  out_proj = add("out_proj", std::make_shared<Linear>(e, e));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::xavier_uniform_(in_proj_weight);
+  out_proj->bias.zero_();
+}
+
+torch::Tensor MultiheadAttention::forward(torch::Tensor x) {
+  const torch::Tensor& w = param(in_proj_weight);
+  const torch::Tensor& b = param(in_proj_bias);
+  torch::Tensor q, k, v;
+  if (key_value_len == 0) {  // one packed projection, as PyTorch does when query, key and value are one tensor
+    auto qkv = torch::linear(x, w, b).chunk(3, -1);
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {  // the query projection, then one for key and value together
+    const int64_t lq = x.size(0) - key_value_len;
+    q = torch::linear(x.narrow(0, 0, lq), w.narrow(0, 0, embed_dim), b.narrow(0, 0, embed_dim));
+    auto kv = torch::linear(x.narrow(0, lq, key_value_len), w.narrow(0, embed_dim, 2 * embed_dim),
+                            b.narrow(0, embed_dim, 2 * embed_dim))
+                  .chunk(2, -1);
+    k = kv[0], v = kv[1];
+  }
+  const int64_t lq = q.size(0), batch = q.size(1), hd = embed_dim / num_heads;
+  // (seq, batch, embed) -> (batch, heads, seq, head_dim)
+  auto heads = [&](const torch::Tensor& t) { return t.reshape({t.size(0), batch * num_heads, hd}).transpose(0, 1)
+                                                .view({batch, num_heads, t.size(0), hd}); };
+  auto out = attention(heads(q), heads(k), heads(v), /*causal=*/false, dropout, is_training());
+  out = out.permute({2, 0, 1, 3}).contiguous().view({batch * lq, embed_dim});
+  return (*out_proj)(out).view({lq, batch, embed_dim});
+}
+
+}  // namespace composer::nn

@@ -114,3 +114,45 @@ namespace composer::nn {
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training);
 }  // namespace composer::nn
+
+namespace composer::nn {
+
+// BatchNorm1d(num_features) with PyTorch's names: parameters weight (ones)
+// and bias (zeros); buffers running_mean (zeros), running_var (ones) and
+// num_batches_tracked (int64). In training mode it normalises with the batch
+// statistics of each feature (dim 1, over every other dim) and moves the
+// running statistics by `momentum`; in eval mode it uses the running ones.
+// The buffers are this module's own: no transform shards, reduces or
+// optimises them (under data parallelism each rank keeps its own, as DDP
+// without SyncBatchNorm does).
+class BatchNorm1d : public Module {
+ public:
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
+  torch::Tensor forward(torch::Tensor x) override;
+  // Module::to(dtype) would turn every buffer into `dtype`; num_batches_tracked stays int64.
+  using Module::to;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  int64_t num_features;
+  double eps, momentum;
+};
+
+// nn.MultiheadAttention(embed_dim, num_heads, dropout) on seq-first inputs
+// (seq, batch, embed_dim), with PyTorch's names (in_proj_weight, in_proj_bias,
+// out_proj) and initialisation (xavier_uniform_ in_proj_weight, zero biases)
+// and its need_weights=False math: q, k, v from the packed projection, softmax
+// attention per head, out_proj. forward(x) is self-attention on x. With
+// key_value_len k > 0 it is attention from a query onto another sequence,
+// both travelling in the one input: x is the query rows followed by the k
+// key/value rows (cat on dim 0); the output has the query's rows.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout, int64_t key_value_len = 0);
+  torch::Tensor forward(torch::Tensor x) override;
+  torch::Tensor in_proj_weight, in_proj_bias;
+  std::shared_ptr<Linear> out_proj;
+  int64_t embed_dim, num_heads, key_value_len;
+  double dropout;
+};
+
+}  // namespace composer::nn

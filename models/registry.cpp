@@ -38,7 +38,8 @@ TpRule prepare_input(std::string pattern, Layout input, Layout desired) {
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = [] {
     std::vector<ModelSpec> all;
-    for (auto family : {mlp_specs, transformer_specs, llama_specs, composable_specs}) {
+    for (auto family : {mlp_specs, transformer_specs, llama_specs, composable_specs,
+                        transformer_shared_specs}) {
       for (auto& s : family()) all.push_back(std::move(s));
     }
     return all;

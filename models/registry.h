@@ -19,5 +19,6 @@ std::vector<ModelSpec> mlp_specs();
 std::vector<ModelSpec> transformer_specs();
 std::vector<ModelSpec> llama_specs();
 std::vector<ModelSpec> composable_specs();
+std::vector<ModelSpec> transformer_shared_specs();
 
 }  // namespace composer::models

@@ -270,7 +270,11 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
   const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
   auto probe = p.input.tokens ? torch::zeros({1, p.seq_len}, torch::dtype(torch::kLong).device(device))
                               : torch::zeros({1, p.input.features}, torch::dtype(p.dtype).device(device));
+  // In eval mode: a probe must not move running statistics (BatchNorm's).
+  const bool training = model.is_training();
+  model.eval();
   auto out = model(probe);
+  model.train(training);
   p.output_shape = out.sizes().slice(1).vec();
   return p;
 }

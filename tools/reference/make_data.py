@@ -10,6 +10,10 @@ regression.safetensors: 64 samples of 10 features and a fixed linear-plus-tanh
 target, for the file-data parity experiment.
 corpus.u16: a token file (data.source: tokens): the first 16384 bytes of
 docs/scenarios.md as byte-level token ids (vocabulary 256), little-endian uint16.
+shared_params.safetensors: 4 samples for transformer_with_shared_params, each one (src, tgt) input
+of the seed's forward packed as src.view(-1) ++ tgt.view(-1) (src 6 x 2, tgt 4 x 2, vocabulary 23);
+sample 0 is the seed's own get_input (src arange(12), tgt arange(8)), the others random. The
+targets are the tgt ids (4 x 2), as the seed's loss takes them.
 """
 import array
 import sys
@@ -55,6 +59,10 @@ def main():
         ids.byteswap()
     with open(os.path.join(OUT, "corpus.u16"), "wb") as f:
         ids.tofile(f)
+    src = torch.cat([torch.arange(12).view(1, 6, 2), torch.randint(0, 23, (3, 6, 2), generator=g)])
+    tgt = torch.cat([torch.arange(8).view(1, 4, 2), torch.randint(0, 23, (3, 4, 2), generator=g)])
+    write_safetensors(os.path.join(OUT, "shared_params.safetensors"),
+                      {"inputs": torch.cat([src.flatten(1), tgt.flatten(1)], 1), "targets": tgt})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 PyTorch's composability tests (see docs/scenarios.md section 0). Written from the
 test sources, independently of composer's C++ models."""
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -340,6 +341,49 @@ class NestedWrappedModule(nn.Module):
         return self.module(x)
 
 
+# ---- M9: the FSDP core tests' TransformerWithSharedParams -------------------
+
+class TransformerWithSharedParams(nn.Module):
+    """common_fsdp's TransformerWithSharedParams (add_bn=True), built on torch.nn.Transformer. Its forward
+    takes composer's packed samples: each row is one (src, tgt) input of the seed's forward,
+    src.view(-1) ++ tgt.view(-1) with src (src_len, bs) and tgt (tgt_len, bs) seq-first, and the seed's
+    forward runs on each sample in turn; the output is (n, tgt_len, bs, vocab_size). mode "eval" keeps the
+    seed's model.eval() through training."""
+
+    def __init__(self, vocab_size=23, d_model=16, nhead=8, num_encoder_layers=2, num_decoder_layers=2,
+                 dim_feedforward=8, dropout_p=0.1, src_len=6, tgt_len=4, bs=2, mode="eval"):
+        super().__init__()
+        self.src_len, self.tgt_len, self.bs, self.train_mode = src_len, tgt_len, bs, mode == "train"
+        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        with warnings.catch_warnings():  # the nested-tensor fast path needs batch_first; the seed is seq-first
+            warnings.simplefilter("ignore")
+            self.transformer = nn.Transformer(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+                                              num_decoder_layers=num_decoder_layers,
+                                              dim_feedforward=dim_feedforward, dropout=dropout_p)
+        self.output_proj = nn.Linear(d_model, vocab_size)
+        self.output_proj.weight = self.embed_tokens.weight
+        self.register_buffer("vocab_bias", self.embed_tokens.weight.new_ones((d_model,)))
+        self.register_buffer("long_buffer", torch.zeros_like(self.vocab_bias, dtype=torch.long))
+        self.bn = nn.BatchNorm1d(bs)
+        self.train()
+
+    def train(self, mode=True):
+        return super().train(mode and self.train_mode)
+
+    def seed_forward(self, src_ids, tgt_ids):
+        src = self.embed_tokens(src_ids)
+        src = src + self.vocab_bias + self.long_buffer.type_as(src)
+        tgt = self.embed_tokens(tgt_ids)
+        tgt = self.bn(tgt)
+        x = self.transformer(src, tgt)
+        return self.output_proj(x)
+
+    def forward(self, ids):
+        split = self.src_len * self.bs
+        return torch.stack([self.seed_forward(row[:split].view(self.src_len, self.bs),
+                                              row[split:].view(self.tgt_len, self.bs)) for row in ids])
+
+
 REGISTRY = {
     "mlp_module": MLPModule,
     "mlp_module_even": MLPModuleEven,
@@ -355,6 +399,7 @@ REGISTRY = {
     "composite_model": CompositeModel,
     "composite_param_model": CompositeParamModel,
     "nested_wrapped_module": NestedWrappedModule,
+    "transformer_with_shared_params": TransformerWithSharedParams,
 }
 
 
