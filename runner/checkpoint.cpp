@@ -150,7 +150,9 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
   std::vector<Piece> out;
   for (const auto& hp : params) {
     std::vector<std::string> keys{hp.name};
-    for (const auto& s : opt.state_names()) keys.push_back(kStatePrefix + hp.name + "." + s);
+    for (const auto& s : opt.state_names()) {
+      if (!hp.buffer) keys.push_back(kStatePrefix + hp.name + "." + s);
+    }
     known.insert(keys.begin(), keys.end());
     if (hp.spec && !hp.spec->held()) continue;
     Piece base;
@@ -160,6 +162,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     base.key = hp.name;
     base.local = hp.param.detach().view(base.box.size);
     out.push_back(base);
+    if (hp.buffer) continue;
     Optimizer::State* st = restore ? &opt.restore_state_of(hp.param, step) : opt.state_of(hp.param);
     for (const auto& s : opt.state_names()) {
       if (!st) break;

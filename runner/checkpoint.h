@@ -39,6 +39,9 @@ struct HeldParam {
   std::string name;
   torch::Tensor param;
   const parallel::ShardSpec* spec = nullptr;
+  // A module buffer (BatchNorm's running statistics): whole on every rank,
+  // without optimizer state; rank 0's copy is saved and every rank loads it.
+  bool buffer = false;
 };
 
 class Checkpointer {

@@ -166,6 +166,7 @@ std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const Expo
     for (const auto& p : model->named_parameters(/*recurse=*/true)) {
       items.push_back({p.key(), key_of.at(p.value().unsafeGetTensorImpl()), p.value().sizes().vec()});
     }
+    for (const auto& b : model->named_buffers()) items.push_back({b.key(), b.key(), b.value().sizes().vec()});
   }
   std::vector<SafetensorsWriter::Entry> entries;
   uint64_t total = 0;

@@ -365,6 +365,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   auto optimizer = make_optimizer(t.optimizer, params);
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) held.push_back({name, p, par.placements->find(p)});
+  for (const auto& b : model->named_buffers()) held.push_back({b.key(), b.value(), nullptr, /*buffer=*/true});
   Checkpointer checkpointer(c, out_dir, rank.rank, par.world, rank.log_prefix);
   int64_t first_step = 1;
   if (checkpoints) {
