@@ -188,9 +188,13 @@ torch::Tensor BatchNorm1d::forward(torch::Tensor x) {
     torch::NoGradGuard no_grad;
     num_batches_tracked.add_(1);
   }
-  // at::batch_norm updates running_mean and running_var in place in training mode (unbiased variance).
-  return torch::batch_norm(x, param(weight), param(bias), running_mean, running_var, is_training(), momentum, eps,
-                           /*cudnn_enabled=*/false);
+  // at::batch_norm updates running_mean and running_var in place in training mode (unbiased variance). It
+  // computes in the statistics' dtype: under a 16-bit param_dtype the input, weight and bias are cast up and
+  // the output back (no-ops when every dtype is the same).
+  const auto dtype = running_mean.scalar_type();
+  return torch::batch_norm(x.to(dtype), param(weight).to(dtype), param(bias).to(dtype), running_mean, running_var,
+                           is_training(), momentum, eps, /*cudnn_enabled=*/false)
+      .to(x.scalar_type());
 }
 
 void BatchNorm1d::to(torch::Dtype dtype, bool non_blocking) {
