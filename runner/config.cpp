@@ -207,11 +207,13 @@ void read_per_rank(YamlMap& m, TransformConfig& t) {
   m.get("per_rank", t.per_rank);
   t.per_rank_ref = m.has("per_rank") ? m.ref("per_rank") : m.self_ref();
   m.get("per_rank_seed", t.per_rank_seed);
-  if (m.has("per_rank_seed") && (t.per_rank_seed < 0 || t.per_rank.empty())) {
-    throw ConfigError(m.ref("per_rank_seed"), t.per_rank.empty() ? "per_rank_seed needs per_rank: the parameters "
-                                                                   "drawn per rank (e.g. per_rank: [experts.*])"
-                                                                 : "per_rank_seed must be >= 0 (rank i draws with "
-                                                                   "seed + i); leave it out to keep the model's init");
+  if (t.per_rank_seed < -1) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep "
+                                              "the model's init");
+  }
+  if (t.per_rank_seed >= 0 && t.per_rank.empty()) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. "
+                                              "per_rank: [experts.*])");
   }
 }
 
