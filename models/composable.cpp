@@ -1,5 +1,6 @@
 // Models of PyTorch's composable-API and FSDP core tests (docs/scenarios.md M10,
-// M15): UnitModule, CompositeModel, CompositeParamModel, NestedWrappedModule.
+// M13, M15): UnitModule, CompositeModel, CompositeParamModel, NestedWrappedModule,
+// MixtureOfExperts.
 #include "models/layers.h"
 #include "models/registry.h"
 
@@ -68,6 +69,25 @@ class NestedWrappedModule : public Model {
   std::shared_ptr<nn::Sequential> module;
 };
 
+// module = Sequential(Linear(8,12), shared=Linear(12,23), expert=Linear(23,12),
+// Linear(12,8)); no activations. The expert is built first, as the seed builds
+// it (under its own seed, 42 + rank there): a plan's per_rank_seed re-draws it
+// per rank with the same first draws.
+class MixtureOfExperts : public Model {
+ public:
+  MixtureOfExperts() : Model("MixtureOfExperts") {
+    constexpr int64_t d_input = 8, d_shared = 12, d_expert = 23;
+    auto expert = std::make_shared<Linear>(d_expert, d_shared);
+    auto shared = std::make_shared<Linear>(d_shared, d_expert);
+    auto in = std::make_shared<Linear>(d_input, d_shared);
+    auto out = std::make_shared<Linear>(d_shared, d_input);
+    module = add("module", std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{in, shared, expert, out}));
+  }
+  torch::Tensor forward(torch::Tensor x) override { return (*module)(x); }
+  InputSpec input_spec() const override { return {false, 8}; }
+  std::shared_ptr<nn::Sequential> module;
+};
+
 ArgSpec dim_arg() { return {"dim", ArgType::kInt, int64_t{100}, "width of every Linear"}; }
 void check_dim(const ModelArgs& a) { require_arg_positive(a, "dim"); }
 
@@ -85,6 +105,9 @@ std::vector<ModelSpec> composable_specs() {
       {"nested_wrapped_module", "NestedWrappedModule: Linear(8,4), (Linear(4,16), Linear(16,16)), "
                                 "Linear(16,4), Linear(4,8)",
        {}, nullptr, [](const ModelArgs&) -> ModelPtr { return std::make_shared<NestedWrappedModule>(); }},
+      {"mixture_of_experts", "MixtureOfExperts: Linear(8,12), shared Linear(12,23), expert Linear(23,12), "
+                             "Linear(12,8)",
+       {}, nullptr, [](const ModelArgs&) -> ModelPtr { return std::make_shared<MixtureOfExperts>(); }},
   };
 }
 

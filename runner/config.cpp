@@ -202,6 +202,21 @@ models::TpPlan read_styles(YamlMap& parent) {
   return plan;
 }
 
+// fully_shard / replicate: per_rank patterns and the seed their values are drawn with.
+void read_per_rank(YamlMap& m, TransformConfig& t) {
+  m.get("per_rank", t.per_rank);
+  t.per_rank_ref = m.has("per_rank") ? m.ref("per_rank") : m.self_ref();
+  m.get("per_rank_seed", t.per_rank_seed);
+  if (t.per_rank_seed < -1) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep "
+                                              "the model's init");
+  }
+  if (t.per_rank_seed >= 0 && t.per_rank.empty()) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. "
+                                              "per_rank: [experts.*])");
+  }
+}
+
 TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
   if (!node.IsMap() || node.size() != 1) {
     std::vector<std::string> kinds;
@@ -263,11 +278,13 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
       m.get_enum("all_gather", t.all_gather, kAllGathers);
       m.get_enum("offload", t.offload, kOffloads);
       m.get("prefetch", t.prefetch);
+      read_per_rank(m, t);
       break;
     case TransformKind::kReplicate:
       t.mesh_dim = read_dims(m, "mesh_dim", {"dp"});
       m.get("bucket_mb", t.bucket_mb);
       require_positive(m.ref("bucket_mb"), t.bucket_mb, "bucket_mb");
+      read_per_rank(m, t);
       break;
     case TransformKind::kPipeline:
       t.mesh_dim = read_dims(m, "mesh_dim", {"pp"});

@@ -85,6 +85,11 @@ struct TransformConfig {
   Offload offload = Offload::kNone;    // fully_shard: cpu keeps shards and optimizer state on the host
   bool prefetch = true;                // fully_shard: issue the next unit's all-gather early
   double bucket_mb = 25;               // replicate: gradient bucket size
+  // fully_shard / replicate: parameters (FQN patterns, a module's selects its
+  // parameters) each rank keeps its own: not sharded, not reduced
+  std::vector<std::string> per_rank;
+  int64_t per_rank_seed = -1;          // per_rank: rank i draws them with the model's init under seed + i (-1: keep)
+  SourceRef per_rank_ref;              // where per_rank was given
   Schedule schedule = Schedule::k1f1b; // pipeline: schedule name
   int64_t microbatches = 0;            // pipeline: microbatches per step (0 = pp size)
   int64_t virtual_stages = 1;          // pipeline: stages per rank

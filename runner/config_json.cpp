@@ -36,9 +36,12 @@ nlohmann::json transform_json(const TransformConfig& t) {
            {"reduce_dtype", t.reduce_dtype ? name_of(*t.reduce_dtype) : ""},
            {"shard_placement", name_of(t.shard_placement)}, {"all_gather", name_of(t.all_gather)},
            {"offload", name_of(t.offload)},
-           {"prefetch", t.prefetch}};
+           {"prefetch", t.prefetch}, {"per_rank", t.per_rank}, {"per_rank_seed", t.per_rank_seed}};
       break;
-    case TransformKind::kReplicate: j = {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}}; break;
+    case TransformKind::kReplicate:
+      j = {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}, {"per_rank", t.per_rank},
+           {"per_rank_seed", t.per_rank_seed}};
+      break;
     case TransformKind::kPipeline:
       j = {{"mesh_dim", t.mesh_dim},         {"schedule", name_of(t.schedule)},
            {"microbatches", t.microbatches}, {"virtual_stages", t.virtual_stages},

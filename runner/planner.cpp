@@ -9,6 +9,7 @@
 #include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/cuda_runtime.h"
 #include "parallelisms/fully_shard.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/pipeline.h"
 #include "parallelisms/tensor_parallel.h"
 
@@ -294,6 +295,60 @@ void plan_pipeline(const ExperimentConfig& c, Plan& p) {
   }
 }
 
+// per_rank: each data-parallel rank keeps its own copy of the selected
+// parameters, trained on its own samples. That is what the seed's mixture of
+// experts computes only when the copies differ on every rank that sees other
+// samples (the transform spans every data-parallel dim) and each copy is whole
+// on its rank and computes in the training dtype.
+void plan_per_rank(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    if (t.per_rank.empty()) continue;
+    const std::string where = "per_rank";
+    if (t.mesh_dim != p.dp_dims) {
+      throw PlanError(t.per_rank_ref, where + " parameters differ on every rank that sees other samples, but this " +
+                                          name_of(t.kind) + " spans [" + join(t.mesh_dim) + "] and data parallelism [" +
+                                          join(p.dp_dims) + "]; give per_rank to one transform over every "
+                                          "data-parallel dim (e.g. fully_shard: {mesh_dim: [" + join(p.dp_dims) + "]})");
+    }
+    for (const auto& u : c.parallelize) {
+      if (u.kind == TransformKind::kTensorParallel || u.kind == TransformKind::kPipeline) {
+        throw PlanError(t.per_rank_ref, where + " keeps each rank's copy whole and only on data-parallel ranks, "
+                                        "but " + name_of(u.kind) + " (" + u.ref.where() + ") would split the model "
+                                        "across ranks that must hold the same copy; this version does not combine "
+                                        "them: drop per_rank or the " + name_of(u.kind) + " transform");
+      }
+    }
+    if (t.param_dtype || t.all_gather != AllGather::kPlain) {
+      throw PlanError(t.per_rank_ref, where + " parameters stay outside fully_shard and compute in the training "
+                                      "dtype, but this fully_shard computes in " +
+                                      (t.param_dtype ? std::string(name_of(*t.param_dtype)) : "rounded bfloat16") +
+                                      "; drop param_dtype/all_gather or per_rank");
+    }
+    torch::manual_seed(c.seed);
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    std::vector<std::string> names;
+    for (const auto& pattern : t.per_rank) {
+      auto selected = parallel::per_rank_params(*model, {pattern});
+      if (selected.empty()) {
+        throw PlanError(t.per_rank_ref, where + " pattern '" + pattern + "' selects no parameter of " +
+                                            c.model.name + "; give a module or parameter FQN, e.g. " +
+                                            nn::unique_named_parameters(*model).back().first);
+      }
+      for (const auto& n : selected) {
+        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+      }
+    }
+    if (names.size() == nn::unique_named_parameters(*model).size()) {
+      throw PlanError(t.per_rank_ref, where + " selects every parameter of " + c.model.name + ": nothing would be "
+                                          "data parallel (each rank trains its own model); leave some parameters out");
+    }
+    p.summary.push_back("per_rank: " + join(names) + " keep their own values on each of the " +
+                        std::to_string(p.dp_size) + " data-parallel ranks, neither sharded nor reduced" +
+                        (t.per_rank_seed >= 0 ? " (rank i draws them with seed " + std::to_string(t.per_rank_seed) +
+                                                    " + i)" : ""));
+  }
+}
+
 }  // namespace
 
 void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
@@ -346,6 +401,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
     }
   }
   plan_activation_checkpointing(c, p);
+  plan_per_rank(c, p);
   return p;
 }
 

@@ -15,6 +15,7 @@
 #include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/grad_sync.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/pipeline.h"
 #include "parallelisms/replicate.h"
 #include "parallelisms/tensor_parallel.h"
@@ -44,7 +45,18 @@ struct Parallel {
   std::unique_ptr<parallel::FullyShard> fsdp;
   std::unique_ptr<parallel::Pipeline> pipe;
   std::unique_ptr<parallel::GradSync> sync;
+  parallel::ParamSet per_rank;    // parameters each data-parallel rank keeps its own
 };
+
+// The parameters data parallelism spreads: a pipeline rank's own stages',
+// never the per-rank ones; nullptr: every parameter.
+std::function<bool(const torch::Tensor&)> data_parallel_filter(const Parallel& p) {
+  if (!p.pipe && p.per_rank.empty()) return nullptr;
+  parallel::Pipeline* pipe = p.pipe.get();
+  return [pipe, own = p.per_rank](const torch::Tensor& param) {
+    return (!pipe || pipe->holds(param)) && !own.count(param.unsafeGetTensorImpl());
+  };
+}
 
 parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parallel& p, RankContext& rank) {
   parallel::FullyShardOptions o;
@@ -62,9 +74,9 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
     };
   }
   if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(t.mesh_dim[0]);  // HSDP: [replicate, shard]
+  o.param_filter = data_parallel_filter(p);
   if (p.pipe) {  // shard this rank's stages only; the stage pieces never run the model's own forward
     parallel::Pipeline* pipe = p.pipe.get();
-    o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
     o.module_filter = [pipe](const std::string& fqn) { return pipe->runs(fqn); };
     o.cast_at_units = true;
   }
@@ -122,14 +134,16 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
     p.pipe = std::make_unique<parallel::Pipeline>(model, rank.mesh->group(t.mesh_dim), o, example);
   }
   for (const auto& t : plan.transforms) {
+    if (!t.per_rank.empty()) {
+      p.per_rank = parallel::apply_per_rank(model, rank.mesh->group(t.mesh_dim), t.per_rank, *p.placements);
+    }
+  }
+  for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kFullyShard) {
       p.fsdp = parallel::apply_fully_shard(model, rank.mesh->group(t.mesh_dim.back()), fully_shard_options(t, p, rank));
     } else if (t.kind == TransformKind::kReplicate) {
       parallel::ReplicateOptions o;
-      if (p.pipe) {  // replicate this rank's stages only
-        parallel::Pipeline* pipe = p.pipe.get();
-        o.param_filter = [pipe](const torch::Tensor& param) { return pipe->holds(param); };
-      }
+      o.param_filter = data_parallel_filter(p);  // this rank's stages only, not the per-rank parameters
       parallel::apply_replicate(model, rank.mesh->group(t.mesh_dim), o, *p.placements);
     }
   }
@@ -253,6 +267,21 @@ std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) 
   return out;
 }
 
+// per_rank_seed: each rank's own initial values of its per-rank parameters,
+// the model's init under seed + the rank's index over the data-parallel ranks.
+// The random state the rest of the run sees is left as it was.
+void init_per_rank(const ExperimentConfig& c, const Plan& plan, RankContext& rank, models::Model& model) {
+  for (const auto& t : plan.transforms) {
+    if (t.per_rank.empty() || t.per_rank_seed < 0 || !rank.mesh) continue;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    torch::manual_seed(static_cast<uint64_t>(t.per_rank_seed + rank.mesh->group(t.mesh_dim).rank));
+    models::ModelPtr own = models::find_model(c.model.name)->build(c.model.args);
+    gen.set_state(state);
+    parallel::copy_per_rank(model, *own, t.per_rank);
+  }
+}
+
 }  // namespace
 
 models::ModelPtr build_model(const ExperimentConfig& c) {
@@ -347,6 +376,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
   torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
   models::ModelPtr model = build_model(c);
+  init_per_rank(c, plan, rank, *model);  // rank 0's own values are in init.safetensors
   if (rank.is_main()) save_weights(*model, out_dir + "/init.safetensors");
   model->to(scalar_type_of(t.dtype));
   model->train();

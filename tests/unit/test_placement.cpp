@@ -4,7 +4,10 @@
 // calls for.
 #include <gtest/gtest.h>
 
+#include "models/registry.h"
 #include "parallelisms/grad_sync.h"
+#include "parallelisms/mesh.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
@@ -119,6 +122,35 @@ TEST(Placement, PartialGradientsCallForTheirReductions) {
   s.dims[1].size = 1;
   s.dims[1].group->size = 1;
   EXPECT_EQ(grad_plan(s).str(), "reduce-scatter dp");
+}
+
+// A per-rank parameter (each data-parallel rank its own expert) is the stack of
+// every rank's copy: rank 1 of 2 holds box [1, 0, 0] of [2, 12, 23], its
+// gradient needs no reduction, and every rank's copy counts.
+TEST(Placement, PerRankParametersStackOverTheGroup) {
+  auto model = models::find_model("mixture_of_experts")->build({});
+  Group group;
+  group.name = "dp";
+  group.size = 2;
+  group.rank = 1;
+  Placements placements;
+  auto selected = apply_per_rank(*model, group, {"module.2"}, placements);
+  EXPECT_EQ(per_rank_params(*model, {"module.2"}), (std::vector<std::string>{"module.2.weight", "module.2.bias"}));
+  EXPECT_EQ(selected.size(), 2u);
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+    const ShardSpec* s = placements.find(p);
+    EXPECT_EQ(s != nullptr, name.rfind("module.2.", 0) == 0) << name;
+    if (!s) continue;
+    std::vector<int64_t> global{2};
+    for (auto d : p.sizes()) global.push_back(d);
+    EXPECT_EQ(s->global_shape, global) << name;
+    EXPECT_EQ(s->box().offset.front(), 1) << name;
+    EXPECT_EQ(s->box().size.front(), 1) << name;
+    EXPECT_TRUE(s->counts()) << name;
+    EXPECT_EQ(grad_plan(*s).str(), "none") << name;
+  }
+  EXPECT_FALSE(per_rank_selects({"module.2"}, "module.20.weight"));
+  EXPECT_TRUE(per_rank_selects({"module.*"}, "module.0.bias"));
 }
 
 }  // namespace

@@ -103,27 +103,35 @@ def make(composer, config, work, golden, policy, sets=()):
                     "--golden", golden] + policy, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="a parity config whose fully_shard rounds (param_dtype, all_gather)")
+def golden_cli(description, config_help, work_help):
+    """The command line of a golden maker (--config, --golden, --work, --composer): the config as given, the
+    composer binary, the config's absolute path, its resolved form, the golden path and the work folder."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help=config_help)
     ap.add_argument("--golden", help="golden file to write (default: the config's check.golden)")
-    ap.add_argument("--work", help="folder for the single-device run (default: build/reference/<name>)")
+    ap.add_argument("--work", help="folder for %s (default: build/reference/<name>)" % work_help)
     ap.add_argument("--composer", default=os.path.join(ROOT, "build", "composer"))
     args = ap.parse_args()
     composer, config = os.path.abspath(args.composer), os.path.abspath(args.config)
     cfg = resolved(composer, config)
-    policy = policy_args(cfg)
-    if not policy:
-        sys.exit("mixed_golden: %s rounds nothing (no fully_shard param_dtype or bfloat16 all_gather); its golden "
-                 "is a float32 one (tools/reference/regenerate)" % args.config)
     # composer resolves the config's relative paths against the repository root, where it runs.
     golden = os.path.abspath(args.golden) if args.golden else os.path.join(ROOT, cfg["check"]["golden"])
     work = os.path.abspath(args.work) if args.work else os.path.join(ROOT, "build", "reference", cfg["name"])
+    return args.config, composer, config, cfg, golden, work
+
+
+def main():
+    given, composer, config, cfg, golden, work = golden_cli(
+        __doc__, "a parity config whose fully_shard rounds (param_dtype, all_gather)", "the single-device run")
+    policy = policy_args(cfg)
+    if not policy:
+        sys.exit("mixed_golden: %s rounds nothing (no fully_shard param_dtype or bfloat16 all_gather); its golden "
+                 "is a float32 one (tools/reference/regenerate)" % given)
     make(composer, config, work, golden, policy)
     moved, change = movement(golden, os.path.join(work, "single", "init.safetensors"))
     why = too_little(moved, change, cfg["check"]["loss_rtol"], cfg["check"]["param_atol"])
     if why:
-        sys.exit("mixed_golden: the golden of %s (%s): %s" % (args.config, " ".join(policy), why))
+        sys.exit("mixed_golden: the golden of %s (%s): %s" % (given, " ".join(policy), why))
     print("mixed_golden: %s (PyTorch reference, %s): parameters move up to %.2e, losses by up to %s relative per "
           "step" % (golden, " ".join(policy), moved, "%.2e" % change if change is not None else "(one step)"))
 

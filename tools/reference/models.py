@@ -405,3 +405,21 @@ REGISTRY = {
 
 def build(name, args):
     return REGISTRY[name](**args)
+
+
+class MixtureOfExperts(nn.Module):  # M13, as the seed builds it on `rank`
+    def __init__(self, rank=0):
+        super().__init__()
+        torch.manual_seed(42 + rank)  # each rank its own expert
+        expert = nn.Linear(23, 12)
+        for p in expert.parameters():
+            p.expert = True
+        torch.manual_seed(0)  # every other parameter the same on every rank
+        shared = nn.Linear(12, 23)
+        self.module = nn.Sequential(nn.Linear(8, 12), shared, expert, nn.Linear(12, 8))
+
+    def forward(self, x):
+        return self.module(x)
+
+
+REGISTRY["mixture_of_experts"] = MixtureOfExperts
