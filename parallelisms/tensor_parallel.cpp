@@ -132,7 +132,7 @@ void apply_rowwise_embedding(TensorParallel& tp, nn::Embedding& m, const TpRule&
     if (len == 0 && m.param(m.weight).numel() == 0) {
       m.set_view(m.weight, torch::zeros({1, m.embedding_dim}, m.weight.options()));
     }
-    *mask = (ids < start).logical_or(ids >= start + len);
+    *mask = (ids < start) | (ids >= start + len);  // bitwise on bools: it has a meta kernel
     return (ids - start).masked_fill(*mask, 0);
   });
   m.add_post_hook([&g, out, mask](nn::Module&, const torch::Tensor&, torch::Tensor y) {

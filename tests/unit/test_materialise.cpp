@@ -5,14 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <cstdio>
 #include <sstream>
 
 #include "models/registry.h"
 #include "runner/checkpoint.h"
 #include "runner/materialise.h"
 #include "runner/safetensors.h"
-#include "temp_path.h"
-#include "counting_allocator.h"
+#include "tests/unit/temp_path.h"
+#include "tests/unit/counting_allocator.h"
 
 namespace composer {
 namespace {
