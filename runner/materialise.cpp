@@ -83,6 +83,18 @@ torch::Tensor read_safetensors_tensor(const std::string& path, const std::string
   return t;
 }
 
+bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps) {
+  std::unordered_map<const c10::TensorImpl*, bool> set;
+  for (const auto& s : steps) set[s.param] = true;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (!set.count(p.unsafeGetTensorImpl())) return false;
+  }
+  for (const auto& b : model.buffers(/*recurse=*/true)) {
+    if (b.is_meta()) return false;
+  }
+  return true;
+}
+
 void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& o) {
   torch::NoGradGuard no_grad;
   const auto params = nn::unique_named_parameters(model);

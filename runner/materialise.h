@@ -28,6 +28,11 @@ struct MaterialiseOptions {
 // single-device build converted to `dtype` and transformed would give it.
 void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& options);
 
+// Whether `steps` set every parameter of `model` (built under DeferInit) and
+// no buffer was left on meta: a model that initialises a tensor some other way
+// cannot be materialised, and is built whole instead.
+bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps);
+
 // The values of tensor `name` of safetensors file `path`, read alone (the
 // rest of the file stays on disk).
 torch::Tensor read_safetensors_tensor(const std::string& path, const std::string& name);

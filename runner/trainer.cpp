@@ -9,7 +9,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include "models/registry.h"
@@ -369,15 +368,19 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   // A plan that shards or splits the model: the model is built on meta, the
   // transforms decide what this rank holds, and only that is given values
   // (materialise.h); the values equal a single-device build's.
-  const bool owned_only = builds_owned_only(plan, rank);
+  bool owned_only = builds_owned_only(plan, rank);
   std::vector<nn::DeferInit::Step> init_steps;
   models::ModelPtr model;
-  {
-    std::optional<nn::DeferInit> defer;
-    if (owned_only) defer.emplace();
+  if (owned_only) {
+    nn::DeferInit defer;
     model = build_model(c);
-    if (defer) init_steps = defer->steps();
+    init_steps = defer.steps();
   }
+  if (owned_only && !fully_recorded(*model, init_steps)) {  // a model that sets a value another way: build it whole
+    owned_only = false;
+    init_steps.clear();
+  }
+  if (!owned_only) model = build_model(c);
   if (rank.is_main() && !owned_only) save_weights(*model, out_dir + "/init.safetensors");
   model->to(scalar_type_of(t.dtype));
   model->train();

@@ -14,22 +14,12 @@
 #include "runner/safetensors.h"
 #include "tests/unit/temp_path.h"
 #include "tests/unit/counting_allocator.h"
+#include "tests/unit/small_args.h"
 
 namespace composer {
 namespace {
 
-models::ModelArgs small_args(const models::ModelSpec& s) {
-  models::ModelArgs a;
-  for (const auto& arg : s.args) a.set(arg.name, arg.default_value);
-  if (s.name == "llama") {  // keep the test small
-    a.set("dim", int64_t{32});
-    a.set("n_layers", int64_t{2});
-    a.set("n_heads", int64_t{4});
-    a.set("multiple_of", int64_t{16});
-    a.set("max_seq_len", int64_t{8});
-  }
-  return a;
-}
+using testing::small_args;
 
 // A model built on meta with its initialisations recorded.
 struct Deferred {
@@ -71,6 +61,30 @@ TEST(Materialise, EveryModelGetsTheSingleDeviceValuesAndGeneratorState) {
       EXPECT_TRUE(p.requires_grad()) << spec.name << " " << name;
     }
   }
+}
+
+TEST(Materialise, EveryModelRecordsEveryInitialisation) {
+  for (const auto& spec : models::registry()) {
+    Deferred d = build_deferred(spec, small_args(spec), 1);
+    EXPECT_TRUE(fully_recorded(*d.model, d.steps)) << spec.name << " sets a parameter or buffer outside nn::new_param";
+  }
+}
+
+// A model that draws a parameter's values directly: a deferred build cannot replay it.
+struct DirectInit : models::Model {
+  DirectInit() : Model("DirectInit") {
+    w = register_parameter("w", torch::empty({4, 4}, nn::param_options()));
+    torch::nn::init::normal_(w);
+  }
+  torch::Tensor forward(torch::Tensor x) override { return x.matmul(w); }
+  models::InputSpec input_spec() const override { return {false, 4}; }
+  torch::Tensor w;
+};
+
+TEST(Materialise, AModelThatInitialisesDirectlyIsNotFullyRecorded) {
+  nn::DeferInit defer;
+  DirectInit m;
+  EXPECT_FALSE(fully_recorded(m, defer.steps()));
 }
 
 TEST(Materialise, CastsToTheTrainingDtypeAsModuleToDoes) {
@@ -157,23 +171,26 @@ TEST(Materialise, WritesTheInitFileASingleDeviceRunWrites) {
   const auto args = small_args(*spec);
   const std::string want_path = testing::temp_path("want.safetensors"), got_path = testing::temp_path("got.safetensors"),
                     other_path = testing::temp_path("other.safetensors");
-  torch::manual_seed(9);
-  auto full = spec->build(args);
-  save_weights(*full, want_path);
-  Deferred d = build_deferred(*spec, args, 9);
+  // A single-device build from `seed`, its weights saved to `path`.
+  auto saved_build = [&](uint64_t seed, const std::string& path) {
+    torch::manual_seed(seed);
+    auto m = spec->build(args);
+    save_weights(*m, path);
+    return m;
+  };
+  saved_build(9, want_path);
   MaterialiseOptions o;
   o.write_init = got_path;
+  Deferred d = build_deferred(*spec, args, 9);
   materialise(*d.model, d.steps, o);
   EXPECT_EQ(file_bytes(got_path), file_bytes(want_path));
 
   // init_from: the file's values (the draws still run), read one tensor at a time.
-  torch::manual_seed(1);
-  auto other = spec->build(args);
-  save_weights(*other, other_path);
+  auto other = saved_build(1, other_path);
   Deferred e = build_deferred(*spec, args, 9);
-  MaterialiseOptions from;
-  from.init_from = other_path;
-  materialise(*e.model, e.steps, from);
+  o.write_init.clear();
+  o.init_from = other_path;
+  materialise(*e.model, e.steps, o);
   auto want = other->named_parameters(/*recurse=*/true);
   for (auto& [name, p] : nn::unique_named_parameters(*e.model)) EXPECT_TRUE(p.equal(want[name])) << name;
   for (const auto& path : {want_path, got_path, other_path}) std::remove(path.c_str());
