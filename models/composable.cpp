@@ -34,7 +34,7 @@ class CompositeModel : public Model {
  public:
   CompositeModel(int64_t d, bool with_param)
       : Model(with_param ? "CompositeParamModel" : "CompositeModel"), dim_(d) {
-    if (with_param) p = register_parameter("p", torch::randn({d, d}, nn::param_options()));
+    if (with_param) p = register_parameter("p", nn::new_param({d, d}, [](torch::Tensor& t) { t.normal_(); }));
     first = add(with_param ? "l" : "l1", std::make_shared<Linear>(d, d));
     u1 = add("u1", std::make_shared<UnitModule>(d));
     u2 = add("u2", std::make_shared<UnitModule>(d));

@@ -10,13 +10,12 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, torch::Tensor tied_weigh
     TORCH_INTERNAL_ASSERT(tied_weight.size(0) == out && tied_weight.size(1) == in);
     weight = register_parameter("weight", tied_weight);
   } else {
-    weight = register_parameter("weight", torch::empty({out, in}, param_options()));
-    torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+    weight = register_parameter(
+        "weight", new_param({out, in}, [](torch::Tensor& w) { torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0)); }));
   }
   if (with_bias) {
-    bias = register_parameter("bias", torch::empty({out}, param_options()));
-    double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
-    torch::nn::init::uniform_(bias, -bound, bound);
+    const double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
+    bias = register_parameter("bias", new_param({out}, [bound](torch::Tensor& b) { torch::nn::init::uniform_(b, -bound, bound); }));
   }
 }
 
@@ -117,15 +116,14 @@ torch::Tensor Linear::forward(torch::Tensor x) {
 }
 
 Embedding::Embedding(int64_t n, int64_t d) : Module("Embedding"), num_embeddings(n), embedding_dim(d) {
-  weight = register_parameter("weight", torch::empty({n, d}, param_options()));
-  torch::nn::init::normal_(weight);
+  weight = register_parameter("weight", new_param({n, d}, [](torch::Tensor& w) { torch::nn::init::normal_(w); }));
 }
 
 torch::Tensor Embedding::forward(torch::Tensor ids) { return torch::embedding(param(weight), ids); }
 
 LayerNorm::LayerNorm(int64_t d, double e, bool with_bias) : Module("LayerNorm"), dim(d), eps(e) {
-  weight = register_parameter("weight", torch::ones({d}, param_options()));
-  if (with_bias) bias = register_parameter("bias", torch::zeros({d}, param_options()));
+  weight = register_parameter("weight", new_param({d}, [](torch::Tensor& w) { w.fill_(1); }));
+  if (with_bias) bias = register_parameter("bias", new_param({d}, [](torch::Tensor& b) { b.zero_(); }));
 }
 
 torch::Tensor LayerNorm::forward(torch::Tensor x) {
@@ -134,7 +132,7 @@ torch::Tensor LayerNorm::forward(torch::Tensor x) {
 }
 
 RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
-  weight = register_parameter("weight", torch::ones({d}, param_options()));
+  weight = register_parameter("weight", new_param({d}, [](torch::Tensor& w) { w.fill_(1); }));
 }
 
 torch::Tensor RMSNorm::forward(torch::Tensor x) {

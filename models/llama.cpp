@@ -50,7 +50,7 @@ class Attention : public nn::Module {
     const int64_t b = x.size(0), s = x.size(1);
     auto q = (*wq)(x).view({b, s, -1, hd_}), k = (*wk)(x).view({b, s, -1, hd_});
     auto v = (*wv)(x).view({b, s, -1, hd_});
-    auto cos = cos_.slice(0, 0, s), sin = sin_.slice(0, 0, s);
+    auto cos = cos_.slice(0, 0, s).to(x.device()), sin = sin_.slice(0, 0, s).to(x.device());
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
     const int64_t n_rep = q.size(2) / k.size(2);  // grouped-query attention
@@ -89,13 +89,14 @@ class TransformerBlock : public nn::Module {
     attention_norm = add("attention_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     ffn_norm = add("ffn_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     double std = a.depth_init ? 0.02 / std::sqrt(2.0 * (layer_id + 1)) : 0.02 / std::sqrt(2.0 * a.n_layers);
+    auto trunc_normal = [](double s) { return [s](torch::Tensor& w) { nn::trunc_normal_(w, 0, s, -2, 2); }; };
     for (auto* w : {&attention->wq->weight, &attention->wk->weight, &attention->wv->weight}) {
-      nn::trunc_normal_(*w, 0, 0.02, -2, 2);
+      nn::init_param(*w, trunc_normal(0.02));
     }
     for (auto* w : {&attention->wo->weight, &feed_forward->w2->weight, &feed_forward->w3->weight}) {
-      nn::trunc_normal_(*w, 0, std, -2, 2);
+      nn::init_param(*w, trunc_normal(std));
     }
-    nn::trunc_normal_(feed_forward->w1->weight, 0, 0.02, -2, 2);
+    nn::init_param(feed_forward->w1->weight, trunc_normal(0.02));
   }
   torch::Tensor forward(torch::Tensor x) override {
     auto h = x + (*attention)((*attention_norm)(x));
@@ -114,7 +115,7 @@ class Llama : public Model {
     // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
     auto inv = 1.0 / torch::pow(a.rope_theta, torch::arange(0, a.head_dim(), 2).to(torch::kFloat) / a.head_dim());
     auto angles = torch::outer(torch::arange(2 * a.max_seq_len).to(torch::kFloat), inv);
-    auto cos = angles.cos().to(nn::param_options().device()), sin = angles.sin().to(nn::param_options().device());
+    auto cos = angles.cos().to(nn::buffer_options().device()), sin = angles.sin().to(nn::buffer_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
       auto block = std::make_shared<TransformerBlock>(i, a);
       block->attention->set_rope(cos, sin);
@@ -122,10 +123,9 @@ class Llama : public Model {
     }
     norm = add("norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false));
-    torch::NoGradGuard g;
-    tok_embeddings->weight.normal_();
-    double cutoff = 3.0 / std::sqrt(static_cast<double>(a.dim));
-    nn::trunc_normal_(output->weight, 0, 1.0 / std::sqrt(static_cast<double>(a.dim)), -cutoff, cutoff);
+    nn::init_param(tok_embeddings->weight, [](torch::Tensor& w) { w.normal_(); });
+    const double cutoff = 3.0 / std::sqrt(static_cast<double>(a.dim)), scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
+    nn::init_param(output->weight, [scale, cutoff](torch::Tensor& w) { nn::trunc_normal_(w, 0, scale, -cutoff, cutoff); });
   }
   torch::Tensor forward(torch::Tensor tokens) override {
     auto h = (*tok_embeddings)(tokens);

@@ -23,9 +23,9 @@ class MLPModule : public Model {
     relu = add("relu", std::make_shared<ReLU>());
     net2 = add("net2", make_linear(hidden, dim));
     if (kaiming) {  // test_composability.py: kaiming_uniform_(fan_in, relu) on both weights
-      torch::NoGradGuard g;
-      torch::nn::init::kaiming_uniform_(net1->weight, 0, torch::kFanIn, torch::kReLU);
-      torch::nn::init::kaiming_uniform_(net2->weight, 0, torch::kFanIn, torch::kReLU);
+      auto kaiming = [](torch::Tensor& w) { torch::nn::init::kaiming_uniform_(w, 0, torch::kFanIn, torch::kReLU); };
+      nn::init_param(net1->weight, kaiming);
+      nn::init_param(net2->weight, kaiming);
     }
   }
   torch::Tensor forward(torch::Tensor x) override { return (*net2)((*relu)((*net1)(x))); }

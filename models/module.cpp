@@ -6,14 +6,38 @@ namespace composer::nn {
 
 namespace {
 thread_local bool shape_only = false;
+thread_local DeferInit* deferring = nullptr;
 }  // namespace
 
 torch::TensorOptions param_options() {
+  return shape_only || deferring ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
+}
+
+torch::TensorOptions buffer_options() {
   return shape_only ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
 }
 
 ShapeOnly::ShapeOnly() : previous_(shape_only) { shape_only = true; }
 ShapeOnly::~ShapeOnly() { shape_only = previous_; }
+
+DeferInit::DeferInit() : previous_(deferring) { deferring = this; }
+DeferInit::~DeferInit() { deferring = previous_; }
+
+torch::Tensor new_param(std::vector<int64_t> shape, const Fill& fill) {
+  torch::Tensor p = torch::empty(shape, param_options());
+  init_param(p, fill);
+  return p;
+}
+
+void init_param(const torch::Tensor& p, const Fill& fill) {
+  if (deferring && p.is_meta()) {
+    deferring->steps_.push_back({p.unsafeGetTensorImpl(), p.sizes().vec(), fill});
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor t = p;
+  fill(t);
+}
 
 torch::Tensor Module::operator()(torch::Tensor input) {
   for (auto& [handle, hook] : pre_hooks_) input = hook(*this, std::move(input));

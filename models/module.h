@@ -97,9 +97,46 @@ class ModuleList : public Module {
 };
 
 // Where models create their parameters: on the CPU, or on the meta device
-// (shapes and dtypes, no storage) while a ShapeOnly guard lives on this thread,
-// so that a plan can describe a model too large to build.
+// (shapes and dtypes, no storage) while a ShapeOnly or DeferInit guard lives
+// on this thread, so that a plan can describe a model too large to build and
+// a rank can build only what it holds.
 torch::TensorOptions param_options();
+// Where models create other tensors they keep (rotary tables): meta only
+// under ShapeOnly; under DeferInit they are computed for real.
+torch::TensorOptions buffer_options();
+
+// Sets every value of a parameter without reading the old ones, as the
+// nn.init functions do (it runs without autograd).
+using Fill = std::function<void(torch::Tensor&)>;
+
+// A new parameter tensor of `shape` (param_options()) whose values `fill`
+// sets, and a later re-initialisation of one. Models set every initial value
+// through these two, so that DeferInit can record the draws.
+torch::Tensor new_param(std::vector<int64_t> shape, const Fill& fill);
+void init_param(const torch::Tensor& p, const Fill& fill);
+
+// While a DeferInit lives on this thread, parameters are created on meta and
+// their fills are recorded in order, not run: replaying the steps in order on
+// full-size float tensors draws every value exactly as building the model on
+// the CPU does (the same generator stream), one tensor at a time.
+class DeferInit {
+ public:
+  struct Step {
+    const c10::TensorImpl* param;
+    std::vector<int64_t> shape;  // the parameter's full shape
+    Fill fill;
+  };
+  DeferInit();
+  ~DeferInit();
+  DeferInit(const DeferInit&) = delete;
+  DeferInit& operator=(const DeferInit&) = delete;
+  const std::vector<Step>& steps() const { return steps_; }
+
+ private:
+  friend void init_param(const torch::Tensor& p, const Fill& fill);
+  DeferInit* previous_;
+  std::vector<Step> steps_;
+};
 
 class ShapeOnly {
  public:

@@ -124,11 +124,15 @@ void apply_rowwise_embedding(TensorParallel& tp, nn::Embedding& m, const TpRule&
   for (int i = 0; i < g.rank; ++i) start += sizes[i];
   const int64_t len = sizes[g.rank];
   shard_param(tp, m.weight, 0);
-  if (len == 0) m.set_view(m.weight, torch::zeros({1, m.embedding_dim}, m.weight.options()));
   auto mask = std::make_shared<torch::Tensor>();
   const Layout out = r.output;
-  m.add_pre_hook([start, len, mask](nn::Module&, torch::Tensor ids) {
-    *mask = (ids < start).logical_or(ids >= start + len);
+  m.add_pre_hook([start, len, mask, &m](nn::Module&, torch::Tensor ids) {
+    // No rows here: look up a zero row (made at the first forward, once the
+    // weight has its values' device and dtype).
+    if (len == 0 && m.param(m.weight).numel() == 0) {
+      m.set_view(m.weight, torch::zeros({1, m.embedding_dim}, m.weight.options()));
+    }
+    *mask = (ids < start) | (ids >= start + len);  // bitwise on bools: it has a meta kernel
     return (ids - start).masked_fill(*mask, 0);
   });
   m.add_post_hook([&g, out, mask](nn::Module&, const torch::Tensor&, torch::Tensor y) {

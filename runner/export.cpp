@@ -160,6 +160,7 @@ std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const Expo
   };
   std::vector<Item> items;
   {
+    nn::ShapeOnly shapes;  // names and shapes only
     models::ModelPtr model = build_model(c);
     std::map<const c10::TensorImpl*, std::string> key_of;
     for (auto& [name, p] : nn::unique_named_parameters(*model)) key_of.emplace(p.unsafeGetTensorImpl(), name);

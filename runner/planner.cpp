@@ -146,6 +146,12 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
   p.local_microbatch = p.local_batch / c.train.microbatches;
 }
 
+// The model's modules, names and shapes (built on meta: planning needs no values).
+models::ModelPtr model_structure(const ExperimentConfig& c) {
+  nn::ShapeOnly shapes;
+  return models::find_model(c.model.name)->build(c.model.args);
+}
+
 // fully_shard: every unit pattern must name a module; under a pipeline every
 // parameter must be in a unit (a stage never runs the model's own forward,
 // where the root unit would gather).
@@ -154,8 +160,7 @@ void plan_fully_shard(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) pipeline = pipeline || t.kind == TransformKind::kPipeline;
   for (const auto& t : c.parallelize) {
     if (t.kind != TransformKind::kFullyShard) continue;
-    torch::manual_seed(c.seed);
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    models::ModelPtr model = model_structure(c);
     if (auto problem = parallel::check_units(*model, t.units)) throw PlanError(t.ref, *problem);
     if (!pipeline) continue;
     std::vector<std::string> unit_names;
@@ -182,8 +187,7 @@ void plan_fully_shard(const ExperimentConfig& c) {
 void plan_activation_checkpointing(const ExperimentConfig& c, Plan& p) {
   for (const auto& t : c.parallelize) {
     if (t.kind != TransformKind::kActivationCheckpointing) continue;
-    torch::manual_seed(c.seed);
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    models::ModelPtr model = model_structure(c);
     const parallel::ActivationCheckpointOptions o{t.units, t.every};
     if (auto problem = parallel::check_checkpoint_units(*model, o)) throw PlanError(t.ref, *problem);
     const auto units = parallel::checkpoint_units(*model, o);
@@ -230,8 +234,7 @@ void plan_tensor_parallel(const ExperimentConfig& c, Plan& p) {
       throw PlanError(t.ref, e.what());
     }
     p.tp_plan = custom ? t.styles : spec->tp_plan(c.model.args, t.sequence_parallel);
-    torch::manual_seed(c.seed);
-    models::ModelPtr model = spec->build(c.model.args);
+    models::ModelPtr model = model_structure(c);
     if (auto problem = parallel::check_tp_plan(*model, p.tp_plan)) {
       throw PlanError(t.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
     }
@@ -273,8 +276,7 @@ void plan_pipeline(const ExperimentConfig& c, Plan& p) {
                                  std::to_string(m) + " pipeline microbatches; make global_batch a multiple of " +
                                  std::to_string(m * p.dp_size));
     }
-    torch::manual_seed(c.seed);
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    models::ModelPtr model = model_structure(c);
     auto pieces = model->pipeline_pieces();
     if (pieces.empty()) {
       throw PlanError(t.ref, "model " + c.model.name + " cannot be split into pipeline stages; models that can: "

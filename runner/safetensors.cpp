@@ -176,25 +176,40 @@ SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<Entry>&
   const std::string h = header_bytes(entries_, metadata);
   if (std::fwrite(h.data(), 1, h.size(), out_) != h.size()) throw RuntimeFailure("cannot write " + tmp);
   size_ = h.size();
+  for (const auto& e : entries_) {
+    uint64_t n = c10::elementSize(e.dtype);
+    for (int64_t s : e.shape) n *= static_cast<uint64_t>(s);
+    offsets_.push_back(size_);
+    size_ += n;
+  }
+  size_ = h.size();
+  written_.assign(entries_.size(), 0);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (out_) std::fclose(out_);
 }
 
-void SafetensorsWriter::write(const torch::Tensor& t) {
-  TORCH_INTERNAL_ASSERT(next_ < entries_.size(), "more tensors than the header of ", path_, " lists");
-  const Entry& e = entries_[next_++];
+void SafetensorsWriter::write(size_t index, const torch::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(index < entries_.size(), "more tensors than the header of ", path_, " lists");
+  TORCH_INTERNAL_ASSERT(!written_[index], entries_[index].name, " is written twice to ", path_);
+  const Entry& e = entries_[index];
   auto c = t.detach().to(torch::kCPU).contiguous();
   TORCH_INTERNAL_ASSERT(c.scalar_type() == e.dtype && c.sizes().vec() == e.shape, e.name, " is ", c.sizes(), " ",
                         c.scalar_type(), " but the header says ", c10::IntArrayRef(e.shape), " ", e.dtype);
   const size_t n = c.numel() * c.element_size();
+  if (index != next_ && fseeko(out_, static_cast<off_t>(offsets_[index]), SEEK_SET) != 0) {
+    throw RuntimeFailure("cannot seek in " + path_ + ".tmp");
+  }
   if (n && std::fwrite(c.data_ptr(), 1, n, out_) != n) throw RuntimeFailure("cannot write " + path_ + ".tmp");
   size_ += n;
+  written_[index] = 1;
+  next_ = index + 1;
+  ++count_;
 }
 
 void SafetensorsWriter::finish() {
-  TORCH_INTERNAL_ASSERT(next_ == entries_.size(), path_, ": ", entries_.size() - next_, " tensors not written");
+  TORCH_INTERNAL_ASSERT(count_ == entries_.size(), path_, ": ", entries_.size() - count_, " tensors not written");
   const bool ok = std::fclose(out_) == 0;
   out_ = nullptr;
   if (!ok) throw RuntimeFailure("cannot write " + path_ + ".tmp (disk full?)");

@@ -41,9 +41,10 @@ torch::ScalarType scalar_type_of_name(const std::string& name, const std::string
 
 // Writes a safetensors file one tensor at a time, so that a writer holds one
 // tensor, never the whole set: the header is written first from every
-// tensor's name, dtype and shape, then each tensor's bytes in that order. The
-// bytes equal write_safetensors' for the same tensors; the file appears under
-// `path` (renamed from a temporary name) at finish().
+// tensor's name, dtype and shape, then each tensor's bytes in that order (or
+// in any order, by index). The bytes equal write_safetensors' for the same
+// tensors; the file appears under `path` (renamed from a temporary name) at
+// finish(), once every tensor is written.
 class SafetensorsWriter {
  public:
   struct Entry {
@@ -54,8 +55,9 @@ class SafetensorsWriter {
   SafetensorsWriter(std::string path, const std::vector<Entry>& entries,
                     const std::map<std::string, std::string>& metadata = {});
   ~SafetensorsWriter();
-  // The next entry's tensor (its dtype and shape must match).
-  void write(const torch::Tensor& t);
+  // The next entry's tensor (its dtype and shape must match), or entry `index`'s.
+  void write(const torch::Tensor& t) { write(next_, t); }
+  void write(size_t index, const torch::Tensor& t);
   void finish();
   // Bytes the file has (header included).
   uint64_t size() const { return size_; }
@@ -63,7 +65,9 @@ class SafetensorsWriter {
  private:
   std::string path_;
   std::vector<Entry> entries_;
-  size_t next_ = 0;
+  std::vector<uint64_t> offsets_;  // of each entry's bytes in the file
+  std::vector<char> written_;
+  size_t next_ = 0, count_ = 0;
   uint64_t size_ = 0;
   std::FILE* out_ = nullptr;
 };

@@ -21,6 +21,7 @@
 #include "parallelisms/tensor_parallel.h"
 #include "runner/checkpoint.h"
 #include "runner/export.h"
+#include "runner/materialise.h"
 #include "runner/memory.h"
 #include "runner/optim.h"
 
@@ -147,7 +148,12 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
       parallel::apply_replicate(model, rank.mesh->group(t.mesh_dim), o, *p.placements);
     }
   }
-  // The gradient synchronisation: every reduction the placements call for.
+  return p;
+}
+
+// The gradient synchronisation: every reduction the placements call for.
+void add_grad_sync(models::Model& model, const Plan& plan, Parallel& p) {
+  if (!p.any) return;
   double bucket_mb = 25;
   for (const auto& t : plan.transforms) {
     if (t.kind == TransformKind::kReplicate) bucket_mb = t.bucket_mb;
@@ -157,7 +163,26 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
     if (!p.pipe || p.pipe->holds(param)) held.push_back(param);
   }
   p.sync = std::make_unique<parallel::GradSync>(held, *p.placements, parallel::GradSyncOptions{bucket_mb});
-  return p;
+}
+
+// Whether this run's ranks build only what they hold: the plan shards a
+// parameter (tensor_parallel, fully_shard) or splits the model (pipeline).
+bool has_per_rank_seed(const Plan& plan) {
+  for (const auto& t : plan.transforms) {
+    if (!t.per_rank.empty() && t.per_rank_seed >= 0) return true;
+  }
+  return false;
+}
+
+bool builds_owned_only(const Plan& plan, const RankContext& rank) {
+  if (!rank.mesh) return false;
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kTensorParallel || t.kind == TransformKind::kFullyShard ||
+        t.kind == TransformKind::kPipeline) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The global gradient norm as one device sees it: every rank adds the squares
@@ -317,6 +342,7 @@ std::vector<std::string> describe_placements(const ExperimentConfig& c, const Pl
     o.connect = false;
     ctx.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, r, c10::intrusive_ptr<c10d::Store>(), o, plan.flat_groups);
     ctx.rank = -1;  // not the main rank: no log lines
+    nn::ShapeOnly shapes;  // names and placements only
     models::ModelPtr model = build_model(c);
     model->to(scalar_type_of(c.train.dtype));
     Parallel par = apply_transforms(*model, plan, ctx, torch::Tensor());
@@ -375,9 +401,28 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const auto& t = c.train;
   const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
   torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
-  models::ModelPtr model = build_model(c);
-  init_per_rank(c, plan, rank, *model);  // rank 0's own values are in init.safetensors
-  if (rank.is_main()) save_weights(*model, out_dir + "/init.safetensors");
+  // A plan that shards or splits the model: the model is built on meta, the
+  // transforms decide what this rank holds, and only that is given values
+  // (materialise.h); the values equal a single-device build's.
+  // Per-rank parameters (per_rank_seed) draw their values after the build, so
+  // such a plan builds the model whole.
+  bool owned_only = builds_owned_only(plan, rank) && !has_per_rank_seed(plan);
+  std::vector<nn::DeferInit::Step> init_steps;
+  models::ModelPtr model;
+  if (owned_only) {
+    nn::DeferInit defer;
+    model = build_model(c);
+    init_steps = defer.steps();
+  }
+  if (owned_only && !fully_recorded(*model, init_steps)) {  // a model that sets a value another way: build it whole
+    owned_only = false;
+    init_steps.clear();
+  }
+  if (!owned_only) {
+    model = build_model(c);
+    init_per_rank(c, plan, rank, *model);  // rank 0's own values are in init.safetensors
+  }
+  if (rank.is_main() && !owned_only) save_weights(*model, out_dir + "/init.safetensors");
   model->to(scalar_type_of(t.dtype));
   model->train();
 
@@ -386,7 +431,19 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   auto dataset = make_dataset(c, data);
   const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
   torch::Tensor example = pp_mb ? dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
+  if (owned_only && example.defined()) example = example.to(torch::kMeta);  // stage shapes, on the meta model
   Parallel par = apply_transforms(*model, plan, rank, example);
+  if (owned_only) {
+    MaterialiseOptions m;
+    m.dtype = scalar_type_of(t.dtype);
+    m.placements = par.placements.get();
+    m.init_from = c.model.init_from;
+    if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
+    naming_config_key(c.model.init_from_ref, [&] { materialise(*model, init_steps, m); });
+  }
+  add_grad_sync(*model, plan, par);
+  const int64_t setup_peak_bytes = memory::peak_bytes();  // building the model and the transforms
+  const double setup_peak_rss_mb = peak_rss_mb();
 
   std::vector<torch::Tensor> params;  // this rank's (a pipeline rank holds its stages' only)
   for (auto& [name, p] : nn::unique_named_parameters(*model)) {
@@ -409,8 +466,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       }
     }
   }
-  // Peak RSS in the metrics covers training: building the full model before
-  // sharding (and writing init weights) is setup.
+  // Peak RSS in the metrics covers training; setup (building the model,
+  // applying the transforms, writing init weights) is memory.rank<r>.json's
+  // setup_peak_bytes and setup_peak_rss_mb.
   reset_peak_rss();
   const int64_t setup_live_bytes = memory::live_bytes();
   std::vector<int64_t> step_peaks;
@@ -520,6 +578,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     write_json(out_dir + "/memory.rank" + std::to_string(rank.rank) + ".json",
                {{"rank", rank.rank},
                 {"setup_live_bytes", setup_live_bytes},
+                {"setup_peak_bytes", setup_peak_bytes},
+                {"setup_peak_rss_mb", setup_peak_rss_mb},
                 {"peak_bytes", *std::max_element(step_peaks.begin(), step_peaks.end())},
                 {"step_peak_bytes", step_peaks}});
   }

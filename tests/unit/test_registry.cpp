@@ -6,6 +6,7 @@
 #include "models/registry.h"
 #include "runner/config.h"
 #include "runner/trainer.h"
+#include "tests/unit/small_args.h"
 
 namespace composer {
 namespace {
@@ -25,14 +26,7 @@ std::vector<std::string> names_of(models::Model& m) {
 TEST(Registry, EveryModelBuildsAndRunsForward) {
   ASSERT_GE(models::registry().size(), 13u);
   for (const auto& spec : models::registry()) {
-    auto args = defaults(spec);
-    if (spec.name == "llama") {  // keep the test small
-      args.set("dim", int64_t{32});
-      args.set("n_layers", int64_t{2});
-      args.set("n_heads", int64_t{4});
-      args.set("multiple_of", int64_t{16});
-      args.set("max_seq_len", int64_t{8});
-    }
+    auto args = testing::small_args(spec);
     auto model = spec.build(args);
     auto in = model->input_spec();
     // transformer_with_shared_params's samples have one length: src and tgt of the seed's input.

@@ -1,0 +1,40 @@
+// Giving a model built under nn::DeferInit (parameters on meta, their
+// initialisations recorded) its values one parameter at a time, after the
+// transforms have decided what this rank holds: each full tensor is drawn (or
+// read from `init_from`) exactly as a single-device build draws it, cut to
+// this rank's piece and freed before the next, so a rank's setup peak is what
+// it holds plus the largest single tensor, never the whole model.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "parallelisms/placement.h"
+
+namespace composer {
+
+struct MaterialiseOptions {
+  c10::ScalarType dtype = c10::kFloat;                // the training dtype each value is cast to
+  const parallel::Placements* placements = nullptr;  // this rank's piece of each parameter (none: all of it)
+  std::string init_from;   // a safetensors file whose values replace the recorded initialisations
+  std::string write_init;  // where to write every full initial value (float32), or nothing
+};
+
+// The recorded initialisations run in their recorded order on full-size
+// float32 tensors, each kept only as this rank's piece: every parameter of
+// `model` then has the values (and, cut to its placement, the shape) a
+// single-device build converted to `dtype` and transformed would give it.
+void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& options);
+
+// Whether `steps` set every parameter of `model` (built under DeferInit) and
+// no buffer was left on meta: a model that initialises a tensor some other way
+// cannot be materialised, and is built whole instead.
+bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps);
+
+// The values of tensor `name` of safetensors file `path`, read alone (the
+// rest of the file stays on disk).
+torch::Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
+
+}  // namespace composer
