@@ -81,10 +81,12 @@ void add_comm(RankContext& rank, StepRecord& r) {
   if (!rank.mesh) return;
   r.parallel = true;
   for (auto* g : rank.mesh->all_groups()) {
-    auto t = g->counter->total();
-    r.comm_calls += t.calls;
-    r.comm_bytes += t.bytes;
-    r.comm_ring_bytes += t.ring_bytes;
+    for (const auto& [op, e] : g->counter->all()) {
+      if (op == "recv") continue;  // the sender's payload, counted at its send
+      r.comm_calls += e.calls;
+      r.comm_bytes += e.bytes;
+      r.comm_ring_bytes += e.ring_bytes;
+    }
   }
 }
 
