@@ -28,6 +28,7 @@ struct Recompute : torch::CustomClassHolder {
   std::vector<torch::Tensor> views;  // inputs 1..: the tensors the layers computed with
   std::vector<Use> uses;
   torch::Tensor rng_state;                   // the CPU generator's state when forward began
+  torch::Tensor rng_bytes;                   // a dry run's stand-in for it on meta, so its bytes count
   nn::WeightGradRecords* records = nullptr;  // a zero-bubble stage's records, open at forward
   std::atomic<int64_t>* recomputes = nullptr;
 };
@@ -42,6 +43,12 @@ void set_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+// In a dry run (meta `input`): a meta tensor as large as the CPU tensor `t`,
+// which the meta count would otherwise miss.
+torch::Tensor meta_like(const torch::Tensor& t, const torch::Tensor& input) {
+  return input.is_meta() ? torch::empty(t.sizes(), t.options().device(torch::kMeta)) : torch::Tensor();
 }
 
 // Runs the unit's forward again with grad enabled: on `input`, with the
@@ -66,6 +73,7 @@ torch::Tensor recompute(Recompute& r, const torch::Tensor& input, const std::vec
     set_rng_state(rng);
   };
   const torch::Tensor now = rng_state();
+  const torch::Tensor now_bytes = meta_like(now, input);
   set_rng_state(r.rng_state);
   torch::Tensor y;
   try {
@@ -145,6 +153,7 @@ torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::M
   r->views.assign(inputs.begin() + 1, inputs.end());
   r->forward = forward;
   r->rng_state = rng_state();
+  r->rng_bytes = meta_like(r->rng_state, x);
   r->records = nn::DeferWeightGrads::active();
   r->recomputes = unit.recomputes.get();
   return CheckpointFn::apply(at::TensorList(inputs), r)[0];

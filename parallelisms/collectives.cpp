@@ -71,7 +71,7 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
   auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
   auto incoming = torch::empty_like(piece(0));
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-  for (int s = 0; s < n - 1; ++s) {
+  for (int s = 0; s < n - 1 && g.pg; ++s) {
     int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
     std::vector<torch::Tensor> out{piece(send_idx).contiguous()}, in{incoming};
     auto sw = g.pg->send(out, next, s);
@@ -103,7 +103,8 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   auto wire = widen ? t.to(torch::kFloat) : t;
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{wire};
-  auto work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
+  c10::intrusive_ptr<c10d::Work> work;
+  if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
   std::function<void()> then;
   if (op == Reduce::kAvg || widen) {
     auto target = t;
@@ -124,7 +125,7 @@ void broadcast(Group& g, torch::Tensor& t, int root) {
   std::vector<torch::Tensor> ts{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  g.pg->broadcast(ts, o)->wait();
+  if (g.pg) g.pg->broadcast(ts, o)->wait();
 }
 
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
@@ -141,7 +142,12 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   std::vector<torch::Tensor> ins{padded};
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
   g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
-  g.pg->allgather(outs, ins)->wait();
+  if (g.pg) {
+    g.pg->allgather(outs, ins)->wait();
+  } else {  // a dry run (no process group): Gloo's flat staging buffer of every rank's piece
+    padded_shape[0] *= g.size;
+    torch::empty(padded_shape, padded.options());
+  }
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
   return torch::cat(parts, 0);
@@ -177,7 +183,7 @@ constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. si
 void ring_all_gather(Group& g, torch::Tensor out) {
   const int n = g.size, r = g.rank;
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-  for (int s = 0; s < n - 1; ++s) {
+  for (int s = 0; s < n - 1 && g.pg; ++s) {
     const int send_idx = ((r - s) % n + n) % n, recv_idx = ((r - s - 1) % n + n) % n;
     std::vector<torch::Tensor> out_t{out[send_idx]}, in_t{out[recv_idx]};
     auto sw = g.pg->send(out_t, next, kAllGatherTag + s);
@@ -195,7 +201,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
   out[g.rank].copy_(flat.view({-1}));
   if (g.size == 1) return {};
   g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
-  if (!async) {
+  if (!async || !g.pg) {
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
     ring_all_gather(g, out);
     return {};
@@ -223,15 +229,16 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   auto c = t.contiguous();
   g.counter->add("send", nbytes(c), nbytes(c));
   std::vector<torch::Tensor> ts{c};
-  Handle h(g.pg->send(ts, dst, tag), [c] {});  // the handle keeps the tensor alive until wait()
+  Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
   if (!async) h.wait();
   return h;
 }
 
 void recv(Group& g, torch::Tensor& t, int src, int tag) {
   delay_at(g.delays, DelayPoint::kBeforeRecv);
+  g.counter->add("recv", nbytes(t), nbytes(t));
   std::vector<torch::Tensor> ts{t};
-  g.pg->recv(ts, src, tag)->wait();
+  if (g.pg) g.pg->recv(ts, src, tag)->wait();
 }
 
 // ---- autograd ----------------------------------------------------------------

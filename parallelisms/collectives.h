@@ -1,7 +1,10 @@
 // A thin layer over c10d process groups: blocking and async collectives with
 // uneven-size support (torch.chunk semantics, padded buffers), autograd-aware
 // variants, and a counter of calls and bytes per group so tests can assert
-// communication and benchmarks can report volume against theory.
+// communication and benchmarks can report volume against theory. On a group
+// without a process group (a dry run, runner/trainer.h) a collective moves
+// nothing but allocates what it would and counts its bytes, so a dry run's
+// counters and memory match a real run's.
 #pragma once
 #include <torch/torch.h>
 
@@ -73,6 +76,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
 // Point to point; an async send completes at the handle's wait().
+
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag = 0, bool async = false);
 void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
 

@@ -66,11 +66,24 @@ int64_t bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t) { return 
 
 void no_delete(void*) {}
 
-// Points a tensor's storage at `bytes` bytes at `ptr` (owned by the pool), or at nothing.
+// Points a tensor's storage at `bytes` bytes at `ptr` (owned by the pool), or
+// at nothing. A meta tensor (a dry run) has no data: only its size changes.
 void bind_storage(const torch::Tensor& t, uint8_t* ptr, int64_t bytes) {
   auto* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(ptr, ptr, &no_delete, c10::Device(c10::kCPU)));
+  s->set_data_ptr_noswap(at::DataPtr(ptr, ptr, &no_delete, t.device()));
   s->set_nbytes(static_cast<size_t>(bytes));
+}
+
+// A tensor over `ptr` owned by the pool (from_blob); on meta, a tensor whose
+// storage takes no bytes of its own, as from_blob's does not.
+torch::Tensor pool_view(uint8_t* ptr, const std::vector<int64_t>& shape, c10::ScalarType dtype, c10::Device device) {
+  if (!device.is_meta()) return torch::from_blob(ptr, shape, torch::TensorOptions().dtype(dtype));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes_of(shape, dtype), at::DataPtr(nullptr, device),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
 }
 
 int64_t unsharded_bytes_of(const FullyShard::Param& p) { return bytes_of(p.info.full_shape, p.compute_dtype); }
@@ -127,13 +140,14 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
     // The unsharded values live in one pooled buffer per unit: a re-gather
     // (refill) binds the existing tensors, whose autograd-saved handles stay
     // valid, to it again.
-    uint8_t* at = u.unsharded_base.data_ptr<uint8_t>() + p.unsharded_offset;
+    const bool meta = u.unsharded_base.is_meta();
+    uint8_t* at = meta ? nullptr : u.unsharded_base.data_ptr<uint8_t>() + p.unsharded_offset;
     torch::Tensor out;
     if (refill) {
       bind_storage(p.full, at, unsharded_bytes_of(p));
       out = p.full.variable_data().view(p.info.full_shape);  // .data semantics: no version bump
     } else {
-      out = torch::from_blob(at, p.info.full_shape, torch::TensorOptions().dtype(p.compute_dtype));
+      out = pool_view(at, p.info.full_shape, p.compute_dtype, u.unsharded_base.device());
     }
     p.ext->post_all_gather(gathered, p.info, p.compute_dtype, out);
     if (!refill) values.push_back(out.view(p.shape));
@@ -158,7 +172,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
   if (accumulate) {
     buf = u.pending;
   } else if (!sync) {
-    buf = torch::zeros({g.size, u.grad_numel}, torch::TensorOptions().dtype(u.reduce_dtype));
+    buf = torch::zeros({g.size, u.grad_numel}, torch::TensorOptions().dtype(u.reduce_dtype).device(u.owner->device()));
   } else {
     const int64_t bytes = g.size * u.grad_numel * static_cast<int64_t>(c10::elementSize(u.reduce_dtype));
     base = u.owner->take_buffer(FullyShard::kGrad);
@@ -340,6 +354,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     Unit& u = *units_[own == owner.end() ? units_.size() - 1 : own->second];
     Param q;
     q.param = p;
+    device_ = p.device();
     q.shape = p.sizes().vec();
     auto full_shape = q.shape.empty() ? std::vector<int64_t>{1} : q.shape;
     int64_t dim = options.shard_dim ? options.shard_dim(p) : 0;
@@ -458,7 +473,11 @@ FullyShard::Unit* FullyShard::prev_in_forward(const Unit* u) const {
 // unit can reuse any of them (a caching allocator per kind).
 torch::Tensor FullyShard::take_buffer(BufferKind kind) {
   auto& free = pool_[kind];
-  if (free.empty()) return torch::empty({std::max<int64_t>(largest_[kind], 1)}, torch::kByte);
+  if (free.empty()) {
+    const int64_t bytes = std::max<int64_t>(largest_[kind], 1);
+    pooled_bytes_ += bytes;
+    return torch::empty({bytes}, torch::TensorOptions().dtype(torch::kByte).device(device_));
+  }
   auto t = std::move(free.back());
   free.pop_back();
   return t;

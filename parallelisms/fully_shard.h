@@ -140,6 +140,8 @@ class FullyShard {
   enum BufferKind { kSend, kRecv, kGrad, kUnsharded, kNumBufferKinds };
   torch::Tensor take_buffer(BufferKind kind);
   void give_buffer(BufferKind kind, torch::Tensor t);
+  c10::Device device() const { return device_; }  // the parameters' (meta in a dry run)
+  int64_t pooled_bytes() const { return pooled_bytes_; }  // every buffer the pools ever allocated
 
  private:
   Group& group_;
@@ -149,6 +151,8 @@ class FullyShard {
   std::vector<Unit*> forward_order_;
   std::vector<torch::Tensor> pool_[kNumBufferKinds];  // reusable buffers, by kind
   int64_t largest_[kNumBufferKinds] = {};
+  int64_t pooled_bytes_ = 0;
+  c10::Device device_ = c10::kCPU;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const c10::TensorImpl*, Param*> by_impl_;
 };

@@ -99,6 +99,12 @@ GradSync::GradSync(std::vector<torch::Tensor> params, const Placements& placemen
 
 GradSync::~GradSync() = default;
 
+int64_t GradSync::buffer_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size());
+  return n;
+}
+
 // Copies parameter k's gradient (or zeros) and its presence flag into its bucket.
 void GradSync::fill(Bucket& b, size_t k) {
   torch::NoGradGuard no_grad;
@@ -145,7 +151,9 @@ void GradSync::finish() {
     auto flags = b.buffer.narrow(0, slot, static_cast<int64_t>(b.params.size())).to(torch::kDouble).contiguous();
     for (size_t i = 0; i < b.params.size(); ++i) {
       auto& p = params_[b.params[i]];
-      if (flags.data_ptr<double>()[i] <= 0) continue;  // no rank has a gradient
+      // No rank has a gradient (a dry run's meta flags have no values: it
+      // takes the common case, a gradient somewhere).
+      if (!flags.is_meta() && flags.data_ptr<double>()[i] <= 0) continue;
       auto synced = b.buffer.narrow(0, static_cast<int64_t>(offset_of_[b.params[i]]), p.numel()).view(p.sizes());
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       p.mutable_grad().copy_(synced);

@@ -54,6 +54,7 @@ class GradSync {
   // (and after fully_shard's deferred reduce-scatters).
   void finish();
   size_t num_buckets() const { return buckets_.size(); }
+  int64_t buffer_bytes() const;  // the bucket buffers' (they live as long as this)
 
  private:
   struct Bucket {

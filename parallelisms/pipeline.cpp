@@ -111,6 +111,7 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
     const bool training = model.is_training();
     model.eval();
     torch::Tensor x = example;
+    device_ = example.device();
     for (int s = 0; s < S; ++s) {
       input_shape_.push_back(x.sizes().vec());
       input_dtype_.push_back(x.scalar_type());
@@ -186,13 +187,13 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     try {
     switch (a.op) {
       case Op::kRecvActivation: {
-        auto buf = torch::empty(input_shape_[s], torch::TensorOptions().dtype(input_dtype_[s]));
+        auto buf = torch::empty(input_shape_[s], torch::TensorOptions().dtype(input_dtype_[s]).device(device_));
         recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
         slot.input = is_float(buf) ? buf.requires_grad_() : buf;
         break;
       }
       case Op::kRecvGradient: {
-        auto buf = torch::empty(output_shape_[s], torch::TensorOptions().dtype(slot.output.scalar_type()));
+        auto buf = torch::empty(output_shape_[s], slot.output.options().requires_grad(false));
         recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
         slot.grad_out = buf;
         break;
@@ -211,7 +212,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
         }
         if (s == S - 1) {
           out = loss_of(mb, out);
-          losses_[mb] = out.item<double>();
+          losses_[mb] = out.is_meta() ? 0.0 : out.item<double>();  // a dry run has no values
           loss_sum += losses_[mb];
         }
         slot.output = out;

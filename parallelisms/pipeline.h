@@ -88,6 +88,7 @@ class Pipeline {
   std::vector<RankActions> actions_;                 // with communication, every rank's
   std::vector<std::vector<int64_t>> input_shape_;    // per stage
   std::vector<c10::ScalarType> input_dtype_;
+  c10::Device device_ = c10::kCPU;                   // the example's: meta in a dry run
   std::vector<std::vector<int64_t>> output_shape_;   // per stage
   struct ParamInfo {
     std::vector<int> ranks;  // pp ranks whose stages hold it, ascending

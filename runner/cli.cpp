@@ -141,7 +141,10 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
       for (const auto& line : p.warnings) std::cout << "warning: " << line << "\n";
       for (const auto& line : describe_placements(c, p)) std::cout << "placement: " << line << "\n";
-      for (const auto& e : estimate_memory(c, p)) std::cout << "memory: rank " << e.rank << ": " << e.str() << "\n";
+      for (const auto& e : estimate_memory(c, p)) {
+        std::cout << "memory: rank " << e.rank << ": " << e.str() << "\n";
+        std::cout << "comm: rank " << e.rank << " per step: " << e.comm_str() << "\n";
+      }
       std::cout << "config hash " << config_hash(c) << "\n";
       return 0;
     case Command::kRun: {

@@ -19,17 +19,6 @@ void ensure_meta_kernels();  // meta_kernels.cpp
 
 namespace {
 
-int64_t bytes_of(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n * static_cast<int64_t>(c10::elementSize(dtype));
-}
-
-int64_t optimizer_copies(const OptimizerConfig& o) {
-  if (o.name == OptimizerKind::kSgd) return o.momentum != 0 ? 1 : 0;
-  return 2;  // exp_avg, exp_avg_sq
-}
-
 // A batch of `n` samples as the dataset makes them, on the meta device.
 Batch meta_batch(const DataPlan& p, int64_t n) {
   auto meta = torch::TensorOptions().device(torch::kMeta);
@@ -54,27 +43,6 @@ Batch meta_batch(const DataPlan& p, int64_t n) {
   return b;
 }
 
-// The bytes one microbatch of `n` samples adds over the parameters while its
-// forward and backward run on one device: activations, the batch, and the
-// gradients as they form.
-int64_t microbatch_bytes(const ExperimentConfig& c, int64_t n) {
-  ensure_meta_kernels();
-  nn::ShapeOnly shapes;
-  memory::MetaCount count;
-  models::ModelPtr model = build_model(c);
-  model->to(scalar_type_of(c.train.dtype));
-  model->train();
-  const DataPlan data = plan_data(c, *model);
-  const int64_t before = count.live();
-  count.reset_peak();
-  {
-    Batch b = meta_batch(data, n);
-    auto loss = compute_loss(c.train.loss, (*model)(b.inputs), b.targets, n, c.train.global_batch);
-    loss.backward();
-  }
-  return count.peak() - before;
-}
-
 // The dataset's tensors held in memory: a data file's inputs and targets.
 int64_t data_bytes(const ExperimentConfig& c) {
   if (c.data.source != DataSource::kFile) return 0;  // synthetic batches are made per step; token files are mapped
@@ -88,9 +56,7 @@ int64_t data_bytes(const ExperimentConfig& c) {
 
 }  // namespace
 
-int64_t MemoryEstimate::peak() const {
-  return params + optimizer + buffers + data + std::max(activations, grads);
-}
+int64_t MemoryEstimate::peak() const { return step_peak + data; }
 
 std::string format_bytes(int64_t bytes) {
   char buf[32];
@@ -104,20 +70,25 @@ std::string format_bytes(int64_t bytes) {
 
 std::string MemoryEstimate::str() const {
   return "params " + format_bytes(params) + ", grads " + format_bytes(grads) + ", optimizer " +
-         format_bytes(optimizer) + ", fully_shard buffers " + format_bytes(buffers) + ", activations " +
-         format_bytes(activations) + ", data " + format_bytes(data) + "; peak " + format_bytes(peak());
+         format_bytes(optimizer) + ", comm buffers " + format_bytes(buffers) + ", activations " +
+         format_bytes(activations) + ", data " + format_bytes(data) + "; peak " + format_bytes(peak()) + " (" +
+         std::to_string(peak()) + " B)";
+}
+
+std::string MemoryEstimate::comm_str() const {
+  std::string out;
+  for (const auto& [group, kinds] : comm) {
+    for (const auto& [kind, bytes] : kinds) {
+      out += (out.empty() ? "" : ", ") + group + " " + kind + " " + std::to_string(bytes) + " B";
+    }
+  }
+  return out.empty() ? "none" : out;
 }
 
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan) {
+  ensure_meta_kernels();
   std::vector<MemoryEstimate> out;
-  const int64_t copies = optimizer_copies(c.train.optimizer);
   const int64_t data = data_bytes(c);
-  const int64_t mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : plan.local_microbatch;
-  const int64_t one_microbatch = microbatch_bytes(c, mb);
-  const TransformConfig* fsdp = nullptr;
-  for (const auto& t : plan.transforms) {
-    if (t.kind == TransformKind::kFullyShard) fsdp = &t;
-  }
   // Every rank of a job of up to 64; beyond, rank 0 and the first rank of
   // each pipeline stage (data and tensor parallel peers hold the same shapes).
   std::vector<int> ranks;
@@ -132,46 +103,18 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     for (int64_t s = 1; s < c.mesh.shape[d]; ++s) ranks.push_back(static_cast<int>(s * stride));
   }
   for (int r : ranks) {
+    // Two steps: the second starts with the first's gradients and optimizer state.
+    const DryRun run = dry_run(c, plan, r, 2, meta_batch);
     MemoryEstimate e;
     e.rank = r;
+    e.params = run.terms.params;
+    e.grads = run.terms.grads;
+    e.optimizer = run.terms.optimizer;
+    e.buffers = run.terms.buffers;
+    e.step_peak = *std::max_element(run.step_peaks.begin(), run.step_peaks.end());
+    e.activations = std::max<int64_t>(0, e.step_peak - e.params - e.optimizer - e.buffers);
     e.data = data;
-    int64_t largest_unit = 0, units_total = 0;
-    with_planned_model(c, plan, r, [&](models::Model& model, const parallel::Placements& placements) {
-      std::map<std::string, int64_t> unit_bytes;  // fully_shard: unsharded bytes per unit
-      for (auto& [name, p] : nn::unique_named_parameters(model)) {
-        const parallel::ShardSpec* spec = placements.find(p);
-        const c10::ScalarType dtype = p.scalar_type();
-        if (spec && !spec->held()) continue;
-        const int64_t local = spec ? bytes_of(spec->local_shape(), dtype) : bytes_of(p.sizes().vec(), dtype);
-        e.params += local;
-        if (fsdp && spec) {
-          // The piece before fully_shard split it, in the compute dtype.
-          size_t levels = 0;
-          for (const auto& d : spec->dims) {
-            if (std::find(fsdp->mesh_dim.begin(), fsdp->mesh_dim.end(), d.name) != fsdp->mesh_dim.end()) break;
-            ++levels;
-          }
-          const c10::ScalarType compute = fsdp->param_dtype ? scalar_type_of(*fsdp->param_dtype) : dtype;
-          std::string unit;  // the longest unit pattern's match is the parameter's unit; approximated by FQN prefix
-          for (const auto& u : fsdp->units) {
-            const std::string prefix = u.substr(0, u.find('*'));
-            if (!prefix.empty() && name.rfind(prefix, 0) == 0) {
-              const size_t end = name.find('.', prefix.size());
-              unit = name.substr(0, end);
-            }
-          }
-          unit_bytes[unit] += bytes_of(spec->box(levels).size, compute);
-        }
-      }
-      for (const auto& [u, b] : unit_bytes) {
-        largest_unit = std::max(largest_unit, b);
-        units_total += b;
-      }
-    });
-    e.grads = e.params;
-    e.optimizer = copies * e.params;
-    if (fsdp) e.buffers = fsdp->reshard_after_forward ? std::min(units_total, (fsdp->prefetch ? 2 : 1) * largest_unit) : units_total;
-    e.activations = one_microbatch;
+    e.comm = run.comm;
     out.push_back(e);
   }
   return out;

@@ -1,10 +1,11 @@
-// Each rank's memory, predicted from shapes before anything runs: the model is
-// built on the meta device (shapes, no storage), the plan's transforms are
-// applied to it for every rank on a mesh without process groups, and one
-// microbatch's forward and backward runs on meta tensors while their bytes
-// are counted (memory.h). `composer plan` prints it; the planner refuses a
-// plan whose peak exceeds what a rank may use. The counting CPU allocator
-// measures the same terms in a real run (memory.rank<r>.json).
+// Each rank's memory and communication, predicted from shapes before
+// anything runs: every rank's first two training steps run dry (trainer.h's
+// dry_run: the model on the meta device, the plan applied on a mesh without
+// process groups, the same step code as a real run) while the bytes of every
+// meta tensor and every collective are counted. `composer plan` prints it;
+// the planner refuses a plan whose peak exceeds what a rank may use. The
+// counting CPU allocator and the collective counters measure the same terms
+// in a real run (memory.rank<r>.json, comm.rank<r>.json).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "runner/config.h"
 #include "runner/planner.h"
+#include "runner/trainer.h"
 
 namespace composer {
 
@@ -20,14 +22,16 @@ struct MemoryEstimate {
   int64_t params = 0;       // the parameter pieces this rank holds
   int64_t grads = 0;        // their gradients
   int64_t optimizer = 0;    // optimizer state (Adam: 2 per parameter; SGD with momentum: 1)
-  int64_t buffers = 0;      // fully_shard's unsharded parameters while gathered
-  int64_t activations = 0;  // forward and backward of one microbatch over the parameters
-                            // (gradients as they form included), times the microbatches in flight
+  int64_t buffers = 0;      // communication buffers the transforms keep: fully_shard's pools
+                            // (send, receive, unsharded, gradient), gradient buckets
+  int64_t activations = 0;  // the rest of the step's peak: activations of the microbatches in
+                            // flight, gradients as they form, collective staging, temporaries
   int64_t data = 0;         // dataset tensors held in memory
-  // The most alive at once: the step's forward and backward, or after it the
-  // gradients, whichever is larger, over what always lives.
-  int64_t peak() const;
-  std::string str() const;  // "params 1.2 MiB, grads ..., peak ..."
+  int64_t step_peak = 0;    // the most tensor bytes alive at once in a step (data aside)
+  CommBytes comm;           // the bytes one step's collectives move, per group and kind
+  int64_t peak() const;     // step_peak + data
+  std::string str() const;  // "params 1.2 MiB, grads ..., peak 5.1 MiB (5347737 B)"
+  std::string comm_str() const;  // "dp all_gather 1234 B, dp reduce_scatter ..." (exact bytes)
 };
 
 // One estimate per rank (ranks with the same shapes are estimated once and

@@ -16,6 +16,12 @@ namespace {
 
 at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
 
+at::Tensor logical_or(const at::Tensor& self, const at::Tensor& other) {
+  return at::empty(at::infer_size(self.sizes(), other.sizes()), self.options().dtype(at::kBool));
+}
+
+at::Tensor max_all(const at::Tensor& self) { return at::empty({}, self.options()); }  // max() over every element
+
 at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   auto shape = self.sizes().vec();
   if (!shape.empty()) shape[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
@@ -70,6 +76,8 @@ at::Tensor mse_loss_backward(const at::Tensor& /*grad*/, const at::Tensor& self,
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("relu", relu);
+  m.impl("max", max_all);
+  m.impl("logical_or", logical_or);
   m.impl("index_select", index_select);
   m.impl("embedding_dense_backward", embedding_dense_backward);
   m.impl("native_batch_norm", native_batch_norm);

@@ -175,7 +175,8 @@ double grad_norm(const std::vector<torch::Tensor>& params) {
     norms.push_back((g.scalar_type() == torch::kDouble ? g : g.to(torch::kFloat)).norm(2));
   }
   if (norms.empty()) return 0.0;
-  return torch::stack(norms).norm(2).item<double>();
+  auto norm = torch::stack(norms).norm(2);
+  return norm.is_meta() ? 0.0 : norm.item<double>();  // a dry run's tensors have no values
 }
 
 void clip_grads(const std::vector<torch::Tensor>& params, double norm, double max_norm) {

@@ -24,6 +24,7 @@
 #include "runner/materialise.h"
 #include "runner/memory.h"
 #include "runner/optim.h"
+#include "runner/step.h"
 
 namespace composer {
 namespace {
@@ -33,21 +34,6 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   out << j.dump(2) << "\n";
   if (!out) throw RuntimeFailure("cannot write " + path);
 }
-
-// The transforms applied to this rank's model, in the plan's order, the
-// placements they recorded and the gradient synchronisation derived from them.
-struct Parallel {
-  bool any = false;               // a mesh with transforms (else plain single-device training)
-  parallel::Group* dp = nullptr;  // every data-parallel rank (all replicate and shard dims flattened)
-  parallel::Group* world = nullptr;
-  std::unique_ptr<parallel::Placements> placements = std::make_unique<parallel::Placements>();
-  std::unique_ptr<parallel::TensorParallel> tp;
-  std::unique_ptr<parallel::ActivationCheckpoint> ac;
-  std::unique_ptr<parallel::FullyShard> fsdp;
-  std::unique_ptr<parallel::Pipeline> pipe;
-  std::unique_ptr<parallel::GradSync> sync;
-  parallel::ParamSet per_rank;    // parameters each data-parallel rank keeps its own
-};
 
 // The parameters data parallelism spreads: a pipeline rank's own stages',
 // never the per-rank ones; nullptr: every parameter.
@@ -185,79 +171,6 @@ bool builds_owned_only(const Plan& plan, const RankContext& rank) {
   return false;
 }
 
-// The global gradient norm as one device sees it: every rank adds the squares
-// of the gradient pieces it is the counting copy of (its placements say which),
-// and one all-reduce over the world sums them.
-double global_grad_norm(const std::vector<torch::Tensor>& params, Parallel& par) {
-  if (!par.any) return grad_norm(params);
-  double sq = 0;
-  for (const auto& p : params) {
-    const parallel::ShardSpec* spec = par.placements->find(p);
-    if (!p.grad().defined() || (spec && !spec->counts())) continue;
-    sq += p.grad().detach().to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  auto t = torch::tensor({sq}, torch::kDouble);
-  parallel::all_reduce(*par.world, t);
-  return std::sqrt(t.item<double>());
-}
-
-void reset_counters(RankContext& rank) {
-  if (!rank.mesh) return;
-  for (auto* g : rank.mesh->all_groups()) g->counter->reset();
-}
-
-void add_comm(RankContext& rank, StepRecord& r) {
-  if (!rank.mesh) return;
-  r.parallel = true;
-  for (auto* g : rank.mesh->all_groups()) {
-    auto t = g->counter->total();
-    r.comm_calls += t.calls;
-    r.comm_bytes += t.bytes;
-    r.comm_ring_bytes += t.ring_bytes;
-  }
-}
-
-// One pipeline step over this rank's batch. Backward runs on each microbatch
-// loss x grad_scale x the factor that gives PyTorch's scale_grads semantics:
-// its microbatch loss is loss_fn over the microbatch (a mean-type loss is n x
-// the microbatch's share of the batch loss), divided by n when scale_grads.
-// Returns the sum of the microbatch shares: the batch loss.
-double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
-                     double grad_scale, const parallel::Delays& delays) {
-  const auto& t = c.train;
-  const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
-  bool scale = true;
-  for (const auto& tr : plan.transforms) {
-    if (tr.kind == TransformKind::kPipeline) scale = tr.scale_grads;
-  }
-  const bool sum_type = t.loss.name == LossKind::kSum;
-  const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
-  auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
-  const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
-  auto loss_of = [&](int mb, const torch::Tensor& out) {
-    auto loss =
-        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
-    delays.at(parallel::DelayPoint::kAfterLoss);
-    return loss;
-  };
-  return pipe.run(input_of, loss_of, factor * grad_scale);
-}
-
-// The idle fraction of the last step over the pipeline ranks: 1 - busy time
-// / (ranks x the longest rank's span).
-double pipeline_bubble(parallel::Pipeline& pipe) {
-  double busy = 0, span = 0;
-  for (const auto& e : pipe.timeline()) {
-    busy += e.end_ms - e.start_ms;
-    span = std::max(span, e.end_ms);
-  }
-  auto t = torch::tensor({busy, span}, torch::kDouble);
-  auto all = parallel::all_gather(pipe.group(), t.view({1, 2}), std::vector<int64_t>(pipe.group().size, 1));
-  const double total_busy = all.select(1, 0).sum().item<double>();
-  const double makespan = all.select(1, 1).max().item<double>();
-  return makespan > 0 ? 1.0 - total_busy / (pipe.group().size * makespan) : 0.0;
-}
-
 // debug.inject: the wrong step a plausible bug would compute, for proving that
 // the golden checks fail on it. grad_factor multiplies the gradients (a wrong
 // dp divisor, scale_grads applied twice); data_shift moves the last dp rank's
@@ -364,8 +277,8 @@ std::vector<std::string> describe_placements(const ExperimentConfig& c, const Pl
   return out;
 }
 
-void with_planned_model(const ExperimentConfig& c, const Plan& plan, int r,
-                        const std::function<void(models::Model&, const parallel::Placements&)>& visit) {
+DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
+  memory::MetaCount count;
   nn::ShapeOnly shapes;
   RankContext ctx;
   ctx.rank = r;
@@ -377,10 +290,38 @@ void with_planned_model(const ExperimentConfig& c, const Plan& plan, int r,
                                                       o, plan.flat_groups);
   }
   ctx.rank = -1;  // not the main rank: no log lines
+  DryRun out;
   models::ModelPtr model = build_model(c);
   model->to(scalar_type_of(c.train.dtype));
-  Parallel par = apply_transforms(*model, plan, ctx, torch::Tensor());
-  visit(*model, *par.placements);
+  model->train();
+  const DataPlan data = plan_data(c, *model);
+  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
+  torch::Tensor example = pp_mb ? meta_batch(data, pp_mb).inputs : torch::Tensor();
+  Parallel par = apply_transforms(*model, plan, ctx, example);
+  par.device = torch::kMeta;
+  std::vector<torch::Tensor> params;
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+    if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
+  }
+  auto optimizer = make_optimizer(c.train.optimizer, params);
+  static const parallel::Delays kNoDelays({}, 0);
+  StepState state{c, plan, *model, par, params, *optimizer,
+                  [&](int64_t, int64_t begin, int64_t end) { return meta_batch(data, end - begin); },
+                  (par.dp ? par.dp->rank : 0) * plan.local_batch, static_cast<double>(plan.dp_size), kNoDelays};
+  const int64_t before = count.live(), buffers_before = buffer_bytes(par);
+  for (int64_t step = 1; step <= steps; ++step) {
+    reset_counters(ctx);
+    count.reset_peak();
+    StepRecord rec;
+    rec.step = step;
+    rec.lr = lr_at(c.train.optimizer, c.train.lr_schedule, step, c.train.steps);
+    set_lr(*optimizer, rec.lr);
+    run_step(state, rec);
+    out.step_peaks.push_back(count.peak());
+    if (step == 1) out.terms = memory_terms(par, params, buffers_before, before, count.live());
+    out.comm = comm_bytes(ctx);
+  }
+  return out;
 }
 
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
@@ -478,7 +419,6 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
                                                                first_step - 1);
   TrainResult result;
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
-  const int64_t mb = plan.local_microbatch;
   const Injection inject = injection(c, plan, dp_rank, rank);
   static const parallel::Delays kNoDelays({}, 0);
   const parallel::Delays& delays = rank.delays ? *rank.delays : kNoDelays;
@@ -490,6 +430,12 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
   const double grad_scale = static_cast<double>(plan.dp_size) * inject.grad_factor;
+  StepState state{c, plan, *model, par, params, *optimizer,
+                  [&](int64_t step, int64_t begin, int64_t end) { return dataset->batch(step, begin, end); },
+                  batch_begin, grad_scale, delays};
+  const int64_t buffers_before = buffer_bytes(par);
+  MemoryTerms terms;
+  CommBytes comm;
   for (int64_t step = first_step; step <= t.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     const int64_t recomputes_before = par.ac ? par.ac->recomputes() : 0;
@@ -503,63 +449,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     r.step = step;
     r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
     set_lr(*optimizer, r.lr);
-    for (auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
-    double local_loss = 0;
-    using Clock = std::chrono::steady_clock;
-    auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-    if (par.pipe) {
-      auto phase = Clock::now();
-      Batch b = dataset->batch(step, batch_begin, batch_begin + plan.local_batch);
-      par.sync->set_requires_sync(false);                // every reduction after the last microbatch
-      if (par.fsdp) par.fsdp->set_requires_sync(false);  // one reduce-scatter per unit, after it
-      local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale, delays);
-      if (par.fsdp) {
-        par.fsdp->flush();
-        par.fsdp->reshard();
-      }
-      r.backward_ms = ms_since(phase);  // forward and backward interleave
-      r.pipeline_bubble = pipeline_bubble(*par.pipe);
-      r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
-    }
-    for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
-      if (par.sync) par.sync->set_requires_sync(m + 1 == t.microbatches);
-      if (par.fsdp) par.fsdp->set_requires_sync(m + 1 == t.microbatches);
-      const int64_t begin = batch_begin + m * mb;
-      Batch b = dataset->batch(step, begin, begin + mb);
-      auto phase = Clock::now();
-      auto loss = compute_loss(t.loss, (*model)(b.inputs), b.targets, mb, t.global_batch);
-      r.forward_ms += ms_since(phase);
-      delays.at(parallel::DelayPoint::kAfterLoss);
-      phase = Clock::now();
-      (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
-      local_loss += loss.item<double>();
-      if (par.fsdp) par.fsdp->reshard();
-      r.backward_ms += ms_since(phase);
-    }
-    auto phase = Clock::now();
-    if (par.sync) par.sync->finish();
-    r.backward_ms += ms_since(phase);
-    r.loss = local_loss;
-    if (par.pipe) {  // the last stage's rank has them: the loss, then each microbatch's
-      std::vector<double> v{local_loss};
-      for (double x : par.pipe->microbatch_losses()) v.push_back(x);
-      auto l = torch::tensor(v, torch::kDouble);
-      parallel::all_reduce(par.pipe->group(), l);
-      if (par.dp) parallel::all_reduce(*par.dp, l);
-      r.loss = l[0].item<double>();
-      for (int64_t i = 1; i < l.size(0); ++i) r.microbatch_losses.push_back(l[i].item<double>());
-    } else if (par.dp) {
-      auto l = torch::tensor({r.loss}, torch::kDouble);
-      parallel::all_reduce(*par.dp, l);
-      r.loss = l.item<double>();
-    }
-
-    delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
-    phase = Clock::now();
-    r.grad_norm = global_grad_norm(params, par);
-    if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
-    optimizer->step();
-    r.optimizer_ms = ms_since(phase);
+    run_step(state, r);
+    if (step == first_step) terms = memory_terms(par, params, buffers_before, setup_live_bytes, memory::live_bytes());
+    comm = comm_bytes(rank);
     r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     r.samples_per_s = static_cast<double>(t.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);
@@ -581,7 +473,13 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
                 {"setup_peak_bytes", setup_peak_bytes},
                 {"setup_peak_rss_mb", setup_peak_rss_mb},
                 {"peak_bytes", *std::max_element(step_peaks.begin(), step_peaks.end())},
-                {"step_peak_bytes", step_peaks}});
+                {"step_peak_bytes", step_peaks},
+                {"terms", {{"params", terms.params}, {"grads", terms.grads}, {"optimizer", terms.optimizer},
+                           {"buffers", terms.buffers}}}});
+  }
+  if (rank.mesh && !step_peaks.empty()) {  // every rank writes the bytes its collectives moved in the last step
+    std::filesystem::create_directories(out_dir);
+    write_json(out_dir + "/comm.rank" + std::to_string(rank.rank) + ".json", {{"rank", rank.rank}, {"bytes", comm}});
   }
   if (par.pipe) {  // every rank writes the timeline of its last step
     nlohmann::json tl = nlohmann::json::array();

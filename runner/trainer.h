@@ -3,6 +3,7 @@
 // and returns what a golden comparison needs.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,33 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
 // applies the plan on a mesh without process groups: no rank starts.
 std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit = 64);
 
-// Builds the model of `c` shape-only (meta tensors), applies the plan for
-// rank `r` on a mesh without process groups and calls `visit` with the model
-// and the placements the transforms recorded.
-void with_planned_model(const ExperimentConfig& c, const Plan& plan, int r,
-                        const std::function<void(models::Model&, const parallel::Placements&)>& visit);
+// A rank's memory by term after its first step (bytes): the parameter
+// pieces it holds, their gradients, the optimizer state and the buffers the
+// transforms keep for communication (fully_shard's pools, gradient buckets).
+struct MemoryTerms {
+  int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;
+};
+
+// The bytes one step's collectives moved: per group ("dp", "tp", "pp", ...)
+// and collective kind ("all_gather", "reduce_scatter", "all_reduce",
+// "broadcast", "send", "recv").
+using CommBytes = std::map<std::string, std::map<std::string, int64_t>>;
+
+struct DryRun {
+  std::vector<int64_t> step_peaks;  // the most tensor bytes alive at once in each step
+  MemoryTerms terms;
+  CommBytes comm;                   // of the last step
+};
+
+// A batch of `n` samples with the data plan's shapes, on the meta device.
+using MetaBatch = std::function<Batch(const DataPlan&, int64_t n)>;
+
+// Runs `steps` training steps of rank `r` on the meta device (shapes, no
+// storage): the model built shape-only, the plan applied on a mesh without
+// process groups, whose collectives move nothing but count their bytes, and
+// the same step code as a real run, with every meta tensor's bytes counted
+// (memory::MetaCount). What a real run's counters measure, predicted.
+DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch);
 
 // The resolved config plus the decided data plan and the config hash: what
 // the PyTorch reference reads to reproduce a run.
