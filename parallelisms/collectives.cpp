@@ -359,8 +359,10 @@ struct ReduceScatterAlongFn : torch::autograd::Function<ReduceScatterAlongFn> {
   }
 };
 
-// A meta tensor (a pipeline sizing its stages on a model built on meta) gets
-// the output's shape, `size` along `dim`, without communicating.
+// A meta tensor on a group with a process group (a pipeline sizing its stages
+// on a model built on meta) gets the output's shape, `size` along `dim`,
+// without communicating or autograd. Without a process group (a dry run) the
+// autograd functions run, moving nothing and counting what they would move.
 torch::Tensor meta_resized(const torch::Tensor& t, int64_t dim, int64_t size) {
   auto shape = t.sizes().vec();
   shape[dim] = size;
@@ -372,30 +374,30 @@ torch::Tensor meta_resized(const torch::Tensor& t, int64_t dim, int64_t size) {
 torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce) {
   if (g.size == 1) return t;
   dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta()) return meta_resized(t, dim, global);
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
   return GatherAlongFn::apply(t, as_id(g), dim, global, backward_reduce);
 }
 
 torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
   if (g.size == 1) return t;
   dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta()) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
   return ScatterAlongFn::apply(t, as_id(g), dim);
 }
 
 torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
   if (g.size == 1) return t;
   dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta()) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
   return ReduceScatterAlongFn::apply(t, as_id(g), dim);
 }
 
 torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) {
-  if (t.is_meta()) return t.clone();
+  if (t.is_meta() && g.pg) return t.clone();
   return g.size == 1 ? t : AllReduceFn::apply(t, as_id(g));
 }
 torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) {
-  return g.size == 1 || t.is_meta() ? t : ReduceGradFn::apply(t, as_id(g));
+  return g.size == 1 || (t.is_meta() && g.pg) ? t : ReduceGradFn::apply(t, as_id(g));
 }
 torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   return AllGatherFn::apply(shard, as_id(g), sizes);

@@ -354,7 +354,7 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     Unit& u = *units_[own == owner.end() ? units_.size() - 1 : own->second];
     Param q;
     q.param = p;
-    device_ = p.device();
+    device_ = nn::param_options().device();  // meta in a dry run; a model being materialised is on meta now, not later
     q.shape = p.sizes().vec();
     auto full_shape = q.shape.empty() ? std::vector<int64_t>{1} : q.shape;
     int64_t dim = options.shard_dim ? options.shard_dim(p) : 0;

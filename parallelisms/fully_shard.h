@@ -140,7 +140,7 @@ class FullyShard {
   enum BufferKind { kSend, kRecv, kGrad, kUnsharded, kNumBufferKinds };
   torch::Tensor take_buffer(BufferKind kind);
   void give_buffer(BufferKind kind, torch::Tensor t);
-  c10::Device device() const { return device_; }  // the parameters' (meta in a dry run)
+  c10::Device device() const { return device_; }  // where the pools live: meta in a dry run
   int64_t pooled_bytes() const { return pooled_bytes_; }  // every buffer the pools ever allocated
 
  private:

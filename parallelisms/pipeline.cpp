@@ -111,7 +111,7 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
     const bool training = model.is_training();
     model.eval();
     torch::Tensor x = example;
-    device_ = example.device();
+    device_ = nn::param_options().device();  // meta in a dry run (the example is on meta for a materialised model too)
     for (int s = 0; s < S; ++s) {
       input_shape_.push_back(x.sizes().vec());
       input_dtype_.push_back(x.scalar_type());

@@ -298,6 +298,7 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
   torch::Tensor example = pp_mb ? meta_batch(data, pp_mb).inputs : torch::Tensor();
   Parallel par = apply_transforms(*model, plan, ctx, example);
+  add_grad_sync(*model, plan, par);
   par.device = torch::kMeta;
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) {
