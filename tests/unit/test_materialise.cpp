@@ -43,8 +43,15 @@ std::string file_bytes(const std::string& path) {
   return ss.str();
 }
 
+// Models whose initialisation a deferred build cannot replay, so every rank
+// builds them whole (the trainer's fallback): TransformerWithSharedParams
+// copies layer 0's linear biases into the other layers, as nn.Transformer's
+// deep copy does, and its attention and BatchNorm set values directly.
+bool builds_whole(const models::ModelSpec& spec) { return spec.name == "transformer_with_shared_params"; }
+
 TEST(Materialise, EveryModelGetsTheSingleDeviceValuesAndGeneratorState) {
   for (const auto& spec : models::registry()) {
+    if (builds_whole(spec)) continue;
     const auto args = small_args(spec);
     torch::manual_seed(11);
     auto full = spec.build(args);
@@ -66,7 +73,10 @@ TEST(Materialise, EveryModelGetsTheSingleDeviceValuesAndGeneratorState) {
 TEST(Materialise, EveryModelRecordsEveryInitialisation) {
   for (const auto& spec : models::registry()) {
     Deferred d = build_deferred(spec, small_args(spec), 1);
-    EXPECT_TRUE(fully_recorded(*d.model, d.steps)) << spec.name << " sets a parameter or buffer outside nn::new_param";
+    // A model that is built whole must be detected as such, or it would be materialised wrongly.
+    EXPECT_EQ(fully_recorded(*d.model, d.steps), !builds_whole(spec))
+        << spec.name << (builds_whole(spec) ? " is recorded now: drop it from builds_whole"
+                                            : " sets a parameter or buffer outside nn::new_param");
   }
 }
 
