@@ -153,6 +153,15 @@ void add_grad_sync(models::Model& model, const Plan& plan, Parallel& p) {
 
 // Whether this run's ranks build only what they hold: the plan shards a
 // parameter (tensor_parallel, fully_shard) or splits the model (pipeline).
+// The parameters this rank trains (a pipeline rank holds its stages' only).
+std::vector<torch::Tensor> held_params(models::Model& model, const Parallel& par) {
+  std::vector<torch::Tensor> params;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
+  }
+  return params;
+}
+
 bool has_per_rank_seed(const Plan& plan) {
   for (const auto& t : plan.transforms) {
     if (!t.per_rank.empty() && t.per_rank_seed >= 0) return true;
@@ -300,10 +309,7 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   Parallel par = apply_transforms(*model, plan, ctx, example);
   add_grad_sync(*model, plan, par);
   par.device = torch::kMeta;
-  std::vector<torch::Tensor> params;
-  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
-    if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
-  }
+  std::vector<torch::Tensor> params = held_params(*model, par);
   auto optimizer = make_optimizer(c.train.optimizer, params);
   static const parallel::Delays kNoDelays({}, 0);
   StepState state{c, plan, *model, par, params, *optimizer,
@@ -387,10 +393,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const int64_t setup_peak_bytes = memory::peak_bytes();  // building the model and the transforms
   const double setup_peak_rss_mb = peak_rss_mb();
 
-  std::vector<torch::Tensor> params;  // this rank's (a pipeline rank holds its stages' only)
-  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
-    if (!par.pipe || par.pipe->holds(p)) params.push_back(p);
-  }
+  std::vector<torch::Tensor> params = held_params(*model, par);
   auto optimizer = make_optimizer(t.optimizer, params);
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) held.push_back({name, p, par.placements->find(p)});
