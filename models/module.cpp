@@ -7,15 +7,19 @@ namespace composer::nn {
 namespace {
 thread_local bool shape_only = false;
 thread_local DeferInit* deferring = nullptr;
+thread_local c10::Device run_device = c10::kCPU;
 }  // namespace
 
 torch::TensorOptions param_options() {
-  return shape_only || deferring ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
+  return torch::TensorOptions().device(shape_only || deferring ? c10::Device(torch::kMeta) : run_device);
 }
 
 torch::TensorOptions buffer_options() {
-  return shape_only ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
+  return torch::TensorOptions().device(shape_only ? c10::Device(torch::kMeta) : run_device);
 }
+
+OnDevice::OnDevice(c10::Device device) : previous_(run_device) { run_device = device; }
+OnDevice::~OnDevice() { run_device = previous_; }
 
 ShapeOnly::ShapeOnly() : previous_(shape_only) { shape_only = true; }
 ShapeOnly::~ShapeOnly() { shape_only = previous_; }

@@ -96,14 +96,28 @@ class ModuleList : public Module {
   std::vector<ModulePtr> items_;
 };
 
-// Where models create their parameters: on the CPU, or on the meta device
-// (shapes and dtypes, no storage) while a ShapeOnly or DeferInit guard lives
-// on this thread, so that a plan can describe a model too large to build and
-// a rank can build only what it holds.
+// Where models create their parameters: on the run's device (the CPU, or
+// the GPU an OnDevice guard names), or on the meta device (shapes and dtypes,
+// no storage) while a ShapeOnly or DeferInit guard lives on this thread, so
+// that a plan can describe a model too large to build and a rank can build
+// only what it holds. Transforms put their buffers there too.
 torch::TensorOptions param_options();
 // Where models create other tensors they keep (rotary tables): meta only
 // under ShapeOnly; under DeferInit they are computed for real.
 torch::TensorOptions buffer_options();
+
+// The run's device for param_options and buffer_options while it lives on
+// this thread (the CPU otherwise).
+class OnDevice {
+ public:
+  explicit OnDevice(c10::Device device);
+  ~OnDevice();
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  c10::Device previous_;
+};
 
 // Sets every value of a parameter without reading the old ones, as the
 // nn.init functions do (it runs without autograd).

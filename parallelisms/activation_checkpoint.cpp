@@ -27,20 +27,27 @@ struct Recompute : torch::CustomClassHolder {
   nn::Module::Forward forward;
   std::vector<torch::Tensor> views;  // inputs 1..: the tensors the layers computed with
   std::vector<Use> uses;
-  torch::Tensor rng_state;                   // the CPU generator's state when forward began
+  c10::Device device = c10::kCPU;            // the unit's input's: whose generator its dropout draws from
+  torch::Tensor rng_state;                   // that generator's state when forward began
   torch::Tensor rng_bytes;                   // a dry run's stand-in for it on meta, so its bytes count
   nn::WeightGradRecords* records = nullptr;  // a zero-bubble stage's records, open at forward
   std::atomic<int64_t>* recomputes = nullptr;
 };
 
-torch::Tensor rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
+// The generator random ops on `device` draw from: the CPU's, or the GPU's
+// own (a meta tensor in a dry run stands for a CPU one).
+at::Generator generator_of(c10::Device device) {
+  return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
+}
+
+torch::Tensor rng_state(c10::Device device) {
+  auto gen = generator_of(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
-void set_rng_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
+void set_rng_state(c10::Device device, const torch::Tensor& state) {
+  auto gen = generator_of(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
@@ -70,11 +77,11 @@ torch::Tensor recompute(Recompute& r, const torch::Tensor& input, const std::vec
         u.module->set_view(u.param, before[i]);
       }
     }
-    set_rng_state(rng);
+    set_rng_state(r.device, rng);
   };
-  const torch::Tensor now = rng_state();
+  const torch::Tensor now = rng_state(r.device);
   const torch::Tensor now_bytes = meta_like(now, input);
-  set_rng_state(r.rng_state);
+  set_rng_state(r.device, r.rng_state);
   torch::Tensor y;
   try {
     torch::AutoGradMode grad(true);
@@ -152,7 +159,8 @@ torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::M
   if (!x.requires_grad() && inputs.size() == 1) return forward(x);  // nothing to differentiate
   r->views.assign(inputs.begin() + 1, inputs.end());
   r->forward = forward;
-  r->rng_state = rng_state();
+  r->device = x.device();
+  r->rng_state = rng_state(r->device);
   r->rng_bytes = meta_like(r->rng_state, x);
   r->records = nn::DeferWeightGrads::active();
   r->recomputes = unit.recomputes.get();

@@ -63,10 +63,32 @@ c10d::ReduceOp to_c10d(Reduce op) {
   return op == Reduce::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-// Ring reduce-scatter over equal-size flat chunks with send/recv, for
-// backends without a native reduce_scatter (Gloo): N-1 steps, each rank sends
-// one chunk per step, the (N-1)/N volume of the ring algorithm.
+// NCCL runs every collective on the GPU itself, on its own stream: a wait
+// orders the caller's stream after it without blocking the host, so an
+// all-gather issued early overlaps the compute before its wait.
+bool nccl(const Group& g) { return g.pg && g.pg->getBackendName() == "nccl"; }
+
+// Where a collective on `g` moves `t`'s bytes from: NCCL moves device memory
+// only, so a host tensor (an offloaded shard's gradient, a checkpoint's
+// statistics) goes through a copy on this rank's GPU; Gloo moves host memory,
+// so a device tensor (ranks sharing a GPU over Gloo) goes through a host copy.
+c10::Device wire_device(const Group& g, const torch::Tensor& t) {
+  if (!g.pg || t.is_meta()) return t.device();
+  if (nccl(g)) return t.is_cuda() ? t.device() : c10::Device(c10::kCUDA);
+  return c10::kCPU;
+}
+bool rewired(const Group& g, const torch::Tensor& t) { return wire_device(g, t) != t.device(); }
+
+// Reduce-scatter over equal-size flat chunks: NCCL's own, or a ring over
+// send/recv for backends without a correct native one (Gloo): N-1 steps, each
+// rank sends one chunk per step, the (N-1)/N volume of the ring algorithm.
 torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
+  if (nccl(g)) {
+    auto mine = torch::empty({chunk}, acc.options());
+    g.pg->_reduce_scatter_base(mine, acc)->wait();
+    return mine;
+  }
+  if (rewired(g, acc)) return ring_reduce_scatter(g, acc.to(wire_device(g, acc)), chunk).to(acc.device());
   const int n = g.size, r = g.rank;
   auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
   auto incoming = torch::empty_like(piece(0));
@@ -100,18 +122,21 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   // depend on the group size and the ranks' order. Twice the bytes, for a
   // result that is the same at any group size.
   const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  const bool moved = rewired(g, t);
   auto wire = widen ? t.to(torch::kFloat) : t;
+  if (moved) wire = wire.to(wire_device(g, t));
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{wire};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
   std::function<void()> then;
-  if (op == Reduce::kAvg || widen) {
+  const bool copy_back = widen || moved;
+  if (op == Reduce::kAvg || copy_back) {
     auto target = t;
     const double inv = op == Reduce::kAvg ? 1.0 / g.size : 1.0;
-    then = [target, wire, inv, widen]() mutable {
+    then = [target, wire, inv, copy_back]() mutable {
       if (inv != 1.0) wire.mul_(inv);
-      if (widen) target.copy_(wire);
+      if (copy_back) target.copy_(wire);
     };
   }
   Handle h(work, then);
@@ -122,10 +147,11 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
   g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
-  std::vector<torch::Tensor> ts{t};
+  std::vector<torch::Tensor> ts{t.to(wire_device(g, t))};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   if (g.pg) g.pg->broadcast(ts, o)->wait();
+  if (!ts[0].is_same(t)) t.copy_(ts[0]);
 }
 
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
@@ -135,7 +161,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   auto rest = shard.sizes().slice(1).vec();
   std::vector<int64_t> padded_shape{max};
   padded_shape.insert(padded_shape.end(), rest.begin(), rest.end());
-  auto padded = torch::zeros(padded_shape, shard.options());
+  auto padded = torch::zeros(padded_shape, shard.options().device(wire_device(g, shard)));
   if (shard.size(0) > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard);
   std::vector<std::vector<torch::Tensor>> outs(1);
   for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(padded));
@@ -150,7 +176,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   }
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
-  return torch::cat(parts, 0);
+  return torch::cat(parts, 0).to(shard.device());
 }
 
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
@@ -180,7 +206,20 @@ namespace {
 
 constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. size-2
 
+// Every rank's row of `out` from its owner: NCCL's all-gather in place, or a
+// ring over send/recv.
 void ring_all_gather(Group& g, torch::Tensor out) {
+  if (nccl(g)) {
+    auto mine = out[g.rank];
+    g.pg->_allgather_base(out, mine)->wait();
+    return;
+  }
+  if (rewired(g, out)) {
+    auto wire = out.to(wire_device(g, out));
+    ring_all_gather(g, wire);
+    out.copy_(wire);
+    return;
+  }
   const int n = g.size, r = g.rank;
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   for (int s = 0; s < n - 1 && g.pg; ++s) {
@@ -206,6 +245,11 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     ring_all_gather(g, out);
     return {};
   }
+  if (nccl(g)) {  // asynchronous on the device already; the handle keeps `out` alive until its wait
+    delay_at(g.delays, DelayPoint::kBeforeAllGather);
+    auto mine = out[g.rank];
+    return Handle(g.pg->_allgather_base(out, mine), [out] {});
+  }
   Group* gp = &g;
   auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] {
     delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
@@ -226,7 +270,7 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
 
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   delay_at(g.delays, DelayPoint::kBeforeSend);
-  auto c = t.contiguous();
+  auto c = t.to(wire_device(g, t)).contiguous();
   g.counter->add("send", nbytes(c), nbytes(c));
   std::vector<torch::Tensor> ts{c};
   Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
@@ -235,6 +279,12 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
 }
 
 void recv(Group& g, torch::Tensor& t, int src, int tag) {
+  if (rewired(g, t)) {
+    auto wire = torch::empty(t.sizes(), t.options().device(wire_device(g, t)));
+    recv(g, wire, src, tag);
+    t.copy_(wire);
+    return;
+  }
   delay_at(g.delays, DelayPoint::kBeforeRecv);
   g.counter->add("recv", nbytes(t), nbytes(t));
   std::vector<torch::Tensor> ts{t};

@@ -27,6 +27,8 @@ class CudaRuntime {
   virtual int64_t peak_allocated(int device) = 0;
   virtual int64_t peak_reserved(int device) = 0;
   virtual void reset_peaks(int device) = 0;
+  // The device's memory in bytes.
+  virtual int64_t total_memory(int device) = 0;
   // float32 matmuls and convolutions in float32, not TF32 (parity runs).
   virtual void disable_tf32() = 0;
   virtual void synchronize(int device) = 0;

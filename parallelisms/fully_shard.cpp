@@ -206,7 +206,10 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
       out.emplace_back();
       continue;
     }
-    out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape)).view(shape).to(p.param.scalar_type(), false, true));
+    // The shard's gradient lives where the shard does (host memory when offloaded).
+    out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape))
+                      .view(shape)
+                      .to(p.param.device(), p.param.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
   }
   std::fill(u.has_grad.begin(), u.has_grad.end(), 0);
   if (base.defined()) u.owner->give_buffer(FullyShard::kGrad, std::move(base));
@@ -371,7 +374,11 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     q.users = users[p.unsafeGetTensorImpl()];
     if (options.placements) record_placement(options.placements->of(p), group_, options.replicate, dim);
     auto local = p.detach().reshape(full_shape).narrow(dim, q.info.offset(group_.rank), q.info.sizes[group_.rank]);
-    p.set_data(local.contiguous().clone());
+    torch::Tensor shard = local.contiguous().clone();
+    // Offloaded: the shard (so its gradient and optimizer state) in pinned host
+    // memory; a model still on meta gets its values there later (materialise).
+    if (options.offload && !shard.is_meta()) shard = shard.to(torch::kCPU).pin_memory();
+    p.set_data(shard);
     q.grad_offset = u.grad_numel;
     u.grad_numel += numel_of(q.info.padded_shape());
     for (const auto& in : q.ext->pre_all_gather(p.detach(), q.info, q.compute_dtype)) {
@@ -518,6 +525,10 @@ void FullyShard::flush() {
     }
   }
   sync_ = sync;
+}
+
+bool FullyShard::offloads(const torch::Tensor& p) const {
+  return options_.offload && by_impl_.count(p.unsafeGetTensorImpl());
 }
 
 const ShardInfo* FullyShard::shard_info(const torch::Tensor& p) const {

@@ -91,6 +91,10 @@ struct FullyShardOptions {
   std::function<int64_t(const torch::Tensor&)> shard_dim;
   Group* replicate = nullptr;         // HSDP: parameters are replicated over it
   bool prefetch = true;               // issue the next unit's all-gather early
+  // Shards, their gradients and the optimizer state in pinned host memory
+  // (offload: cpu on a GPU): each all-gather copies the shard to the device,
+  // each reduce-scatter's result comes back, and the optimizer steps on the host.
+  bool offload = false;
   // Only parameters it accepts are sharded (a pipeline rank's own stages);
   // nullptr shards every parameter.
   std::function<bool(const torch::Tensor&)> param_filter;
@@ -130,6 +134,8 @@ class FullyShard {
   void flush();
   // How `p` is sharded, or nullptr.
   const ShardInfo* shard_info(const torch::Tensor& p) const;
+  // Whether `p`'s shard lives in host memory (offload).
+  bool offloads(const torch::Tensor& p) const;
 
   // Internal: the unit whose forward comes after `u` (nullptr at the end).
   Unit* next_in_forward(const Unit* u) const;

@@ -108,11 +108,11 @@ torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local) {
   // Ranks that do not hold it receive it from the first member.
   for (const SpecDim& d : spec.dims) {
     if (d.members.empty() || d.size == 1) continue;
-    if (!t.defined()) t = torch::empty(global, torch::TensorOptions().dtype(spec.dtype));
+    if (!t.defined()) t = torch::empty(global, torch::TensorOptions().dtype(spec.dtype).device(local.device()));
     t = t.contiguous();
     broadcast(*d.group, t, d.members.front());
   }
-  if (!t.defined()) t = torch::empty(global, torch::TensorOptions().dtype(spec.dtype));
+  if (!t.defined()) t = torch::empty(global, torch::TensorOptions().dtype(spec.dtype).device(local.device()));
   return t.reshape(spec.global_shape).clone();
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "models/module.h"
+#include "parallelisms/cuda_runtime.h"
 #include "runner/data.h"
 #include "runner/errors.h"
 #include "runner/memory.h"
@@ -122,6 +123,10 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
 
 int64_t memory_per_rank(const ExperimentConfig& c, int64_t local_ranks) {
   if (c.mesh.memory_per_rank_mb > 0) return static_cast<int64_t>(c.mesh.memory_per_rank_mb * 1024 * 1024);
+  if (c.mesh.device == DeviceKind::kCuda) {  // each local rank has a GPU of its own (check_devices)
+    std::string why;
+    if (parallel::CudaRuntime* cuda = parallel::cuda_runtime(why)) return cuda->total_memory(0);
+  }
   const int64_t host = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   return host / std::max<int64_t>(1, local_ranks);
 }

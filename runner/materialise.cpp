@@ -123,14 +123,18 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
   auto keep = [&](size_t i, const torch::Tensor& full) {
     if (init) init->write(i, full);
     const torch::Tensor& p = params[i].second;
+    const c10::Device device = o.device_of ? o.device_of(p) : c10::Device(c10::kCPU);
     const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
     if (spec && !spec->held()) {
-      take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype)));
+      take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(device)));
       return;
     }
     torch::Tensor value = full.to(o.dtype);
     if (spec) value = parallel::local_piece(*spec, value);
-    take_values(p, value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous));
+    value = value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous);
+    if (!device.is_cpu()) value = value.to(device);
+    else if (o.pin_host) value = value.pin_memory();
+    take_values(p, value);
   };
   for (size_t s = 0; s < steps.size(); ++s) {
     const size_t i = index.at(steps[s].param);

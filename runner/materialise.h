@@ -7,6 +7,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,12 @@ struct MaterialiseOptions {
   const parallel::Placements* placements = nullptr;  // this rank's piece of each parameter (none: all of it)
   std::string init_from;   // a safetensors file whose values replace the recorded initialisations
   std::string write_init;  // where to write every full initial value (float32), or nothing
+  // Where each parameter's piece goes (the values are always drawn on the CPU,
+  // from the single-device generator stream); nullptr: the CPU. A piece going
+  // to the CPU on a GPU run (offloaded shards) is put in pinned memory when
+  // pin_host is set.
+  std::function<c10::Device(const torch::Tensor&)> device_of;
+  bool pin_host = false;
 };
 
 // The recorded initialisations run in their recorded order on full-size

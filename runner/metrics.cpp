@@ -109,6 +109,10 @@ void Metrics::record(const StepRecord& r) {
     j["microbatch_losses"] = r.microbatch_losses;
   }
   if (r.peak_alloc_mb >= 0) j["peak_alloc_mb"] = r.peak_alloc_mb;
+  if (r.device_peak_allocated_mb >= 0) {
+    j["device_peak_allocated_mb"] = r.device_peak_allocated_mb;
+    j["device_peak_reserved_mb"] = r.device_peak_reserved_mb;
+  }
   if (r.tokens_per_s > 0) j["tokens_per_s"] = r.tokens_per_s;
   if (r.parallel) {
     j["comm_calls"] = r.comm_calls;

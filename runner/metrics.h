@@ -24,6 +24,10 @@ struct StepRecord {
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;
   double peak_alloc_mb = -1;  // the most tensor memory alive at once this step (memory.h), -1 uncounted
+  // A GPU run: the device caching allocator's peak allocated and reserved
+  // memory this step (-1 on the CPU).
+  double device_peak_allocated_mb = -1;
+  double device_peak_reserved_mb = -1;
   // Communication this step, as seen by the logging rank (multi-rank runs only).
   bool parallel = false;
   int64_t comm_calls = 0;

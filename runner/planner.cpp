@@ -366,13 +366,14 @@ void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
                                              : std::string("no CUDA driver or device found")) +
                                     "); set device: cpu, or run on a machine with a GPU");
   }
-  if (local_ranks > gpus) {
-    throw PlanError(c.mesh.ref, "mesh.device cuda binds one GPU per local rank, but " + std::to_string(local_ranks) +
-                                    " ranks run on this machine and it has " + std::to_string(gpus) +
-                                    " GPU(s); spread the job over more nodes (--nnodes), or make the mesh smaller");
+  // NCCL refuses two ranks on one GPU; over Gloo, ranks may share GPUs
+  // (local rank r binds cuda:(r mod GPUs)), which is slow but exact.
+  if (local_ranks > gpus && c.mesh.backend == Backend::kNccl) {
+    throw PlanError(c.mesh.ref, "mesh.device cuda with backend nccl binds one GPU per local rank, but " +
+                                    std::to_string(local_ranks) + " ranks run on this machine and it has " +
+                                    std::to_string(gpus) + " GPU(s); spread the job over more nodes (--nnodes), "
+                                    "make the mesh smaller, or set backend: gloo to let ranks share GPUs");
   }
-  throw PlanError(c.mesh.ref, "mesh.device cuda: training on CUDA devices is not supported yet in this version "
-                              "(the GPU and NCCL are found); set device: cpu");
 }
 
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -85,12 +86,35 @@ c10::intrusive_ptr<c10d::Store> host_rendezvous(const std::string& addr, int por
   return c10::make_intrusive<c10d::TCPStore>(addr, o);
 }
 
+namespace {
+
+// mesh.device cuda: binds this process to its GPU, cuda:`local_rank` (the planner has
+// checked that the runtime loads and that the GPU exists), turns TF32 off
+// (float32 matmuls stay float32, as on the CPU, so the goldens hold), and
+// makes the mesh's groups use mesh.backend on that device.
+void bind_device(const ExperimentConfig& c, int local_rank, RankContext& r, parallel::MeshOptions& mo) {
+  mo.backend = name_of(c.mesh.backend);
+  if (c.mesh.device != DeviceKind::kCuda) return;
+  std::string why;
+  r.cuda = parallel::cuda_runtime(why);
+  if (!r.cuda) throw RuntimeFailure("mesh.device cuda: " + why);
+  const int gpu = local_rank % std::max(1, r.cuda->device_count());  // ranks share GPUs over Gloo only (planner)
+  r.cuda->set_device(gpu);
+  r.cuda->disable_tf32();
+  r.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
+  mo.cuda = r.cuda;
+  mo.device = gpu;
+}
+
+}  // namespace
+
 RankContext single_rank(const ExperimentConfig& c, const Plan& plan) {
   RankContext r;
   r.log_prefix = "[rank 0/1] ";
   if (!c.debug.delay.empty()) r.delays = std::make_shared<parallel::Delays>(c.debug.delay, 0);
+  parallel::MeshOptions mo;
+  bind_device(c, 0, r, mo);
   if (!c.parallelize.empty()) {
-    parallel::MeshOptions mo;
     mo.delays = r.delays;
     r.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, 0,
                                                     c10::make_intrusive<c10d::HashStore>(), mo, plan.flat_groups);
@@ -127,6 +151,7 @@ RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& 
   RankContext r;
   if (!c.debug.delay.empty()) r.delays = std::make_shared<parallel::Delays>(c.debug.delay, env.rank);
   mo.delays = r.delays;
+  bind_device(c, env.local_rank, r, mo);
   r.rank = env.rank;
   r.world_size = env.world_size;
   r.local_world_size = env.local_world_size;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "parallelisms/cuda_runtime.h"
 #include "parallelisms/delay.h"
 #include "parallelisms/mesh.h"
 #include "runner/config.h"
@@ -20,6 +21,8 @@ struct RankContext {
   std::unique_ptr<parallel::DeviceMesh> mesh;  // null when world_size == 1
   std::string log_prefix;                      // "[rank r/N] " when composer logs it itself
   std::shared_ptr<const parallel::Delays> delays;  // debug.delay on this rank (null: none), shared with the mesh
+  c10::Device device = c10::kCPU;              // where this rank's tensors live: the CPU, or cuda:LOCAL_RANK
+  parallel::CudaRuntime* cuda = nullptr;       // mesh.device cuda: the loaded CUDA runtime
   bool is_main() const { return rank == 0; }
 };
 

@@ -68,7 +68,8 @@ parallel::FullyShardOptions fully_shard_options(const TransformConfig& t, Parall
     o.cast_at_units = true;
   }
   o.placements = p.placements.get();
-  if (t.offload == Offload::kCpu && rank.is_main()) {
+  o.offload = t.offload == Offload::kCpu && rank.device.is_cuda();
+  if (t.offload == Offload::kCpu && !o.offload && rank.is_main()) {
     std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
               << "already live in host memory; nothing to move\n";
   }
@@ -178,6 +179,27 @@ bool builds_owned_only(const Plan& plan, const RankContext& rank) {
     }
   }
   return false;
+}
+
+// A batch on the rank's device (the data is read on the CPU).
+Batch on_device(Batch b, c10::Device device) {
+  if (device.is_cpu()) return b;
+  b.inputs = b.inputs.to(device);
+  if (b.targets.defined()) b.targets = b.targets.to(device);
+  return b;
+}
+
+// Moves a model built on the CPU to the rank's GPU in place (the tensors keep
+// their identity, so the transforms' maps stay valid): every parameter and
+// buffer, or only the buffers of a model whose parameters are still on meta.
+void move_model(models::Model& model, c10::Device device, bool parameters) {
+  if (device.is_cpu()) return;
+  torch::NoGradGuard no_grad;
+  if (parameters) {
+    model.to(device);
+    return;
+  }
+  for (auto& b : model.buffers()) b.set_data(b.to(device));
 }
 
 // debug.inject: the wrong step a plausible bug would compute, for proving that
@@ -373,16 +395,28 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   if (rank.is_main() && !owned_only) save_weights(*model, out_dir + "/init.safetensors");
   model->to(scalar_type_of(t.dtype));
   model->train();
+  // A GPU run builds the model on the CPU (every value drawn as a
+  // single-device CPU build draws it) and trains on the GPU; the transforms'
+  // buffers are made there too.
+  const c10::Device device = rank.device;
+  move_model(*model, device, /*parameters=*/!owned_only);
+  nn::OnDevice run_on(device);
 
   DataPlan data = plan_data(c, *model);
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, data));
   auto dataset = make_dataset(c, data);
   const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
   torch::Tensor example = pp_mb ? dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
-  if (owned_only && example.defined()) example = example.to(torch::kMeta);  // stage shapes, on the meta model
+  if (example.defined()) example = example.to(owned_only ? c10::Device(torch::kMeta) : device);  // stage shapes
   Parallel par = apply_transforms(*model, plan, rank, example);
+  par.device = device;
   if (owned_only) {
     MaterialiseOptions m;
+    parallel::FullyShard* fsdp = par.fsdp.get();
+    m.device_of = [fsdp, device](const torch::Tensor& p) {
+      return fsdp && fsdp->offloads(p) ? c10::Device(c10::kCPU) : device;
+    };
+    m.pin_host = device.is_cuda();
     m.dtype = scalar_type_of(t.dtype);
     m.placements = par.placements.get();
     m.init_from = c.model.init_from;
@@ -435,7 +469,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
   const double grad_scale = static_cast<double>(plan.dp_size) * inject.grad_factor;
   StepState state{c, plan, *model, par, params, *optimizer,
-                  [&](int64_t step, int64_t begin, int64_t end) { return dataset->batch(step, begin, end); },
+                  [&](int64_t step, int64_t begin, int64_t end) {
+                    return on_device(dataset->batch(step, begin, end), device);
+                  },
                   batch_begin, grad_scale, delays};
   const int64_t buffers_before = buffer_bytes(par);
   MemoryTerms terms;
@@ -446,6 +482,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
     reset_counters(rank);
     memory::reset_peak();
+    if (rank.cuda) rank.cuda->reset_peaks(device.index());
     if (rank.rank == c.debug.fail_rank && step == c.debug.fail_step && c.debug.fail_at == FailAt::kStep) {
       fail_on_purpose(c.debug, rank.rank, "at step " + std::to_string(step));
     }
@@ -456,6 +493,11 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     run_step(state, r);
     if (step == first_step) terms = memory_terms(par, params, buffers_before, setup_live_bytes, memory::live_bytes());
     comm = comm_bytes(rank);
+    if (rank.cuda) {  // the step's kernels are done before it is timed
+      rank.cuda->synchronize(device.index());
+      r.device_peak_allocated_mb = static_cast<double>(rank.cuda->peak_allocated(device.index())) / (1 << 20);
+      r.device_peak_reserved_mb = static_cast<double>(rank.cuda->peak_reserved(device.index())) / (1 << 20);
+    }
     r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     r.samples_per_s = static_cast<double>(t.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
     if (data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(data.seq_len);

@@ -1,6 +1,7 @@
 // libcomposer_cuda.so: composer's CudaRuntime over LibTorch's CUDA library and
 // c10d's NCCL backend. composer loads it with dlopen (parallelisms/cuda_runtime.cpp).
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -36,6 +37,10 @@ class Runtime final : public CudaRuntime {
   }
   void reset_peaks(int device) override {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  }
+
+  int64_t total_memory(int device) override {
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->totalGlobalMem);
   }
 
   void disable_tf32() override {

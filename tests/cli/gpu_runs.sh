@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Trains configs on the GPU (mesh.device cuda) and checks each against its
+# golden, the check the config names (ctest label gpu). Exits 77 (ctest: skipped)
+# where no GPU is visible or this build has no CUDA library. Usage:
+#   gpu_runs.sh COMPOSER OUT_DIR [--set KEY=VALUE ...] -- CONFIG...
+# The --set options apply to every config (mesh.backend=gloo lets several
+# ranks share the one GPU; NCCL refuses two ranks on one GPU).
+set -u
+composer=$1 out=$2
+shift 2
+sets=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  sets+=("$1")
+  shift
+done
+shift
+probe=$("$composer" plan --config tests/cli/cuda_device.yaml --set mesh.shape=[1] 2>&1 >/dev/null)
+if [ $? -ne 0 ]; then
+  echo "skipped: no GPU to train on: $probe"
+  exit 77
+fi
+mkdir -p "$out"
+failed=0
+for cfg in "$@"; do
+  name=$(basename "$cfg" .yaml)
+  if "$composer" check --config "$cfg" --out "$out/$name" --set mesh.device=cuda --set checkpoint.resume=never \
+      "${sets[@]}" >"$out/$name.log" 2>&1; then
+    echo "ok: $name: $(grep -o 'max loss rel err.*' "$out/$name.log" | head -1)"
+  else
+    echo "FAIL: $name (log: $out/$name.log)"
+    tail -5 "$out/$name.log"
+    failed=1
+  fi
+done
+exit $failed
