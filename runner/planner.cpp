@@ -48,6 +48,17 @@ void check_mesh(const ExperimentConfig& c, int64_t world_size) {
     throw PlanError(c.mesh.ref, "mesh.backend nccl moves CUDA tensors only, and mesh.device is cpu: set device: "
                                 "cuda, or backend: gloo");
   }
+  for (const auto& t : c.parallelize) {
+    // NCCL matches point-to-point messages by order on one stream per pair of
+    // ranks, both directions together: a schedule's activations one way and
+    // gradients the other would wait on each other unless grouped, which
+    // composer's schedules do not do yet. Over Gloo they match by tag.
+    if (t.kind == TransformKind::kPipeline && c.mesh.backend == Backend::kNccl) {
+      throw PlanError(t.ref, "pipeline over mesh.backend nccl is not supported yet (its sends and receives "
+                             "would need NCCL grouping); set mesh.backend: gloo, which moves CUDA activations "
+                             "through host copies");
+    }
+  }
   const int64_t product = c.mesh.world_size();
   if (product != world_size) {
     std::ostringstream os;
