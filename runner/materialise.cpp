@@ -1,6 +1,9 @@
 #include "runner/materialise.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -120,33 +123,59 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
     for (size_t i = 0; i < params.size(); ++i) entries.push_back({params[i].first, torch::kFloat, shapes[i]});
     init = std::make_unique<SafetensorsWriter>(o.write_init, entries, std::map<std::string, std::string>{{"format", "pt"}});
   }
-  auto keep = [&](size_t i, const torch::Tensor& full) {
-    if (init) init->write(i, full);
+  // Parameter i gets `value` (the rank's piece, on the CPU) where it lives.
+  auto place = [&](size_t i, torch::Tensor value) {
     const torch::Tensor& p = params[i].second;
     const c10::Device device = o.device_of ? o.device_of(p) : c10::Device(c10::kCPU);
-    const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
-    if (spec && !spec->held()) {
-      take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(device)));
-      return;
-    }
-    torch::Tensor value = full.to(o.dtype);
-    if (spec) value = parallel::local_piece(*spec, value);
     value = value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous);
     if (!device.is_cpu()) value = value.to(device);
     else if (o.pin_host) value = value.pin_memory();
     take_values(p, value);
   };
-  for (size_t s = 0; s < steps.size(); ++s) {
-    const size_t i = index.at(steps[s].param);
-    // Every draw runs, so the generator stream is a single-device build's
-    // (also under init_from, whose values then replace the drawn ones); a
-    // value a later step overwrites is dropped at once.
-    torch::Tensor full = torch::empty(steps[s].shape, torch::kFloat);
-    steps[s].fill(full);
-    if (last[i] != static_cast<int64_t>(s)) continue;
-    if (file) full = file->read(params[i].second, shapes[i]);
-    keep(i, full);
+  auto own = [&](size_t i) { return o.own && o.own->count(params[i].second.unsafeGetTensorImpl()); };
+  // Every draw runs, so the generator stream is a single-device build's; a
+  // value a later step overwrites is dropped at once. `use` gets each
+  // parameter's last initialisation.
+  auto replay = [&](const std::function<void(size_t, torch::Tensor)>& use) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const size_t i = index.at(steps[s].param);
+      torch::Tensor full = torch::empty(steps[s].shape, torch::kFloat);
+      steps[s].fill(full);
+      if (last[i] == static_cast<int64_t>(s)) use(i, full);
+    }
+  };
+  // Per-rank parameters with their own seed: this rank's draw of the whole
+  // model's initialisation under it, of which only they are kept (as a
+  // whole build under that seed gives them); the generator is left as it was.
+  const bool seeded = o.own && o.own_seed >= 0;
+  std::map<size_t, torch::Tensor> own_values;
+  if (seeded) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    torch::manual_seed(static_cast<uint64_t>(o.own_seed));
+    replay([&](size_t i, torch::Tensor full) {
+      if (!own(i)) return;
+      own_values[i] = full;
+      place(i, full.to(o.dtype));
+    });
+    gen.set_state(state);
   }
+  replay([&](size_t i, torch::Tensor full) {
+    if (file) full = file->read(params[i].second, shapes[i]);  // under init_from, its values replace the drawn ones
+    if (init) init->write(i, seeded && own(i) ? own_values.at(i) : full);
+    const torch::Tensor& p = params[i].second;
+    if (own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
+      if (!seeded) place(i, full.to(o.dtype));
+      return;
+    }
+    const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
+    if (spec && !spec->held()) {
+      take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(o.device_of ? o.device_of(p) : c10::kCPU)));
+      return;
+    }
+    torch::Tensor value = full.to(o.dtype);
+    place(i, spec ? parallel::local_piece(*spec, value) : value);
+  });
   if (init) init->finish();
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
 
 namespace composer {
@@ -27,6 +28,12 @@ struct MaterialiseOptions {
   // pin_host is set.
   std::function<c10::Device(const torch::Tensor&)> device_of;
   bool pin_host = false;
+  // Per-rank parameters (parallel::apply_per_rank): each keeps its whole value,
+  // not a piece of the stacked placement. With own_seed >= 0 that value is
+  // this rank's draw under own_seed (a whole build under that seed), and
+  // init.safetensors gets it.
+  const parallel::ParamSet* own = nullptr;
+  int64_t own_seed = -1;
 };
 
 // The recorded initialisations run in their recorded order on full-size

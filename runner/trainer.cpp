@@ -163,13 +163,6 @@ std::vector<torch::Tensor> held_params(models::Model& model, const Parallel& par
   return params;
 }
 
-bool has_per_rank_seed(const Plan& plan) {
-  for (const auto& t : plan.transforms) {
-    if (!t.per_rank.empty() && t.per_rank_seed >= 0) return true;
-  }
-  return false;
-}
-
 bool builds_owned_only(const Plan& plan, const RankContext& rank) {
   if (!rank.mesh) return false;
   for (const auto& t : plan.transforms) {
@@ -236,15 +229,27 @@ std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) 
   return out;
 }
 
-// per_rank_seed: each rank's own initial values of its per-rank parameters,
-// the model's init under seed + the rank's index over the data-parallel ranks.
-// The random state the rest of the run sees is left as it was.
-void init_per_rank(const ExperimentConfig& c, const Plan& plan, RankContext& rank, models::Model& model) {
+// per_rank_seed: the seed of this rank's own initial values of its per-rank
+// parameters, the seed plus the rank's index over the data-parallel ranks
+// (-1: they start from the single-device values).
+int64_t own_seed(const Plan& plan, RankContext& rank) {
   for (const auto& t : plan.transforms) {
-    if (t.per_rank.empty() || t.per_rank_seed < 0 || !rank.mesh) continue;
+    if (!t.per_rank.empty() && t.per_rank_seed >= 0 && rank.mesh) {
+      return t.per_rank_seed + rank.mesh->group(t.mesh_dim).rank;
+    }
+  }
+  return -1;
+}
+
+// A model built whole: the per-rank parameters get the model's init under
+// own_seed. The random state the rest of the run sees is left as it was.
+void init_per_rank(const ExperimentConfig& c, const Plan& plan, RankContext& rank, models::Model& model) {
+  const int64_t seed = own_seed(plan, rank);
+  for (const auto& t : plan.transforms) {
+    if (t.per_rank.empty() || seed < 0) continue;
     auto gen = at::detail::getDefaultCPUGenerator();
     const auto state = gen.get_state();
-    torch::manual_seed(static_cast<uint64_t>(t.per_rank_seed + rank.mesh->group(t.mesh_dim).rank));
+    torch::manual_seed(static_cast<uint64_t>(seed));
     models::ModelPtr own = models::find_model(c.model.name)->build(c.model.args);
     gen.set_state(state);
     parallel::copy_per_rank(model, *own, t.per_rank);
@@ -374,9 +379,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   // A plan that shards or splits the model: the model is built on meta, the
   // transforms decide what this rank holds, and only that is given values
   // (materialise.h); the values equal a single-device build's.
-  // Per-rank parameters (per_rank_seed) draw their values after the build, so
-  // such a plan builds the model whole.
-  bool owned_only = builds_owned_only(plan, rank) && !has_per_rank_seed(plan);
+  bool owned_only = builds_owned_only(plan, rank);
   std::vector<nn::DeferInit::Step> init_steps;
   models::ModelPtr model;
   if (owned_only) {
@@ -417,6 +420,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
       return fsdp && fsdp->offloads(p) ? c10::Device(c10::kCPU) : device;
     };
     m.pin_host = device.is_cuda();
+    m.own = &par.per_rank;
+    m.own_seed = own_seed(plan, rank);
     m.dtype = scalar_type_of(t.dtype);
     m.placements = par.placements.get();
     m.init_from = c.model.init_from;

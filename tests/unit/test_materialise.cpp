@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "models/registry.h"
+#include "parallelisms/per_rank.h"
 #include "runner/checkpoint.h"
 #include "runner/materialise.h"
 #include "runner/safetensors.h"
@@ -174,6 +175,44 @@ TEST(Materialise, PipelineRanksKeepNothingOfOtherStages) {
   EXPECT_EQ(params.front().second.numel(), 0);
   EXPECT_FALSE(params.front().second.is_meta());
   EXPECT_GT(params.back().second.numel(), 0);
+}
+
+// Per-rank parameters (the experts of a mixture of experts) are placed as
+// the stack of every rank's copy; materialising keeps the rank's whole copy:
+// the single-device values, or with own_seed the values a whole build under
+// that seed gives them, leaving the generator where the seed-11 build leaves it.
+TEST(Materialise, PerRankParametersKeepTheirWholeOwnValues) {
+  const auto* spec = models::find_model("mixture_of_experts");
+  const auto args = small_args(*spec);
+  torch::manual_seed(11);
+  auto full = spec->build(args);
+  const auto after_full = torch::rand({4});
+  torch::manual_seed(43);
+  auto own_build = spec->build(args);
+  auto want = full->named_parameters(/*recurse=*/true), own_want = own_build->named_parameters(/*recurse=*/true);
+  for (int64_t seed : {int64_t{-1}, int64_t{43}}) {
+    Deferred d = build_deferred(*spec, args, 11);
+    parallel::Group group;  // rank 1 of 2; recording placements moves nothing
+    group.name = "dp";
+    group.size = 2;
+    group.rank = 1;
+    group.ranks = {0, 1};
+    parallel::Placements placements;
+    const parallel::ParamSet own = parallel::apply_per_rank(*d.model, group, {"module.2"}, placements);
+    ASSERT_FALSE(own.empty());
+    MaterialiseOptions o;
+    o.placements = &placements;
+    o.own = &own;
+    o.own_seed = seed;
+    materialise(*d.model, d.steps, o);
+    EXPECT_TRUE(after_full.equal(torch::rand({4}))) << "seed " << seed << ": the generator stream differs";
+    for (auto& [name, p] : nn::unique_named_parameters(*d.model)) {
+      const bool mine = own.count(p.unsafeGetTensorImpl());
+      const torch::Tensor& expected = mine && seed >= 0 ? own_want[name] : want[name];
+      EXPECT_TRUE(p.equal(expected)) << "seed " << seed << " " << name;
+    }
+  }
+  EXPECT_FALSE(own_want["module.2.weight"].equal(want["module.2.weight"]));  // the seeds draw differently
 }
 
 TEST(Materialise, WritesTheInitFileASingleDeviceRunWrites) {
