@@ -1,8 +1,9 @@
 // Meta kernels (output shapes, no data) for the ATen operators composer's
 // models use that LibTorch itself gives none (PyTorch registers them in
 // Python). A memory estimate runs a model on meta tensors (estimate.h); each
-// kernel allocates exactly the outputs its CPU kernel returns, so the counted
-// bytes match a real run's.
+// kernel allocates exactly the storage its CPU kernel allocates (the outputs
+// it returns, at their storage's size, and the temporaries it holds while it
+// runs), so the counted bytes match a real run's.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -63,8 +64,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
           mask[2] ? like(bias) : at::Tensor()};
 }
 
-at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& /*target*/, int64_t reduction) {
-  return reduction == at::Reduction::None ? at::empty_like(self) : at::empty({}, self.options());
+// The CPU kernel is structured: its output is made the elementwise loss's
+// size and a reduction resizes it to a scalar, keeping that storage; the
+// reduction then sums a second elementwise loss, freed on return.
+at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const auto shape = at::infer_size(self.sizes(), target.sizes());
+  const auto options = self.options().dtype(at::result_type(self, target));
+  auto out = at::empty(shape, options);
+  if (reduction == at::Reduction::None) return out;
+  at::empty(shape, options);  // the elementwise loss the reduction reads
+  return out.resize_({});
 }
 
 at::Tensor mse_loss_backward(const at::Tensor& /*grad*/, const at::Tensor& self, const at::Tensor& /*target*/,
