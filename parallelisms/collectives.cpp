@@ -79,6 +79,16 @@ c10::Device wire_device(const Group& g, const torch::Tensor& t) {
 }
 bool rewired(const Group& g, const torch::Tensor& t) { return wire_device(g, t) != t.device(); }
 
+// Frees a buffer of ours that a finished collective moved, now: Gloo's worker
+// thread may hold the finished work, and with it the work's tensors, for a
+// moment after wait() returns, which would leave when those bytes are freed
+// (and so a rank's peak memory) to chance.
+void release_storage(const torch::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
 // Reduce-scatter over equal-size flat chunks: NCCL's own, or a ring over
 // send/recv for backends without a correct native one (Gloo): N-1 steps, each
 // rank sends one chunk per step, the (N-1)/N volume of the ring algorithm.
@@ -176,7 +186,12 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   }
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
-  return torch::cat(parts, 0).to(shard.device());
+  auto gathered = torch::cat(parts, 0).to(shard.device());
+  if (g.pg) {
+    release_storage(padded);
+    for (const auto& o : outs[0]) release_storage(o);
+  }
+  return gathered;
 }
 
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
