@@ -112,6 +112,7 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
     sw->wait();
     piece(recv_idx).add_(incoming);
   }
+  if (g.pg) release_storage(incoming);
   return piece(r);
 }
 
@@ -211,6 +212,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
+  if (g.pg) release_storage(flat);
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
   shape[0] = sizes[g.rank];
