@@ -133,15 +133,13 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   // depend on the group size and the ranks' order. Twice the bytes, for a
   // result that is the same at any group size.
   const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
-  const bool moved = rewired(g, t);
-  auto wire = widen ? t.to(torch::kFloat) : t;
-  if (moved) wire = wire.to(wire_device(g, t));
+  auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{wire};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
   std::function<void()> then;
-  const bool copy_back = widen || moved;
+  const bool copy_back = !wire.is_same(t);  // widened, or moved to the backend's memory
   if (op == Reduce::kAvg || copy_back) {
     auto target = t;
     const double inv = op == Reduce::kAvg ? 1.0 / g.size : 1.0;

@@ -24,7 +24,26 @@ void take_values(const torch::Tensor& p, const torch::Tensor& value) {
   p.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
 }
 
-// The tensors of `path` by name (the file opened once, its header read), for init_from.
+// Tensor `name` of safetensors file `path`, whose header read_safetensors_header
+// has read and validated (dtypes, shapes and offsets): only its bytes are read.
+torch::Tensor read_tensor(const std::string& path, const nlohmann::json& header, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8] = {};
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  if (!header.contains(name)) throw FileError(path, "missing tensor '" + name + "'");
+  const auto& e = header.at(name);
+  const auto shape = e.at("shape").get<std::vector<int64_t>>();
+  const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
+  torch::Tensor t = torch::empty(shape, torch::dtype(scalar_type_of_name(e.at("dtype").get<std::string>(), path)));
+  in.seekg(static_cast<std::streamoff>(8 + header_len + offsets.at(0)));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(offsets.at(1) - offsets.at(0)));
+  if (!in) throw FileError(path, "cannot read tensor '" + name + "'; the file is truncated");
+  return t;
+}
+
+// The tensors of `path` by name (its header read once), for init_from.
 class InitFile {
  public:
   InitFile(const std::string& path, models::Model& model) : path_(path), header_(read_safetensors_header(path)) {
@@ -51,7 +70,7 @@ class InitFile {
 
   torch::Tensor read(const torch::Tensor& p, const std::vector<int64_t>& shape) const {
     const std::string& name = key_.at(p.unsafeGetTensorImpl());
-    torch::Tensor t = read_safetensors_tensor(path_, name);
+    torch::Tensor t = read_tensor(path_, header_, name);
     if (t.sizes().vec() != shape) {
       throw FileError(path_, "tensor '" + name + "' has shape " + c10::str(t.sizes()) + " but the model's is " +
                                  c10::str(c10::IntArrayRef(shape)));
@@ -67,24 +86,6 @@ class InitFile {
 };
 
 }  // namespace
-
-torch::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
-  const nlohmann::json header = read_safetensors_header(path);  // validated: dtypes, shapes and offsets
-  std::ifstream in(path, std::ios::binary);
-  unsigned char len[8] = {};
-  in.read(reinterpret_cast<char*>(len), 8);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
-  if (!header.contains(name)) throw FileError(path, "missing tensor '" + name + "'");
-  const auto& e = header.at(name);
-  const auto shape = e.at("shape").get<std::vector<int64_t>>();
-  const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
-  torch::Tensor t = torch::empty(shape, torch::dtype(scalar_type_of_name(e.at("dtype").get<std::string>(), path)));
-  in.seekg(static_cast<std::streamoff>(8 + header_len + offsets.at(0)));
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(offsets.at(1) - offsets.at(0)));
-  if (!in) throw FileError(path, "cannot read tensor '" + name + "'; the file is truncated");
-  return t;
-}
 
 bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps) {
   std::unordered_map<const c10::TensorImpl*, bool> set;

@@ -47,8 +47,4 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
 // cannot be materialised, and is built whole instead.
 bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps);
 
-// The values of tensor `name` of safetensors file `path`, read alone (the
-// rest of the file stays on disk).
-torch::Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
-
 }  // namespace composer

@@ -138,22 +138,6 @@ Parallel apply_transforms(models::Model& model, const Plan& plan, RankContext& r
   return p;
 }
 
-// The gradient synchronisation: every reduction the placements call for.
-void add_grad_sync(models::Model& model, const Plan& plan, Parallel& p) {
-  if (!p.any) return;
-  double bucket_mb = 25;
-  for (const auto& t : plan.transforms) {
-    if (t.kind == TransformKind::kReplicate) bucket_mb = t.bucket_mb;
-  }
-  std::vector<torch::Tensor> held;
-  for (auto& [name, param] : nn::unique_named_parameters(model)) {
-    if (!p.pipe || p.pipe->holds(param)) held.push_back(param);
-  }
-  p.sync = std::make_unique<parallel::GradSync>(held, *p.placements, parallel::GradSyncOptions{bucket_mb});
-}
-
-// Whether this run's ranks build only what they hold: the plan shards a
-// parameter (tensor_parallel, fully_shard) or splits the model (pipeline).
 // The parameters this rank trains (a pipeline rank holds its stages' only).
 std::vector<torch::Tensor> held_params(models::Model& model, const Parallel& par) {
   std::vector<torch::Tensor> params;
@@ -163,6 +147,19 @@ std::vector<torch::Tensor> held_params(models::Model& model, const Parallel& par
   return params;
 }
 
+// The gradient synchronisation: every reduction the placements call for.
+void add_grad_sync(models::Model& model, const Plan& plan, Parallel& p) {
+  if (!p.any) return;
+  double bucket_mb = 25;
+  for (const auto& t : plan.transforms) {
+    if (t.kind == TransformKind::kReplicate) bucket_mb = t.bucket_mb;
+  }
+  p.sync = std::make_unique<parallel::GradSync>(held_params(model, p), *p.placements,
+                                                parallel::GradSyncOptions{bucket_mb});
+}
+
+// Whether this run's ranks build only what they hold: the plan shards a
+// parameter (tensor_parallel, fully_shard) or splits the model (pipeline).
 bool builds_owned_only(const Plan& plan, const RankContext& rank) {
   if (!rank.mesh) return false;
   for (const auto& t : plan.transforms) {
