@@ -79,14 +79,17 @@ c10::Device wire_device(const Group& g, const torch::Tensor& t) {
 }
 bool rewired(const Group& g, const torch::Tensor& t) { return wire_device(g, t) != t.device(); }
 
-// Frees a buffer of ours that a finished collective moved, now: Gloo's worker
-// thread may hold the finished work, and with it the work's tensors, for a
-// moment after wait() returns, which would leave when those bytes are freed
-// (and so a rank's peak memory) to chance.
-void release_storage(const torch::Tensor& t) {
-  auto* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
+// What a Gloo collective run on its worker thread (all-reduce, broadcast,
+// all-gather) is handed for a host tensor: a view of the same bytes that does
+// not own them. The worker holds a finished work, and with it the work's
+// tensors, for a moment after wait() returns; were those tensors owners, when
+// a buffer is freed (and so a rank's counted peak) would be left to chance.
+// Only for a collective waited on before the caller's owning tensor can go:
+// the caller's tensor owns the bytes. Device tensors are handed as they are
+// (the caching allocator's stream bookkeeping needs the owner).
+torch::Tensor unowned(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || t.numel() == 0) return t;
+  return torch::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
 }
 
 // Reduce-scatter over equal-size flat chunks: NCCL's own, or a ring over
@@ -112,7 +115,6 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
     sw->wait();
     piece(recv_idx).add_(incoming);
   }
-  if (g.pg) release_storage(incoming);
   return piece(r);
 }
 
@@ -135,7 +137,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
   auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
-  std::vector<torch::Tensor> ts{wire};
+  std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
   std::function<void()> then;
@@ -156,11 +158,12 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
   g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
-  std::vector<torch::Tensor> ts{t.to(wire_device(g, t))};
+  auto wire = t.to(wire_device(g, t));
+  std::vector<torch::Tensor> ts{unowned(wire)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   if (g.pg) g.pg->broadcast(ts, o)->wait();
-  if (!ts[0].is_same(t)) t.copy_(ts[0]);
+  if (!wire.is_same(t)) t.copy_(wire);
 }
 
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
@@ -173,8 +176,12 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   auto padded = torch::zeros(padded_shape, shard.options().device(wire_device(g, shard)));
   if (shard.size(0) > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard);
   std::vector<std::vector<torch::Tensor>> outs(1);
-  for (int i = 0; i < g.size; ++i) outs[0].push_back(torch::empty_like(padded));
-  std::vector<torch::Tensor> ins{padded};
+  std::vector<torch::Tensor> owned;  // what `outs` and `ins` view
+  for (int i = 0; i < g.size; ++i) {
+    owned.push_back(torch::empty_like(padded));
+    outs[0].push_back(unowned(owned.back()));
+  }
+  std::vector<torch::Tensor> ins{unowned(padded)};
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
   g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
   if (g.pg) {
@@ -184,13 +191,8 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
     torch::empty(padded_shape, padded.options());
   }
   std::vector<torch::Tensor> parts;
-  for (int i = 0; i < g.size; ++i) parts.push_back(outs[0][i].narrow(0, 0, sizes[i]));
-  auto gathered = torch::cat(parts, 0).to(shard.device());
-  if (g.pg) {
-    release_storage(padded);
-    for (const auto& o : outs[0]) release_storage(o);
-  }
-  return gathered;
+  for (int i = 0; i < g.size; ++i) parts.push_back(owned[i].narrow(0, 0, sizes[i]));
+  return torch::cat(parts, 0).to(shard.device());
 }
 
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
@@ -210,7 +212,6 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
-  if (g.pg) release_storage(flat);
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
   shape[0] = sizes[g.rank];

@@ -7,6 +7,24 @@
 #include "parallelisms/cuda_runtime.h"
 
 namespace composer::parallel {
+namespace {
+
+// c10d's flight recorder (on by default, 2000 entries) records every
+// collective a process group enqueues into one process-wide table, and
+// LibTorch 2.11 inserts a group's first entry into a std::map outside its
+// lock: process groups enqueueing from several threads of one process (the
+// in-process rank threads of the tests) crash there now and then. composer
+// never reads its dumps, and it captures a traceback per collective, so it is
+// off unless TORCH_FR_BUFFER_SIZE is set. Set while the program loads, before
+// any thread runs or the recorder reads it.
+const bool kFlightRecorderOff = [] {
+  if (!std::getenv("TORCH_FR_BUFFER_SIZE") && !std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE")) {
+    setenv("TORCH_FR_BUFFER_SIZE", "0", 0);
+  }
+  return true;
+}();
+
+}  // namespace
 
 std::vector<int64_t> coords_of(int rank, const std::vector<int64_t>& shape) {
   std::vector<int64_t> c(shape.size());
