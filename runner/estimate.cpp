@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "models/module.h"
 #include "parallelisms/cuda_runtime.h"
@@ -86,7 +87,7 @@ std::string MemoryEstimate::comm_str() const {
   return out.empty() ? "none" : out;
 }
 
-std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan) {
+std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
   ensure_meta_kernels();
   std::vector<MemoryEstimate> out;
   const int64_t data = data_bytes(c);
@@ -105,6 +106,9 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
   }
   for (int r : ranks) {
     // Two steps: the second starts with the first's gradients and optimizer state.
+    // On the CPU, a matmul's own scratch space depends on the rank's threads.
+    std::optional<memory::CpuMatmulWorkspaces> workspaces;
+    if (c.mesh.device == DeviceKind::kCpu) workspaces.emplace(rank_threads(c.train, local_ranks ? local_ranks : plan.world_size));
     const DryRun run = dry_run(c, plan, r, 2, meta_batch);
     MemoryEstimate e;
     e.rank = r;

@@ -36,7 +36,8 @@ struct MemoryEstimate {
 
 // One estimate per rank (ranks with the same shapes are estimated once and
 // copied). Throws what building the model or applying the plan throws.
-std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan);
+// `local_ranks`: the ranks on each machine, which share its cores (0: every rank).
+std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0);
 
 // The bytes a rank may use: mesh.memory_per_rank_mb when set, else the host's
 // physical memory divided by the local ranks.

@@ -41,7 +41,7 @@ int run(int argc, char** argv) {
   check_devices(config, local_ranks);
   const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
   if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
-    check_fit(config, estimate_memory(config, plan), local_ranks);
+    check_fit(config, estimate_memory(config, plan, local_ranks), local_ranks);
   }
   if (!one_process && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
     for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";  // once per job, before it starts

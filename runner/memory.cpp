@@ -3,9 +3,13 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <ATen/ATen.h>
+
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 namespace composer::memory {
 
@@ -23,13 +27,24 @@ void add(int64_t n) {
 
 // Each allocation carries its size in a prefix of kPrefix bytes (keeping c10's
 // 64-byte alignment), so that data pointer and context stay one pointer, as
-// raw_allocate() requires.
+// raw_allocate() requires. The second word marks a probe's allocation
+// (matmul_workspace_bytes), counted by the probe and not in the rank's count.
 constexpr size_t kPrefix = 64;
 c10::Allocator* base = nullptr;
 
+struct Probe {
+  int64_t live = 0, peak = 0;
+};
+thread_local Probe* probing = nullptr;
+
 void release(void* data) {
   char* block = static_cast<char*>(data) - kPrefix;
-  live.fetch_sub(*reinterpret_cast<int64_t*>(block), std::memory_order_relaxed);
+  const int64_t n = reinterpret_cast<int64_t*>(block)[0];
+  if (reinterpret_cast<int64_t*>(block)[1]) {
+    if (probing) probing->live -= n;
+  } else {
+    live.fetch_sub(n, std::memory_order_relaxed);
+  }
   base->raw_deallocate(block);
 }
 
@@ -37,8 +52,14 @@ class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     char* block = static_cast<char*>(base->raw_allocate(n + kPrefix));
-    *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(n);
-    add(static_cast<int64_t>(n));
+    reinterpret_cast<int64_t*>(block)[0] = static_cast<int64_t>(n);
+    reinterpret_cast<int64_t*>(block)[1] = probing != nullptr;
+    if (probing) {
+      probing->live += static_cast<int64_t>(n);
+      probing->peak = std::max(probing->peak, probing->live);
+    } else {
+      add(static_cast<int64_t>(n));
+    }
     void* data = block + kPrefix;
     return {data, data, &release, c10::Device(c10::kCPU)};
   }
@@ -67,6 +88,66 @@ bool counting() { return installed.load(); }
 int64_t live_bytes() { return live.load(std::memory_order_relaxed); }
 int64_t peak_bytes() { return peak.load(std::memory_order_relaxed); }
 void reset_peak() { peak.store(live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
+namespace {
+thread_local int workspace_threads = 0;
+}  // namespace
+
+CpuMatmulWorkspaces::CpuMatmulWorkspaces(int threads) : previous_(workspace_threads) { workspace_threads = threads; }
+CpuMatmulWorkspaces::~CpuMatmulWorkspaces() { workspace_threads = previous_; }
+int CpuMatmulWorkspaces::threads() { return workspace_threads; }
+
+int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::Tensor& b) {
+  const auto dtype = a.scalar_type();
+  const int threads = CpuMatmulWorkspaces::threads();
+  if (!threads || !installed.load() || (dtype != at::kBFloat16 && dtype != at::kHalf)) return 0;
+  const int64_t operands = (a.numel() + b.numel()) * static_cast<int64_t>(a.element_size());
+  if (operands > kMaxProbeBytes) return 0;
+  using Key = std::tuple<int, at::ScalarType, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
+                         std::vector<int64_t>, int>;
+  static std::mutex mu;
+  static std::map<Key, int64_t> cache;
+  Key key{static_cast<int>(kind), dtype, a.sizes().vec(), a.strides().vec(), b.sizes().vec(), b.strides().vec(),
+          threads};
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  Probe probe;
+  int64_t result_bytes = 0;
+  {
+    const int outer_threads = at::get_num_threads();
+    at::set_num_threads(threads);
+    probing = &probe;
+    auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
+    auto x = at::empty_strided(a.sizes(), a.strides(), options).zero_();
+    auto y = at::empty_strided(b.sizes(), b.strides(), options).zero_();
+    const int64_t before = probe.live;
+    probe.peak = before;
+    at::Tensor out;
+    switch (kind) {
+      case MatmulKind::kMm: out = at::mm(x, y); break;
+      case MatmulKind::kAddmm: out = at::addmm(at::zeros({y.size(-1)}, options), x, y); break;
+      case MatmulKind::kBmm: out = at::bmm(x, y); break;
+      case MatmulKind::kBaddbmm: out = at::baddbmm(at::zeros({1, 1, y.size(-1)}, options), x, y); break;
+    }
+    result_bytes = out.numel() * static_cast<int64_t>(out.element_size());
+    const int64_t bias_bytes = (kind == MatmulKind::kAddmm || kind == MatmulKind::kBaddbmm)
+                                   ? y.size(-1) * static_cast<int64_t>(y.element_size())
+                                   : 0;
+    probe.peak -= before + bias_bytes + result_bytes;
+    out.reset();
+    x.reset();
+    y.reset();
+    probing = nullptr;
+    at::set_num_threads(outer_threads);
+  }
+  const int64_t workspace = std::max<int64_t>(0, probe.peak);
+  std::lock_guard<std::mutex> g(mu);
+  cache[key] = workspace;
+  return workspace;
+}
 
 namespace {
 

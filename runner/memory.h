@@ -6,6 +6,10 @@
 #pragma once
 #include <cstdint>
 
+namespace at {
+class Tensor;
+}
+
 namespace composer::memory {
 
 // Installs the counting allocator as the CPU allocator (once per process;
@@ -16,6 +20,35 @@ bool counting();
 int64_t live_bytes();  // bytes of tensor storage alive now
 int64_t peak_bytes();  // the most alive at once since the last reset_peak()
 void reset_peak();     // peak := live
+
+// The bytes a CPU matmul of these operands' shapes, strides and dtype
+// allocates for itself while it runs, beyond its result: LibTorch computes
+// bfloat16 and float16 matmuls through oneDNN on CPUs with the instructions
+// for them, and oneDNN takes its scratch space (packed blocks, float32
+// accumulators; a size that depends on the shapes and the intra-op threads)
+// from the CPU allocator. Measured once per shape on this machine, by running
+// the matmul on zeros with the counting allocator (not counted as the rank's
+// own); 0 for other dtypes, uncounted processes, and operands over
+// kMaxProbeBytes (oneDNN's scratch is bounded by its block sizes, about 0.2 MiB
+// per thread, negligible beside such operands). The meta matmul kernels
+// allocate it for a moment, so a dry run counts what a real run does.
+enum class MatmulKind { kMm, kAddmm, kBmm, kBaddbmm };
+constexpr int64_t kMaxProbeBytes = int64_t{64} << 20;
+int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::Tensor& b);
+
+// While one lives on this thread, meta matmuls stand for CPU matmuls run with
+// `threads` intra-op threads, and allocate their workspace (a dry run of a
+// CPU plan); otherwise they allocate their result only.
+class CpuMatmulWorkspaces {
+ public:
+  explicit CpuMatmulWorkspaces(int threads);
+  ~CpuMatmulWorkspaces();
+  CpuMatmulWorkspaces(const CpuMatmulWorkspaces&) = delete;
+  CpuMatmulWorkspaces& operator=(const CpuMatmulWorkspaces&) = delete;
+  static int threads();  // 0: none lives on this thread
+ private:
+  int previous_;
+};
 
 // The same count for meta tensors (shapes without storage): while a
 // MetaCount lives, the bytes meta tensors would take are counted, so running

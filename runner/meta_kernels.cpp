@@ -1,11 +1,14 @@
 // Meta kernels (output shapes, no data) for the ATen operators composer's
 // models use that LibTorch itself gives none (PyTorch registers them in
-// Python). A memory estimate runs a model on meta tensors (estimate.h); each
+// Python), and for the matmuls, whose CPU kernels allocate scratch space
+// LibTorch's meta kernels know nothing of (these replace them). A memory estimate runs a model on meta tensors (estimate.h); each
 // kernel allocates exactly the storage its CPU kernel allocates (the outputs
 // it returns, at their storage's size, and the temporaries it holds while it
 // runs), so the counted bytes match a real run's.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+
+#include "runner/memory.h"
 
 #include <tuple>
 
@@ -81,9 +84,61 @@ at::Tensor mse_loss_backward(const at::Tensor& /*grad*/, const at::Tensor& self,
   return at::empty_like(self);
 }
 
+// Matmuls: LibTorch's own meta kernels, plus the scratch space the CPU kernel
+// takes for itself while it runs (memory::matmul_workspace_bytes), allocated
+// after the result and freed before return, as the CPU kernel does.
+at::Tensor matmul_result(memory::MatmulKind kind, const at::Tensor& a, const at::Tensor& b,
+                         std::vector<int64_t> shape) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+  auto out = at::empty(shape, a.options());
+  if (const int64_t ws = memory::matmul_workspace_bytes(kind, a, b)) at::empty({ws}, a.options().dtype(at::kByte));
+  return out;
+}
+
+void check_2d(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2, "self must be a matrix");
+  TORCH_CHECK(b.dim() == 2, "mat2 must be a matrix");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1),
+              " and ", b.size(0), "x", b.size(1), ")");
+}
+
+void check_3d(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(b.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "Expected size for first two dimensions of batch2 ",
+              "tensor to be: [", a.size(0), ", ", a.size(2), "] but got: [", b.size(0), ", ", b.size(1), "].");
+}
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  check_2d(self, mat2);
+  return matmul_result(memory::MatmulKind::kMm, self, mat2, {self.size(0), mat2.size(1)});
+}
+
+at::Tensor addmm(const at::Tensor& /*bias*/, const at::Tensor& mat1, const at::Tensor& mat2,
+                 const at::Scalar& /*beta*/, const at::Scalar& /*alpha*/) {
+  check_2d(mat1, mat2);
+  return matmul_result(memory::MatmulKind::kAddmm, mat1, mat2, {mat1.size(0), mat2.size(1)});
+}
+
+at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
+  check_3d(self, mat2);
+  return matmul_result(memory::MatmulKind::kBmm, self, mat2, {self.size(0), self.size(1), mat2.size(2)});
+}
+
+at::Tensor baddbmm(const at::Tensor& /*bias*/, const at::Tensor& batch1, const at::Tensor& batch2,
+                   const at::Scalar& /*beta*/, const at::Scalar& /*alpha*/) {
+  check_3d(batch1, batch2);
+  return matmul_result(memory::MatmulKind::kBaddbmm, batch1, batch2, {batch1.size(0), batch1.size(1), batch2.size(2)});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("mm", mm);
+  m.impl("addmm", addmm);
+  m.impl("bmm", bmm);
+  m.impl("baddbmm", baddbmm);
   m.impl("relu", relu);
   m.impl("max", max_all);
   m.impl("logical_or", logical_or);

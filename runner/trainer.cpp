@@ -310,6 +310,11 @@ std::vector<std::string> describe_placements(const ExperimentConfig& c, const Pl
   return out;
 }
 
+int rank_threads(const TrainConfig& t, int64_t local_ranks) {
+  const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  return static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks)));
+}
+
 DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
   memory::MetaCount count;
   nn::ShapeOnly shapes;
@@ -371,8 +376,7 @@ nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
                   bool checkpoints) {
   const auto& t = c.train;
-  const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
-  torch::set_num_threads(static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / rank.local_world_size)));
+  torch::set_num_threads(rank_threads(t, rank.local_world_size));
   // A plan that shards or splits the model: the model is built on meta, the
   // transforms decide what this rank holds, and only that is given values
   // (materialise.h); the values equal a single-device build's.

@@ -25,6 +25,10 @@ struct TrainResult {
 // Builds the model of `c`: seeded init, then model.init_from when set.
 models::ModelPtr build_model(const ExperimentConfig& c);
 
+// The intra-op threads of each rank: train.threads, or the cores shared
+// equally by the machine's local ranks.
+int rank_threads(const TrainConfig& t, int64_t local_ranks);
+
 // Trains per `plan` on this rank. The main rank writes config.resolved.json,
 // init.safetensors, metrics.jsonl and final.safetensors (the full parameters,
 // streamed to it from their owners) into `out_dir`. With
