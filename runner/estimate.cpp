@@ -17,7 +17,6 @@
 
 namespace composer {
 
-void ensure_meta_kernels();  // meta_kernels.cpp
 
 namespace {
 

@@ -36,6 +36,10 @@ struct MemoryEstimate {
 
 // One estimate per rank (ranks with the same shapes are estimated once and
 // copied). Throws what building the model or applying the plan throws.
+// Keeps composer's meta kernels (meta_kernels.cpp) in a program's link: call it
+// before running operators on meta tensors whose counts must be a CPU run's.
+void ensure_meta_kernels();
+
 // `local_ranks`: the ranks on each machine, which share its cores (0: every rank).
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0);
 

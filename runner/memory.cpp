@@ -82,6 +82,7 @@ void install_counting_allocator() {
   }
   static CountingAllocator counting_allocator;
   c10::SetCPUAllocator(&counting_allocator, /*priority=*/1);
+  if (c10::GetCPUAllocator() != &counting_allocator) installed = false;  // one of higher priority is in place
 }
 
 bool counting() { return installed.load(); }

@@ -1,0 +1,97 @@
+// composer's meta kernels allocate what the CPU kernels allocate: the bytes a
+// dry run counts for an operator equal those a real run counts for it.
+#include <gtest/gtest.h>
+
+#include "runner/estimate.h"
+#include "runner/memory.h"
+
+namespace composer {
+namespace {
+
+// The bytes an operator allocates beyond what is alive when it starts (its
+// result and whatever it holds while it runs), on the CPU and on meta.
+template <typename Op>
+int64_t cpu_extra(Op op) {
+  memory::reset_peak();
+  const int64_t before = memory::live_bytes();
+  { auto out = op(); }
+  return memory::peak_bytes() - before;
+}
+
+template <typename Op>
+int64_t meta_extra(memory::MetaCount& count, Op op) {
+  count.reset_peak();
+  const int64_t before = count.live();
+  { auto out = op(); }
+  return count.peak() - before;
+}
+
+TEST(MetaMatmul, AllocatesWhatTheCpuKernelAllocatesScratchSpaceIncluded) {
+  ensure_meta_kernels();
+  memory::install_counting_allocator();
+  if (!memory::counting()) GTEST_SKIP() << "another CPU allocator of higher priority is installed in this process";
+  struct Case {
+    memory::MatmulKind kind;
+    std::vector<int64_t> a, b;
+    bool transpose_b;
+  };
+  // A Linear's forward (addmm with the weight transposed), its backward's two
+  // mms, and attention's batched products, at the sizes of the parity models.
+  const std::vector<Case> cases = {{memory::MatmulKind::kAddmm, {8, 17}, {51, 17}, true},
+                                   {memory::MatmulKind::kMm, {8, 51}, {51, 17}, false},
+                                   {memory::MatmulKind::kMm, {17, 8}, {8, 51}, false},
+                                   {memory::MatmulKind::kAddmm, {64, 64}, {256, 64}, true},
+                                   {memory::MatmulKind::kBmm, {4, 16, 8}, {4, 8, 16}, false},
+                                   {memory::MatmulKind::kBaddbmm, {4, 16, 8}, {4, 8, 16}, false}};
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (const auto& c : cases) {
+      auto make = [&](torch::Device device) {
+        auto o = torch::TensorOptions().dtype(dtype).device(device);
+        auto a = torch::zeros(c.a, o);
+        auto b = c.transpose_b ? torch::zeros(c.b, o).t() : torch::zeros(c.b, o);
+        auto bias = torch::zeros({b.size(-1)}, o);
+        return std::make_tuple(a, b, bias);
+      };
+      auto run = [&c](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias) {
+        switch (c.kind) {
+          case memory::MatmulKind::kMm: return torch::mm(a, b);
+          case memory::MatmulKind::kAddmm: return torch::addmm(bias, a, b);
+          case memory::MatmulKind::kBmm: return torch::bmm(a, b);
+          case memory::MatmulKind::kBaddbmm: return torch::baddbmm(bias, a, b);
+        }
+        return torch::Tensor();
+      };
+      auto [a, b, bias] = make(torch::kCPU);
+      const int64_t real = cpu_extra([&] { return run(a, b, bias); });
+      memory::MetaCount count;
+      memory::CpuMatmulWorkspaces workspaces(at::get_num_threads());
+      auto [ma, mb, mbias] = make(torch::kMeta);
+      const int64_t dry = meta_extra(count, [&] { return run(ma, mb, mbias); });
+      const int64_t result = run(ma, mb, mbias).numel() * static_cast<int64_t>(ma.element_size());
+      EXPECT_GE(real, result);
+      EXPECT_EQ(dry, real) << torch::toString(dtype) << " " << static_cast<int>(c.kind) << " " << c.a << " x " << c.b;
+    }
+  }
+}
+
+TEST(MetaMatmul, RefusesShapesThatCannotBeMultiplied) {
+  ensure_meta_kernels();
+  auto o = torch::TensorOptions().device(torch::kMeta);
+  EXPECT_THROW(
+      {
+        try {
+          torch::mm(torch::empty({8, 17}, o), torch::empty({16, 51}, o));
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("cannot be multiplied (8x17 and 16x51)"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      c10::Error);
+  EXPECT_THROW(torch::bmm(torch::empty({2, 3, 4}, o), torch::empty({2, 5, 6}, o)), c10::Error);
+  EXPECT_THROW(torch::mm(torch::empty({2, 3}, o), torch::empty({3, 4}, o.dtype(torch::kBFloat16))), c10::Error);
+  EXPECT_EQ(torch::addmm(torch::empty({51}, o), torch::empty({8, 17}, o), torch::empty({17, 51}, o)).sizes(),
+            (std::vector<int64_t>{8, 51}));
+}
+
+}  // namespace
+}  // namespace composer
