@@ -17,7 +17,6 @@
 
 namespace composer {
 
-
 namespace {
 
 // A batch of `n` samples as the dataset makes them, on the meta device.

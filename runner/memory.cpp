@@ -81,8 +81,8 @@ void install_counting_allocator() {
     return;
   }
   static CountingAllocator counting_allocator;
-  c10::SetCPUAllocator(&counting_allocator, /*priority=*/1);
-  if (c10::GetCPUAllocator() != &counting_allocator) installed = false;  // one of higher priority is in place
+  // The highest priority: it wraps whatever CPU allocator is in place, so it always counts.
+  c10::SetCPUAllocator(&counting_allocator, /*priority=*/UINT8_MAX);
 }
 
 bool counting() { return installed.load(); }
@@ -115,36 +115,34 @@ int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::T
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
+  // Every tensor made here is the probe's, counted by it and not in the rank's count.
   Probe probe;
-  int64_t result_bytes = 0;
+  const int outer_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  probing = &probe;
+  int64_t scratch = 0;
   {
-    const int outer_threads = at::get_num_threads();
-    at::set_num_threads(threads);
-    probing = &probe;
     auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
     auto x = at::empty_strided(a.sizes(), a.strides(), options).zero_();
     auto y = at::empty_strided(b.sizes(), b.strides(), options).zero_();
-    const int64_t before = probe.live;
-    probe.peak = before;
+    const int64_t n = y.size(-1);
+    auto bias = kind == MatmulKind::kAddmm ? at::zeros({n}, options)
+                : kind == MatmulKind::kBaddbmm ? at::zeros({1, 1, n}, options)
+                                               : at::Tensor();
+    const int64_t inputs = probe.live;
+    probe.peak = inputs;
     at::Tensor out;
     switch (kind) {
       case MatmulKind::kMm: out = at::mm(x, y); break;
-      case MatmulKind::kAddmm: out = at::addmm(at::zeros({y.size(-1)}, options), x, y); break;
+      case MatmulKind::kAddmm: out = at::addmm(bias, x, y); break;
       case MatmulKind::kBmm: out = at::bmm(x, y); break;
-      case MatmulKind::kBaddbmm: out = at::baddbmm(at::zeros({1, 1, y.size(-1)}, options), x, y); break;
+      case MatmulKind::kBaddbmm: out = at::baddbmm(bias, x, y); break;
     }
-    result_bytes = out.numel() * static_cast<int64_t>(out.element_size());
-    const int64_t bias_bytes = (kind == MatmulKind::kAddmm || kind == MatmulKind::kBaddbmm)
-                                   ? y.size(-1) * static_cast<int64_t>(y.element_size())
-                                   : 0;
-    probe.peak -= before + bias_bytes + result_bytes;
-    out.reset();
-    x.reset();
-    y.reset();
-    probing = nullptr;
-    at::set_num_threads(outer_threads);
+    scratch = probe.peak - inputs - static_cast<int64_t>(out.nbytes());
   }
-  const int64_t workspace = std::max<int64_t>(0, probe.peak);
+  probing = nullptr;
+  at::set_num_threads(outer_threads);
+  const int64_t workspace = std::max<int64_t>(0, scratch);
   std::lock_guard<std::mutex> g(mu);
   cache[key] = workspace;
   return workspace;
