@@ -1,12 +1,15 @@
 #include "parallelisms/activation_checkpoint.h"
 
+#include <unordered_map>
+#include <unordered_set>
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <mutex>
 #include <unordered_map>
 
 #include "models/layers.h"
-#include "parallelisms/tensor_parallel.h"
+#include "models/select.h"
 
 namespace composer::parallel {
 namespace {
@@ -170,8 +173,12 @@ torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::M
 }  // namespace
 
 std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options) {
+  return checkpoint_units(nn::named_modules(model), options);
+}
+
+std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointOptions& options) {
   std::vector<std::string> out;
-  auto matches = select_modules(model, options.units);
+  auto matches = models::select_modules(modules, options.units);
   for (size_t i = 0; i < matches.size(); ++i) {
     if ((static_cast<int64_t>(i) + 1) % options.every == 0) out.push_back(matches[i].first);
   }
@@ -182,10 +189,10 @@ std::optional<std::string> check_checkpoint_units(models::Model& model, const Ac
   auto modules = nn::named_modules(model);
   for (const auto& pattern : options.units) {
     bool found = false;
-    for (auto& [name, m] : modules) found = found || (!name.empty() && fqn_matches(pattern, name));
+    for (auto& [name, m] : modules) found = found || (!name.empty() && models::fqn_matches(pattern, name));
     if (!found) return pattern + ": unit pattern matches no module of " + model.type();
   }
-  const auto matches = select_modules(model, options.units);
+  const auto matches = models::select_modules(model, options.units);
   if (options.every > static_cast<int64_t>(matches.size())) {
     return "every " + std::to_string(options.every) + " is more than the " + std::to_string(matches.size()) +
            " matching units, so nothing would be checkpointed; use every <= " + std::to_string(matches.size());
@@ -201,10 +208,17 @@ std::optional<std::string> check_checkpoint_units(models::Model& model, const Ac
   return std::nullopt;
 }
 
-ActivationCheckpoint::ActivationCheckpoint(models::Model& model, const ActivationCheckpointOptions& options)
-    : units_(checkpoint_units(model, options)) {
-  std::unordered_map<std::string, nn::Module*> by_name;
-  for (auto& [name, m] : nn::named_modules(model)) by_name[name] = m;
+ActivationCheckpoint::ActivationCheckpoint(const std::vector<models::Root>& roots,
+                                           const ActivationCheckpointOptions& options) {
+  models::NamedModules modules;  // every root's modules once, the roots' own left out
+  std::unordered_set<const nn::Module*> seen;
+  for (const auto& root : roots) {
+    for (const auto& [name, m] : root.modules) {
+      if (m != root.module && seen.insert(m).second) modules.emplace_back(name, m);
+    }
+  }
+  units_ = checkpoint_units(modules, options);
+  std::unordered_map<std::string, nn::Module*> by_name(modules.begin(), modules.end());
   for (const auto& name : units_) {
     nn::Module* module = by_name.at(name);
     TORCH_INTERNAL_ASSERT(!module->has_forward_wrapper(), "module ", name, " is checkpointed twice");
@@ -219,9 +233,14 @@ ActivationCheckpoint::ActivationCheckpoint(models::Model& model, const Activatio
   }
 }
 
+std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(const std::vector<models::Root>& roots,
+                                                                     const ActivationCheckpointOptions& options) {
+  return std::make_unique<ActivationCheckpoint>(roots, options);
+}
+
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
                                                                      const ActivationCheckpointOptions& options) {
-  return std::make_unique<ActivationCheckpoint>(model, options);
+  return apply_activation_checkpointing({models::whole(model)}, options);
 }
 
 }  // namespace composer::parallel

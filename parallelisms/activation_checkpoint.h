@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/select.h"
 
 namespace composer::parallel {
 
@@ -34,6 +35,7 @@ struct ActivationCheckpointOptions {
 
 // The unit FQNs `options` checkpoint in `model`, in forward order.
 std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options);
+std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointOptions& options);
 
 // Why `options` cannot checkpoint `model`: a pattern that matches no module,
 // or units that nest. nullopt when they can.
@@ -41,7 +43,9 @@ std::optional<std::string> check_checkpoint_units(models::Model& model, const Ac
 
 class ActivationCheckpoint {
  public:
-  ActivationCheckpoint(models::Model& model, const ActivationCheckpointOptions& options);
+  // Checkpoints the selected units among the modules of `roots` (the model,
+  // or this rank's pipeline stages).
+  ActivationCheckpoint(const std::vector<models::Root>& roots, const ActivationCheckpointOptions& options);
   const std::vector<std::string>& units() const { return units_; }
   // Backward recomputes so far (one per checkpointed unit and microbatch).
   int64_t recomputes() const { return recomputes_->load(); }
@@ -51,6 +55,8 @@ class ActivationCheckpoint {
   std::shared_ptr<std::atomic<int64_t>> recomputes_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
+std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(const std::vector<models::Root>& roots,
+                                                                     const ActivationCheckpointOptions& options);
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
                                                                      const ActivationCheckpointOptions& options);
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
-#include "parallelisms/delay.h"
-#include "parallelisms/tensor_parallel.h"
+#include "parallelisms/comm/delay.h"
+#include "parallelisms/per_rank.h"
+
+#include <unordered_set>
 
 namespace composer::parallel {
 
@@ -31,6 +33,7 @@ struct FullyShard::Param {
 struct FullyShard::Unit {
   std::string name;
   nn::Module* module = nullptr;
+  bool root = false;                     // the model or a pipeline stage: gathered until reshard()
   FullyShard* owner = nullptr;
   std::vector<Param> params;
   Group* group = nullptr;
@@ -299,62 +302,90 @@ std::optional<std::string> check_units(models::Model& model, const std::vector<s
   auto modules = nn::named_modules(model);
   for (const auto& pattern : units) {
     bool found = false;
-    for (auto& [name, m] : modules) found = found || (!name.empty() && fqn_matches(pattern, name));
+    for (auto& [name, m] : modules) found = found || (!name.empty() && models::fqn_matches(pattern, name));
     if (!found) return pattern + ": unit pattern matches no module of " + model.type();
   }
   return std::nullopt;
 }
 
 FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptions& options)
+    : FullyShard(std::vector<models::Root>{models::whole(model)}, group, options) {}
+
+FullyShard::FullyShard(const std::vector<models::Root>& roots, Group& group, const FullyShardOptions& options)
     : group_(group), options_(options) {
-  // Units: every matching module, then the root. A parameter belongs to the
-  // innermost unit that contains every module computing with it on this rank
-  // (a weight tied across two units belongs to their common ancestor, so it is
-  // gathered for as long as either uses it).
-  std::vector<std::pair<std::string, nn::Module*>> unit_modules = select_modules(model, options.units);
-  unit_modules.emplace_back("", &model);
-  std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
-  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> user_names;
-  for (auto& [name, m] : nn::named_modules(model)) {
-    if (options.module_filter && !options.module_filter(name)) continue;
-    for (auto& item : m->named_parameters(/*recurse=*/false)) {
-      users[item.value().unsafeGetTensorImpl()].push_back(m);
-      user_names[item.value().unsafeGetTensorImpl()].push_back(name);
+  // Units: every matching module of every root, then the roots. A parameter
+  // belongs to the innermost unit that contains every module computing with
+  // it on this rank (a weight tied across two units belongs to their common
+  // ancestor, so it is gathered for as long as either uses it); one used in
+  // several roots belongs to the first of them, which gathers it first.
+  models::NamedModules modules;  // every module of every root once, by model FQN, the roots' own left out
+  std::unordered_set<const nn::Module*> seen;
+  for (const auto& root : roots) {
+    for (const auto& [name, m] : root.modules) {
+      if (m != root.module && seen.insert(m).second) modules.emplace_back(name, m);
     }
   }
-  auto inside = [](const std::string& prefix, const std::string& name) {
-    return prefix.empty() || name == prefix || name.rfind(prefix + ".", 0) == 0;
+  const models::NamedModules unit_modules = models::select_modules(modules, options.units);
+  std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
+  for (const auto& root : roots) {
+    for (auto& item : root.module->named_parameters(/*recurse=*/false)) users[item.value().unsafeGetTensorImpl()].push_back(root.module);
+  }
+  for (auto& [name, m] : modules) {
+    for (auto& item : m->named_parameters(/*recurse=*/false)) users[item.value().unsafeGetTensorImpl()].push_back(m);
+  }
+  std::unordered_map<const nn::Module*, std::string> name_of;
+  for (auto& [name, m] : modules) name_of[m] = name;
+  auto inside = [&](const std::string& prefix, const nn::Module* m) {
+    auto it = name_of.find(m);
+    return it != name_of.end() && (it->second == prefix || it->second.rfind(prefix + ".", 0) == 0);
+  };
+  auto in_root = [&](const models::Root& root, const nn::Module* m) {
+    for (const auto& [name, r] : root.modules) {
+      if (r == m) return true;
+    }
+    return false;
   };
   std::unordered_map<const c10::TensorImpl*, size_t> owner;
-  for (auto& [impl, names] : user_names) {
-    size_t best = unit_modules.size() - 1;  // the root
-    size_t depth = 0;
-    for (size_t u = 0; u + 1 < unit_modules.size(); ++u) {
+  for (auto& [impl, us] : users) {
+    size_t best = unit_modules.size(), depth = 0;
+    for (size_t u = 0; u < unit_modules.size(); ++u) {
       const auto& prefix = unit_modules[u].first;
       bool all = true;
-      for (const auto& n : names) all = all && inside(prefix, n);
+      for (const auto* m : us) all = all && inside(prefix, m);
       if (all && prefix.size() + 1 > depth) {
         best = u;
         depth = prefix.size() + 1;
       }
     }
+    for (size_t r = 0; best == unit_modules.size() && r < roots.size(); ++r) {
+      bool all = true;
+      for (const auto* m : us) all = all && in_root(roots[r], m);
+      if (all) best = unit_modules.size() + r;
+    }
+    for (size_t r = 0; best == unit_modules.size() && r < roots.size(); ++r) {
+      if (in_root(roots[r], us.front())) best = unit_modules.size() + r;
+    }
     owner[impl] = best;
   }
-  for (auto& [name, m] : unit_modules) {
+  auto add_unit = [&](const std::string& name, nn::Module* m, bool root) {
     auto unit = std::make_unique<Unit>();
     unit->name = name;
     unit->module = m;
     unit->owner = this;
     unit->group = &group_;
-    unit->reshard_after_forward = options.reshard_after_forward && !name.empty();  // the root stays gathered
+    unit->root = root;
+    unit->reshard_after_forward = options.reshard_after_forward && !root;  // a root stays gathered
     unit->sync = &sync_;
     units_.push_back(std::move(unit));
-  }
+  };
+  for (auto& [name, m] : unit_modules) add_unit(name, m, false);
+  for (const auto& root : roots) add_unit(root.name, root.module, true);
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : nn::unique_named_parameters(model)) {
-    if (options.param_filter && !options.param_filter(p)) continue;
+  for (auto& [name, p] : models::root_parameters(roots)) {
+    if (per_rank_selects(options.per_rank, name)) continue;  // each rank's own: neither sharded nor reduced
     auto own = owner.find(p.unsafeGetTensorImpl());
-    Unit& u = *units_[own == owner.end() ? units_.size() - 1 : own->second];
+    TORCH_INTERNAL_ASSERT(own != owner.end(), "parameter ", name, " has no module that computes with it");
+    Unit& u = *units_[own->second];
     Param q;
     q.param = p;
     device_ = nn::param_options().device();  // meta in a dry run; a model being materialised is on meta now, not later
@@ -400,22 +431,14 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }
-  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype (the root's casts, or every unit's)
+  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype at every root
     const auto compute = *options.param_dtype;
     c10::ScalarType train = torch::kFloat;
     for (auto& u : units_) {
       if (!u->params.empty()) train = u->params.front().param.scalar_type();
     }
-    std::vector<nn::Module*> casting{&model};
-    if (options.cast_at_units) {
-      // Every unit but the root (whose forward never runs), also one whose
-      // parameters an outer unit owns (a weight tied to a module on this
-      // rank's other stage): it computes with them in param_dtype.
-      casting.clear();
-      for (auto& u : units_) {
-        if (!u->name.empty()) casting.push_back(u->module);
-      }
-    }
+    std::vector<nn::Module*> casting;  // every root: the model, or each pipeline stage
+    for (const auto& root : roots) casting.push_back(root.module);
     for (nn::Module* m : casting) {
       m->add_pre_hook([compute](nn::Module&, torch::Tensor x) { return x.is_floating_point() ? x.to(compute) : x; });
       m->add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
@@ -427,13 +450,6 @@ FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptio
     Unit* u = up.get();
     if (u->params.empty()) continue;
     u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
-      // Without the model's own forward (pipeline stages), the root unit's
-      // parameters (weights tied across units used on this rank) are gathered
-      // before the first unit computes and stay gathered for the step.
-      Unit& root = *units_.back();
-      if (options_.cast_at_units && u != &root && !root.params.empty() && !root.unsharded_base.defined()) {
-        unshard(root);
-      }
       if (recording_) record_forward(u);
       unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
       Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
@@ -538,6 +554,11 @@ const ShardInfo* FullyShard::shard_info(const torch::Tensor& p) const {
 
 std::unique_ptr<FullyShard> apply_fully_shard(models::Model& model, Group& group, const FullyShardOptions& options) {
   return std::make_unique<FullyShard>(model, group, options);
+}
+
+std::unique_ptr<FullyShard> apply_fully_shard(const std::vector<models::Root>& roots, Group& group,
+                                              const FullyShardOptions& options) {
+  return std::make_unique<FullyShard>(roots, group, options);
 }
 
 }  // namespace composer::parallel

@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "models/model.h"
-#include "parallelisms/collectives.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
@@ -95,16 +96,9 @@ struct FullyShardOptions {
   // (offload: cpu on a GPU): each all-gather copies the shard to the device,
   // each reduce-scatter's result comes back, and the optimizer steps on the host.
   bool offload = false;
-  // Only parameters it accepts are sharded (a pipeline rank's own stages);
-  // nullptr shards every parameter.
-  std::function<bool(const torch::Tensor&)> param_filter;
-  // The model's own forward never runs (pipeline stages): mixed precision
-  // casts at every unit's entry and exit instead of the model's, and the root
-  // unit's parameters are gathered before the first unit's forward.
-  bool cast_at_units = false;
-  // The modules (by FQN) that compute on this rank (a pipeline rank's stages);
-  // nullptr: all. A parameter's unit contains every module using it here.
-  std::function<bool(const std::string&)> module_filter;
+  // Parameters (FQN patterns; a module's select its parameters) each rank
+  // keeps its own (per_rank.h): neither sharded nor reduced here.
+  std::vector<std::string> per_rank;
   // Where each sharded parameter's placement is recorded (nullptr: nowhere).
   Placements* placements = nullptr;
 };
@@ -117,6 +111,9 @@ class FullyShard {
  public:
   struct Param;
   struct Unit;
+  // Shards the parameters of `roots` (the model, or this rank's pipeline
+  // stages); each root is a unit of its own, kept gathered until reshard().
+  FullyShard(const std::vector<models::Root>& roots, Group& group, const FullyShardOptions& options);
   FullyShard(models::Model& model, Group& group, const FullyShardOptions& options);
   ~FullyShard();
 
@@ -164,5 +161,7 @@ class FullyShard {
 };
 
 std::unique_ptr<FullyShard> apply_fully_shard(models::Model& model, Group& group, const FullyShardOptions& options);
+std::unique_ptr<FullyShard> apply_fully_shard(const std::vector<models::Root>& roots, Group& group,
+                                              const FullyShardOptions& options);
 
 }  // namespace composer::parallel

@@ -1,12 +1,12 @@
 #include "parallelisms/per_rank.h"
 
-#include "parallelisms/tensor_parallel.h"
+#include "models/select.h"
 
 namespace composer::parallel {
 
 bool per_rank_selects(const std::vector<std::string>& patterns, const std::string& fqn) {
   for (size_t end = fqn.find('.'); ; end = fqn.find('.', end + 1)) {
-    if (matches_any(patterns, fqn.substr(0, end))) return true;
+    if (models::matches_any(patterns, fqn.substr(0, end))) return true;
     if (end == std::string::npos) return false;
   }
 }
@@ -19,10 +19,10 @@ std::vector<std::string> per_rank_params(models::Model& model, const std::vector
   return out;
 }
 
-ParamSet apply_per_rank(models::Model& model, Group& group, const std::vector<std::string>& patterns,
+ParamSet apply_per_rank(const std::vector<models::Root>& roots, Group& group, const std::vector<std::string>& patterns,
                         Placements& placements) {
   ParamSet out;
-  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+  for (auto& [name, p] : models::root_parameters(roots)) {
     if (!per_rank_selects(patterns, name)) continue;
     ShardSpec& spec = placements.of(p);
     TORCH_INTERNAL_ASSERT(spec.dims.empty(), name, " is per-rank and already placed: ", spec.str());

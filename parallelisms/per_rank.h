@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "models/model.h"
-#include "parallelisms/collectives.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
@@ -31,7 +32,7 @@ std::vector<std::string> per_rank_params(models::Model& model, const std::vector
 using ParamSet = std::unordered_set<const c10::TensorImpl*>;
 
 // Records the selected parameters as per-rank over `group` (stacked, Shard(0)).
-ParamSet apply_per_rank(models::Model& model, Group& group, const std::vector<std::string>& patterns,
+ParamSet apply_per_rank(const std::vector<models::Root>& roots, Group& group, const std::vector<std::string>& patterns,
                         Placements& placements);
 
 // Copies the selected parameters of `source` (the same model built under this

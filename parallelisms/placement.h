@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "parallelisms/collectives.h"
+#include "parallelisms/comm/collectives.h"
 
 namespace composer::parallel {
 

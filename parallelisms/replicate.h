@@ -7,21 +7,26 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <functional>
+#include <string>
+#include <vector>
 
 #include "models/model.h"
-#include "parallelisms/collectives.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
 struct ReplicateOptions {
-  // Only parameters it accepts are replicated (a pipeline rank's own stages);
-  // nullptr replicates every parameter.
-  std::function<bool(const torch::Tensor&)> param_filter;
+  // Parameters (FQN patterns; a module's select its parameters) each rank
+  // keeps its own (per_rank.h): neither broadcast nor reduced.
+  std::vector<std::string> per_rank;
+  double bucket_mb = 25;  // gradient bytes per all-reduce bucket (the gradient synchronisation's)
 };
 
 // Broadcasts rank 0's parameters over `group` and records their placement.
+void apply_replicate(const std::vector<models::Root>& roots, Group& group, const ReplicateOptions& options,
+                     Placements& placements);
 void apply_replicate(models::Model& model, Group& group, const ReplicateOptions& options, Placements& placements);
 
 }  // namespace composer::parallel

@@ -1,5 +1,7 @@
 #include "parallelisms/tensor_parallel.h"
 
+#include <unordered_set>
+
 #include "models/layers.h"
 
 namespace composer::parallel {
@@ -169,62 +171,12 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
 
 }  // namespace
 
-namespace {
-
-// Does pattern[i..] match fqn[j..]? Patterns are a few segments long, so
-// plain backtracking is enough.
-bool glob_from(const std::string& p, size_t i, const std::string& f, size_t j) {
-  while (i < p.size()) {
-    if (p[i] == '*') {
-      const bool any_depth = i + 1 < p.size() && p[i + 1] == '*';
-      const size_t rest = i + (any_depth ? 2 : 1);
-      for (size_t k = j;; ++k) {
-        if (glob_from(p, rest, f, k)) return true;
-        if (k == f.size() || (!any_depth && f[k] == '.')) return false;
-      }
-    }
-    if (j == f.size() || p[i] != f[j]) return false;
-    ++i;
-    ++j;
-  }
-  return j == f.size();
-}
-
-}  // namespace
-
-bool fqn_matches(const std::string& pattern, const std::string& fqn) { return glob_from(pattern, 0, fqn, 0); }
-
-bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn) {
-  for (const auto& p : patterns) {
-    if (fqn_matches(p, fqn)) return true;
-  }
-  return false;
-}
-
-std::vector<std::pair<std::string, nn::Module*>> select_modules(models::Model& model,
-                                                                const std::vector<std::string>& patterns) {
-  std::vector<std::pair<std::string, nn::Module*>> out;
-  std::vector<std::string> containers;
-  for (auto& [name, m] : nn::named_modules(model)) {
-    const bool child_of_container =
-        !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
-        name.find('.', containers.back().size() + 1) == std::string::npos;
-    if (name.empty() || !(matches_any(patterns, name) || child_of_container)) continue;
-    if (dynamic_cast<nn::ModuleList*>(m)) {
-      containers.push_back(name);
-      continue;
-    }
-    out.emplace_back(name, m);
-  }
-  return out;
-}
-
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {
   auto modules = nn::named_modules(model);
   for (const auto& r : plan) {
     bool matched = false;
     for (auto& [name, m] : modules) {
-      if (!fqn_matches(r.pattern, name)) continue;
+      if (!models::fqn_matches(r.pattern, name)) continue;
       matched = true;
       if (auto why = unsuitable(r, m)) return r.pattern + ": " + *why + " (module " + name + ")";
     }
@@ -238,17 +190,32 @@ const TpShard* TensorParallel::shard_of(const torch::Tensor& p) const {
   return it == shards_.end() ? nullptr : &it->second;
 }
 
-std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group, const models::TpPlan& plan,
-                                                      Placements& placements) {
+std::unique_ptr<TensorParallel> apply_tensor_parallel(const std::vector<models::Root>& roots, Group& group,
+                                                      const models::TpPlan& plan, Placements& placements) {
   auto tp = std::make_unique<TensorParallel>(group, placements);
-  auto modules = nn::named_modules(model);
-  for (const auto& r : plan) {
-    for (auto& [name, m] : modules) {
-      if (fqn_matches(r.pattern, name)) apply_rule(*tp, r, *m);
+  models::NamedModules modules;  // every root's modules once (a module two local stages share)
+  std::unordered_set<const nn::Module*> seen;
+  for (const auto& root : roots) {
+    for (const auto& [name, m] : root.modules) {
+      if (seen.insert(m).second) modules.emplace_back(name, m);
     }
   }
-  for (auto& [name, p] : nn::unique_named_parameters(model)) tp_dim(*tp, p);  // the rest: replicated over tp
+  for (const auto& r : plan) {
+    for (auto& [name, m] : modules) {
+      if (models::fqn_matches(r.pattern, name)) apply_rule(*tp, r, *m);
+    }
+  }
+  for (auto& [name, p] : models::root_parameters(roots)) tp_dim(*tp, p);  // the rest: replicated over tp
+  tp->modules_ = 0;
+  for (const auto& r : plan) {
+    for (auto& [name, m] : modules) tp->modules_ += models::fqn_matches(r.pattern, name) ? 1 : 0;
+  }
   return tp;
+}
+
+std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group, const models::TpPlan& plan,
+                                                      Placements& placements) {
+  return apply_tensor_parallel({models::whole(model)}, group, plan, placements);
 }
 
 }  // namespace composer::parallel

@@ -24,21 +24,11 @@
 #include <vector>
 
 #include "models/model.h"
-#include "parallelisms/collectives.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
-
-// '*' matches any run of characters within one dotted segment; '**' any run
-// across segments too (`**` alone: every module at every depth).
-bool fqn_matches(const std::string& pattern, const std::string& fqn);
-bool matches_any(const std::vector<std::string>& patterns, const std::string& fqn);
-
-// The modules `patterns` select (fully_shard's and activation checkpointing's
-// units), outermost first, without the root. A matched module without a
-// forward of its own (a ModuleList) never runs, so its children stand in for it.
-std::vector<std::pair<std::string, nn::Module*>> select_modules(models::Model& model,
-                                                                const std::vector<std::string>& patterns);
 
 // Checks a plan against a model without any process group: every pattern
 // matches a module, and each style suits the module's type. Returns the
@@ -59,14 +49,22 @@ class TensorParallel {
   // The shard layout of a parameter, or nullptr when it is replicated.
   const TpShard* shard_of(const torch::Tensor& p) const;
 
+  // How many modules the plan's rules styled on this rank.
+  int64_t num_modules() const { return modules_; }
+
   // Internal state the hooks share.
   std::unordered_map<const c10::TensorImpl*, TpShard> shards_;
+  int64_t modules_ = 0;
 
  private:
   Group& group_;
   Placements& placements_;
 };
 
+// Shards the modules of `roots` (the model, or this rank's pipeline stages)
+// that the plan's rules select.
+std::unique_ptr<TensorParallel> apply_tensor_parallel(const std::vector<models::Root>& roots, Group& group,
+                                                      const models::TpPlan& plan, Placements& placements);
 std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Group& group,
                                                       const models::TpPlan& plan, Placements& placements);
 

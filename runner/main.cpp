@@ -8,10 +8,10 @@
 #include <fstream>
 #include <iostream>
 
-#include "runner/estimate.h"
-#include "runner/memory.h"
-#include "runner/cli.h"
-#include "runner/errors.h"
+#include "runner/estimate/estimate.h"
+#include "runner/base/memory.h"
+#include "runner/cli/cli.h"
+#include "runner/base/errors.h"
 
 namespace composer {
 namespace {

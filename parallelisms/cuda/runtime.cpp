@@ -1,12 +1,12 @@
 // libcomposer_cuda.so: composer's CudaRuntime over LibTorch's CUDA library and
-// c10d's NCCL backend. composer loads it with dlopen (parallelisms/cuda_runtime.cpp).
+// c10d's NCCL backend. composer loads it with dlopen (parallelisms/comm/cuda_runtime.cpp).
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include "parallelisms/cuda_runtime.h"
+#include "parallelisms/comm/cuda_runtime.h"
 
 namespace composer::parallel {
 namespace {

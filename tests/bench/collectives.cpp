@@ -9,7 +9,7 @@
 #include <iostream>
 #include <thread>
 
-#include "parallelisms/collectives.h"
+#include "parallelisms/comm/collectives.h"
 
 using namespace composer::parallel;
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "models/registry.h"
-#include "parallelisms/mesh.h"
+#include "parallelisms/comm/mesh.h"
 
 namespace composer::testing {
 

@@ -2,7 +2,7 @@
 // uneven sizes (torch.chunk semantics) and the communication counters.
 #include <gtest/gtest.h>
 
-#include "parallelisms/collectives.h"
+#include "parallelisms/comm/collectives.h"
 #include "tests/dist/ranks.h"
 
 namespace composer::parallel {

@@ -1,7 +1,7 @@
 // The device mesh: row-major rank arithmetic and real process groups per slice.
 #include <gtest/gtest.h>
 
-#include "parallelisms/collectives.h"
+#include "parallelisms/comm/collectives.h"
 #include "tests/dist/ranks.h"
 
 namespace composer::parallel {

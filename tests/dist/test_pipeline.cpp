@@ -11,7 +11,7 @@
 #include "models/layers.h"
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
-#include "parallelisms/pipeline.h"
+#include "parallelisms/pipeline/pipeline.h"
 #include "tests/dist/ranks.h"
 
 namespace composer::parallel {
@@ -32,6 +32,29 @@ std::map<std::string, torch::Tensor> reference_grads(int microbatches) {
   return out;
 }
 
+// Cuts `m` into this rank's stages, with the stage shapes traced on a copy
+// of the same model that holds every stage (parallelize traces a shape-only
+// copy on meta tensors, whose kernels composer registers in runner/estimate).
+std::unique_ptr<Pipeline> cut(models::Model& m, Group& pp, const PipelineOptions& o, const torch::Tensor& example) {
+  auto pipe = std::make_unique<Pipeline>(m, pp, o);
+  models::ModelPtr copy = make_layers();
+  PipelineOptions every = o;
+  every.every_stage = true;
+  Pipeline twin(*copy, pp, every);
+  pipe->set_shapes(twin.trace(example));
+  return pipe;
+}
+
+// Whether one of the pipeline's stages on this rank computes with module `fqn`.
+bool runs(const Pipeline& pipe, const std::string& fqn) {
+  for (const auto& root : pipe.roots()) {
+    for (const auto& [name, m] : root.modules) {
+      if (name == fqn) return true;
+    }
+  }
+  return false;
+}
+
 PipelineOptions options(ScheduleKind kind, int microbatches) {
   PipelineOptions o;
   o.schedule = kind;
@@ -47,7 +70,8 @@ TEST(Pipeline, EveryScheduleComputesTheSingleDeviceGradients) {
     testing::run_ranks({"pp"}, {2}, [&](DeviceMesh& mesh) {
       auto& pp = mesh.group("pp");
       auto m = make_layers();
-      Pipeline pipe(*m, pp, options(kind, 4), microbatch(0));
+      auto cut_model = cut(*m, pp, options(kind, 4), microbatch(0));
+      Pipeline& pipe = *cut_model;
       double loss = pipe.run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
       auto t = torch::tensor({loss}, torch::kDouble);
       all_reduce(pp, t);
@@ -103,13 +127,12 @@ void check_fully_shard_pipeline(DeviceMesh& mesh, ScheduleKind kind, bool reshar
   auto& dp = mesh.group("dp");
   auto& pp = mesh.group("pp");
   auto m = make_layers();
-  Pipeline pipe(*m, pp, options(kind, 4), microbatch(0));
+  auto cut_model = cut(*m, pp, options(kind, 4), microbatch(0));
+  Pipeline& pipe = *cut_model;
   FullyShardOptions o;
   o.units = {"layers.*"};
   o.reshard_after_forward = reshard;
-  o.param_filter = [&](const torch::Tensor& p) { return pipe.holds(p); };
-  o.module_filter = [&](const std::string& fqn) { return pipe.runs(fqn); };
-  auto fs = apply_fully_shard(*m, dp, o);
+  auto fs = apply_fully_shard(pipe.roots(), dp, o);  // each of this rank's stages is a root
   EXPECT_EQ(fs->num_units(), 4u);  // this rank's 4 layers
   for (int s = 0; s < steps; ++s) {
     for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
@@ -171,14 +194,15 @@ TEST(Pipeline, ZeroBubbleTraversesEachStageOnceAndComputesEachWeightGradientOnce
     testing::run_ranks({"pp"}, {2}, [&](DeviceMesh& mesh) {
       auto& pp = mesh.group("pp");
       auto m = make_layers();
-      Pipeline pipe(*m, pp, options(kind, kMicrobatches), microbatch(0));
+      auto cut_model = cut(*m, pp, options(kind, kMicrobatches), microbatch(0));
+      Pipeline& pipe = *cut_model;
       struct Counts {
         int output_grads = 0, weight_grads = 0;
       };
       std::map<std::string, Counts> counts;
       for (auto& [fqn, mod] : nn::named_modules(*m)) {
         auto* lin = dynamic_cast<nn::Linear*>(mod);
-        if (!lin || !pipe.runs(fqn)) continue;
+        if (!lin || !runs(pipe, fqn)) continue;
         Counts* c = &counts[fqn];
         lin->add_post_hook([c](nn::Module&, const torch::Tensor&, torch::Tensor y) {
           y.register_hook([c](const torch::Tensor&) { ++c->output_grads; });

@@ -32,21 +32,21 @@ torch::Tensor full_grad(TensorParallel& tp, Group& g, const torch::Tensor& p) {
 }
 
 TEST(FqnMatch, StarStaysInsideASegment) {
-  EXPECT_TRUE(fqn_matches("layers.*.attention.wq", "layers.12.attention.wq"));
-  EXPECT_FALSE(fqn_matches("layers.*.wq", "layers.1.attention.wq"));
-  EXPECT_TRUE(fqn_matches("*.in_proj", "2.in_proj"));
-  EXPECT_FALSE(fqn_matches("net1", "net12"));
-  EXPECT_TRUE(fqn_matches("net*", "net12"));
+  EXPECT_TRUE(models::fqn_matches("layers.*.attention.wq", "layers.12.attention.wq"));
+  EXPECT_FALSE(models::fqn_matches("layers.*.wq", "layers.1.attention.wq"));
+  EXPECT_TRUE(models::fqn_matches("*.in_proj", "2.in_proj"));
+  EXPECT_FALSE(models::fqn_matches("net1", "net12"));
+  EXPECT_TRUE(models::fqn_matches("net*", "net12"));
 }
 
 TEST(FqnMatch, DoubleStarCrossesSegments) {
-  EXPECT_TRUE(fqn_matches("**", "module"));
-  EXPECT_TRUE(fqn_matches("**", "layers.0.attention.wq"));
-  EXPECT_TRUE(fqn_matches("layers.**.wq", "layers.1.attention.wq"));
-  EXPECT_FALSE(fqn_matches("layers.**.wq", "layers.1.attention.wk"));
-  EXPECT_TRUE(fqn_matches("**.bias", "a.b.bias"));
-  EXPECT_FALSE(fqn_matches("**.bias", "bias"));
-  EXPECT_FALSE(fqn_matches("layers.*.wq", "layers.1.attention.wq"));
+  EXPECT_TRUE(models::fqn_matches("**", "module"));
+  EXPECT_TRUE(models::fqn_matches("**", "layers.0.attention.wq"));
+  EXPECT_TRUE(models::fqn_matches("layers.**.wq", "layers.1.attention.wq"));
+  EXPECT_FALSE(models::fqn_matches("layers.**.wq", "layers.1.attention.wk"));
+  EXPECT_TRUE(models::fqn_matches("**.bias", "a.b.bias"));
+  EXPECT_FALSE(models::fqn_matches("**.bias", "bias"));
+  EXPECT_FALSE(models::fqn_matches("layers.*.wq", "layers.1.attention.wq"));
 }
 
 TEST(TpPlanCheck, NamesThePatternAndTheProblem) {

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runner/checkpoint_index.h"
-#include "runner/errors.h"
+#include "runner/checkpoint/checkpoint_index.h"
+#include "runner/base/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

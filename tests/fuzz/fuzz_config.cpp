@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runner/config.h"
-#include "runner/errors.h"
+#include "runner/config/config.h"
+#include "runner/base/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runner/errors.h"
-#include "runner/golden.h"
+#include "runner/base/errors.h"
+#include "runner/verify/golden.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

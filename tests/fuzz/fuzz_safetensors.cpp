@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runner/errors.h"
-#include "runner/safetensors.h"
+#include "runner/base/errors.h"
+#include "runner/base/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "parallelisms/cuda_runtime.h"
+#include "parallelisms/comm/cuda_runtime.h"
 
 namespace composer::parallel {
 namespace {

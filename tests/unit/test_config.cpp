@@ -1,8 +1,8 @@
 // Config parsing: defaults, strictness, error positions, overrides, hashing.
 #include <gtest/gtest.h>
 
-#include "runner/config.h"
-#include "runner/planner.h"
+#include "runner/config/config.h"
+#include "runner/plan/planner.h"
 
 namespace composer {
 namespace {
@@ -122,9 +122,9 @@ TEST(Config, ZbvDefaultsToTwoVirtualStages) {
   const std::string base = "name: t\nmodel: {name: mlp_module_layers}\nmesh: {shape: [2], names: [pp]}\n"
                            "train: {global_batch: 8}\nparallelize:\n  - pipeline: {mesh_dim: pp, schedule: ";
   auto c = parse_config(base + "zbv}\n", "x.yaml");
-  EXPECT_EQ(c.parallelize[0].virtual_stages, 2);
+  EXPECT_EQ(std::get<PipelineConfig>(c.parallelize[0].options).virtual_stages, 2);
   EXPECT_NO_THROW(make_plan(c, 2));
-  EXPECT_EQ(parse_config(base + "1f1b}\n", "x.yaml").parallelize[0].virtual_stages, 1);
+  EXPECT_EQ(std::get<PipelineConfig>(parse_config(base + "1f1b}\n", "x.yaml").parallelize[0].options).virtual_stages, 1);
   // Given explicitly, it is what the user wrote (and zbv refuses anything but 2).
   auto three = parse_config(base + "zbv, virtual_stages: 3}\n", "x.yaml");
   EXPECT_THROW(make_plan(three, 2), PlanError);
@@ -152,9 +152,10 @@ TEST(Config, ParallelizeEntriesAreParsedStrictly) {
                             "reshard_after_forward: false}\n",
                         "x.yaml");
   ASSERT_EQ(c.parallelize.size(), 2u);
-  EXPECT_EQ(c.parallelize[0].kind, TransformKind::kTensorParallel);
-  EXPECT_EQ(c.parallelize[0].mesh_dim, std::vector<std::string>{"tp"});
-  EXPECT_FALSE(c.parallelize[1].reshard_after_forward);
+  EXPECT_TRUE(std::holds_alternative<TensorParallelConfig>(c.parallelize[0].options));
+  EXPECT_STREQ(c.parallelize[0].name(), "tensor_parallel");
+  EXPECT_EQ(c.parallelize[0].mesh_dim(), std::vector<std::string>{"tp"});
+  EXPECT_FALSE(std::get<FullyShardConfig>(c.parallelize[1].options).reshard_after_forward);
   std::string e = error_of(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forwrd: false}\n");
   EXPECT_NE(e.find("x.yaml:4:19: parallelize[0].fully_shard.reshard_after_forwrd: unknown key; did you mean "
                    "reshard_after_forward?"),

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <fstream>
 
-#include "runner/config.h"
-#include "runner/data.h"
-#include "runner/optim.h"
-#include "runner/trainer.h"
+#include "runner/config/config.h"
+#include "runner/train/data.h"
+#include "runner/train/optim.h"
+#include "runner/train/build.h"
 #include "tests/unit/temp_path.h"
 
 namespace composer {

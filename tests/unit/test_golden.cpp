@@ -6,8 +6,8 @@
 
 #include "tests/unit/temp_path.h"
 
-#include "runner/config.h"
-#include "runner/golden.h"
+#include "runner/config/config.h"
+#include "runner/verify/golden.h"
 
 namespace composer {
 namespace {

@@ -10,9 +10,9 @@
 
 #include "models/registry.h"
 #include "parallelisms/per_rank.h"
-#include "runner/checkpoint.h"
-#include "runner/materialise.h"
-#include "runner/safetensors.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/train/materialise.h"
+#include "runner/base/safetensors.h"
 #include "tests/unit/temp_path.h"
 #include "tests/unit/counting_allocator.h"
 #include "tests/unit/small_args.h"
@@ -198,7 +198,7 @@ TEST(Materialise, PerRankParametersKeepTheirWholeOwnValues) {
     group.rank = 1;
     group.ranks = {0, 1};
     parallel::Placements placements;
-    const parallel::ParamSet own = parallel::apply_per_rank(*d.model, group, {"module.2"}, placements);
+    const parallel::ParamSet own = parallel::apply_per_rank({models::whole(*d.model)}, group, {"module.2"}, placements);
     ASSERT_FALSE(own.empty());
     MaterialiseOptions o;
     o.placements = &placements;

@@ -2,8 +2,8 @@
 // dry run counts for an operator equal those a real run counts for it.
 #include <gtest/gtest.h>
 
-#include "runner/estimate.h"
-#include "runner/memory.h"
+#include "runner/estimate/estimate.h"
+#include "runner/base/memory.h"
 
 namespace composer {
 namespace {

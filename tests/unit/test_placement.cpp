@@ -6,7 +6,7 @@
 
 #include "models/registry.h"
 #include "parallelisms/grad_sync.h"
-#include "parallelisms/mesh.h"
+#include "parallelisms/comm/mesh.h"
 #include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
 
@@ -134,7 +134,7 @@ TEST(Placement, PerRankParametersStackOverTheGroup) {
   group.size = 2;
   group.rank = 1;
   Placements placements;
-  auto selected = apply_per_rank(*model, group, {"module.2"}, placements);
+  auto selected = apply_per_rank({models::whole(*model)}, group, {"module.2"}, placements);
   EXPECT_EQ(per_rank_params(*model, {"module.2"}), (std::vector<std::string>{"module.2.weight", "module.2.bias"}));
   EXPECT_EQ(selected.size(), 2u);
   for (auto& [name, p] : nn::unique_named_parameters(*model)) {

@@ -4,8 +4,8 @@
 
 #include "models/layers.h"
 #include "models/registry.h"
-#include "runner/config.h"
-#include "runner/trainer.h"
+#include "runner/config/config.h"
+#include "runner/train/build.h"
 #include "tests/unit/small_args.h"
 
 namespace composer {

@@ -6,11 +6,11 @@
 #include <fstream>
 
 #include "models/registry.h"
-#include "runner/checkpoint.h"
-#include "runner/config.h"
-#include "runner/export.h"
-#include "runner/safetensors.h"
-#include "runner/trainer.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/config/config.h"
+#include "runner/checkpoint/export.h"
+#include "runner/base/safetensors.h"
+#include "runner/train/build.h"
 
 namespace composer {
 namespace {

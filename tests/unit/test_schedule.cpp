@@ -4,7 +4,7 @@
 // deadlock, and exactly the bubble of its formula (unit-cost actions).
 #include <gtest/gtest.h>
 
-#include "parallelisms/schedule.h"
+#include "parallelisms/pipeline/schedule.h"
 
 namespace composer::parallel {
 namespace {

@@ -1,0 +1,440 @@
+#include "parallelisms/comm/collectives.h"
+
+#include <future>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "parallelisms/comm/delay.h"
+
+namespace composer::parallel {
+
+Handle::Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
+    : work_(std::move(work)), then_(std::move(then)) {}
+
+void Handle::wait() {
+  if (work_) work_->wait();
+  work_.reset();
+  if (then_) {
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
+}
+
+namespace {
+
+int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  return op == Reduce::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// NCCL runs every collective on the GPU itself, on its own stream: a wait
+// orders the caller's stream after it without blocking the host, so an
+// all-gather issued early overlaps the compute before its wait.
+bool nccl(const Group& g) { return g.pg && g.pg->getBackendName() == "nccl"; }
+
+// Where a collective on `g` moves `t`'s bytes from: NCCL moves device memory
+// only, so a host tensor (an offloaded shard's gradient, a checkpoint's
+// statistics) goes through a copy on this rank's GPU; Gloo moves host memory,
+// so a device tensor (ranks sharing a GPU over Gloo) goes through a host copy.
+c10::Device wire_device(const Group& g, const torch::Tensor& t) {
+  if (!g.pg || t.is_meta()) return t.device();
+  if (nccl(g)) return t.is_cuda() ? t.device() : c10::Device(c10::kCUDA);
+  return c10::kCPU;
+}
+bool rewired(const Group& g, const torch::Tensor& t) { return wire_device(g, t) != t.device(); }
+
+// What a Gloo collective run on its worker thread (all-reduce, broadcast,
+// all-gather) is handed for a host tensor: a view of the same bytes that does
+// not own them. The worker holds a finished work, and with it the work's
+// tensors, for a moment after wait() returns; were those tensors owners, when
+// a buffer is freed (and so a rank's counted peak) would be left to chance.
+// Only for a collective waited on before the caller's owning tensor can go:
+// the caller's tensor owns the bytes. Device tensors are handed as they are
+// (the caching allocator's stream bookkeeping needs the owner).
+torch::Tensor unowned(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || t.numel() == 0) return t;
+  return torch::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+}
+
+// Reduce-scatter over equal-size flat chunks: NCCL's own, or a ring over
+// send/recv for backends without a correct native one (Gloo): N-1 steps, each
+// rank sends one chunk per step, the (N-1)/N volume of the ring algorithm.
+torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
+  if (nccl(g)) {
+    auto mine = torch::empty({chunk}, acc.options());
+    g.pg->_reduce_scatter_base(mine, acc)->wait();
+    return mine;
+  }
+  if (rewired(g, acc)) return ring_reduce_scatter(g, acc.to(wire_device(g, acc)), chunk).to(acc.device());
+  const int n = g.size, r = g.rank;
+  auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
+  auto incoming = torch::empty_like(piece(0));
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1 && g.pg; ++s) {
+    int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
+    std::vector<torch::Tensor> out{piece(send_idx).contiguous()}, in{incoming};
+    auto sw = g.pg->send(out, next, s);
+    auto rw = g.pg->recv(in, prev, s);
+    rw->wait();
+    sw->wait();
+    piece(recv_idx).add_(incoming);
+  }
+  return piece(r);
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
+  const int64_t c = (n + parts - 1) / parts;
+  std::vector<int64_t> s;
+  for (int64_t i = 0; i < parts; ++i) s.push_back(std::max<int64_t>(0, std::min(c, n - i * c)));
+  return s;
+}
+
+Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
+  if (g.size == 1) return {};
+  delay_at(g.delays, DelayPoint::kBeforeAllReduce);
+  // bfloat16 and float16 tensors are summed in float32 and rounded once at
+  // the end: a 16-bit ring would round after every hop, so its sum would
+  // depend on the group size and the ranks' order. Twice the bytes, for a
+  // result that is the same at any group size.
+  const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
+  g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
+  std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
+  c10::intrusive_ptr<c10d::Work> work;
+  if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
+  std::function<void()> then;
+  const bool copy_back = !wire.is_same(t);  // widened, or moved to the backend's memory
+  if (op == Reduce::kAvg || copy_back) {
+    auto target = t;
+    const double inv = op == Reduce::kAvg ? 1.0 / g.size : 1.0;
+    then = [target, wire, inv, copy_back]() mutable {
+      if (inv != 1.0) wire.mul_(inv);
+      if (copy_back) target.copy_(wire);
+    };
+  }
+  Handle h(work, then);
+  if (!async) h.wait();
+  return h;
+}
+
+void broadcast(Group& g, torch::Tensor& t, int root) {
+  if (g.size == 1) return;
+  g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
+  auto wire = t.to(wire_device(g, t));
+  std::vector<torch::Tensor> ts{unowned(wire)};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  if (g.pg) g.pg->broadcast(ts, o)->wait();
+  if (!wire.is_same(t)) t.copy_(wire);
+}
+
+torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
+  TORCH_INTERNAL_ASSERT(static_cast<int>(sizes.size()) == g.size);
+  if (g.size == 1) return shard;
+  const int64_t max = *std::max_element(sizes.begin(), sizes.end());
+  auto rest = shard.sizes().slice(1).vec();
+  std::vector<int64_t> padded_shape{max};
+  padded_shape.insert(padded_shape.end(), rest.begin(), rest.end());
+  auto padded = torch::zeros(padded_shape, shard.options().device(wire_device(g, shard)));
+  if (shard.size(0) > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard);
+  std::vector<std::vector<torch::Tensor>> outs(1);
+  std::vector<torch::Tensor> owned;  // what `outs` and `ins` view
+  for (int i = 0; i < g.size; ++i) {
+    owned.push_back(torch::empty_like(padded));
+    outs[0].push_back(unowned(owned.back()));
+  }
+  std::vector<torch::Tensor> ins{unowned(padded)};
+  delay_at(g.delays, DelayPoint::kBeforeAllGather);
+  g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
+  if (g.pg) {
+    g.pg->allgather(outs, ins)->wait();
+  } else {  // a dry run (no process group): Gloo's flat staging buffer of every rank's piece
+    padded_shape[0] *= g.size;
+    torch::empty(padded_shape, padded.options());
+  }
+  std::vector<torch::Tensor> parts;
+  for (int i = 0; i < g.size; ++i) parts.push_back(owned[i].narrow(0, 0, sizes[i]));
+  return torch::cat(parts, 0).to(shard.device());
+}
+
+torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
+  if (g.size == 1) return full.clone();
+  TORCH_INTERNAL_ASSERT(op != Reduce::kMax, "reduce_scatter supports sum and avg");
+  auto sizes = chunk_sizes(full.size(0), g.size);
+  const int64_t max = sizes.front();
+  const int64_t row = full.numel() / std::max<int64_t>(1, full.size(0));
+  // Flat buffer of N equal chunks, each a padded dim-0 piece.
+  auto flat = torch::zeros({g.size * max * row}, full.options());
+  auto src = full.contiguous().view({-1});
+  int64_t offset = 0;
+  for (int i = 0; i < g.size; ++i) {
+    flat.narrow(0, i * max * row, sizes[i] * row).copy_(src.narrow(0, offset, sizes[i] * row));
+    offset += sizes[i] * row;
+  }
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
+  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
+  if (op == Reduce::kAvg) mine.div_(g.size);
+  auto shape = full.sizes().vec();
+  shape[0] = sizes[g.rank];
+  return mine.view(shape);
+}
+
+namespace {
+
+constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. size-2
+
+// Every rank's row of `out` from its owner: NCCL's all-gather in place, or a
+// ring over send/recv.
+void ring_all_gather(Group& g, torch::Tensor out) {
+  if (nccl(g)) {
+    auto mine = out[g.rank];
+    g.pg->_allgather_base(out, mine)->wait();
+    return;
+  }
+  if (rewired(g, out)) {
+    auto wire = out.to(wire_device(g, out));
+    ring_all_gather(g, wire);
+    out.copy_(wire);
+    return;
+  }
+  const int n = g.size, r = g.rank;
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1 && g.pg; ++s) {
+    const int send_idx = ((r - s) % n + n) % n, recv_idx = ((r - s - 1) % n + n) % n;
+    std::vector<torch::Tensor> out_t{out[send_idx]}, in_t{out[recv_idx]};
+    auto sw = g.pg->send(out_t, next, kAllGatherTag + s);
+    auto rw = g.pg->recv(in_t, prev, kAllGatherTag + s);
+    rw->wait();
+    sw->wait();
+  }
+}
+
+}  // namespace
+
+Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async) {
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == g.size && out.size(1) == flat.numel() && out.is_contiguous(),
+              "all_gather_into needs a contiguous [group size, numel] output");
+  out[g.rank].copy_(flat.view({-1}));
+  if (g.size == 1) return {};
+  g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
+  if (!async || !g.pg) {
+    delay_at(g.delays, DelayPoint::kBeforeAllGather);
+    ring_all_gather(g, out);
+    return {};
+  }
+  if (nccl(g)) {  // asynchronous on the device already; the handle keeps `out` alive until its wait
+    delay_at(g.delays, DelayPoint::kBeforeAllGather);
+    auto mine = out[g.rank];
+    return Handle(g.pg->_allgather_base(out, mine), [out] {});
+  }
+  Group* gp = &g;
+  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] {
+    delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
+    ring_all_gather(*gp, out);
+  }));
+  return Handle(c10::intrusive_ptr<c10d::Work>(), [done] { done->get(); });
+}
+
+torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
+  const int64_t chunk = flat.numel() / g.size;
+  if (g.size == 1) return flat.view({-1});
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
+  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
+  if (op == Reduce::kAvg) mine.div_(g.size);
+  return mine;
+}
+
+Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
+  delay_at(g.delays, DelayPoint::kBeforeSend);
+  auto c = t.to(wire_device(g, t)).contiguous();
+  g.counter->add("send", nbytes(c), nbytes(c));
+  std::vector<torch::Tensor> ts{c};
+  Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
+  if (!async) h.wait();
+  return h;
+}
+
+void recv(Group& g, torch::Tensor& t, int src, int tag) {
+  if (rewired(g, t)) {
+    auto wire = torch::empty(t.sizes(), t.options().device(wire_device(g, t)));
+    recv(g, wire, src, tag);
+    t.copy_(wire);
+    return;
+  }
+  delay_at(g.delays, DelayPoint::kBeforeRecv);
+  g.counter->add("recv", nbytes(t), nbytes(t));
+  std::vector<torch::Tensor> ts{t};
+  if (g.pg) g.pg->recv(ts, src, tag)->wait();
+}
+
+// ---- autograd ----------------------------------------------------------------
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Group pointers travel through the context as an integer (saved_data holds IValues).
+int64_t as_id(Group& g) { return reinterpret_cast<int64_t>(&g); }
+Group& from_id(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
+
+struct AllReduceFn : torch::autograd::Function<AllReduceFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
+    auto out = t.clone();
+    all_reduce(*reinterpret_cast<Group*>(group), out);
+    return out;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
+};
+
+struct ReduceGradFn : torch::autograd::Function<ReduceGradFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return t.view_as(t);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = grads[0].clone();
+    all_reduce(from_id(ctx), g);
+    return {g, torch::Tensor()};
+  }
+};
+
+struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor shard, int64_t group, std::vector<int64_t> sizes) {
+    ctx->saved_data["group"] = group;
+    return all_gather(*reinterpret_cast<Group*>(group), shard, sizes);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {reduce_scatter(from_id(ctx), grads[0]), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor full, int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["rows"] = full.size(0);
+    return reduce_scatter(*reinterpret_cast<Group*>(group), full);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = from_id(ctx);
+    auto sizes = chunk_sizes(ctx->saved_data["rows"].toInt(), g.size);
+    return {all_gather(g, grads[0].contiguous(), sizes), torch::Tensor()};
+  }
+};
+
+int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
+  int64_t o = 0;
+  for (int i = 0; i < rank; ++i) o += sizes[i];
+  return o;
+}
+
+torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
+  auto x = t.movedim(dim, 0).contiguous();
+  return all_gather(g, x, chunk_sizes(global, g.size)).movedim(0, dim);
+}
+
+torch::Tensor slice_dim(Group& g, const torch::Tensor& t, int64_t dim) {
+  auto sizes = chunk_sizes(t.size(dim), g.size);
+  return t.narrow(dim, offset_of(sizes, g.rank), sizes[g.rank]);
+}
+
+torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) {
+  return reduce_scatter(g, t.movedim(dim, 0).contiguous()).movedim(0, dim);
+}
+
+struct GatherAlongFn : torch::autograd::Function<GatherAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,
+                               bool reduce) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["reduce"] = reduce;
+    return gather_dim(*reinterpret_cast<Group*>(group), t, dim, global);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = from_id(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    auto gi = ctx->saved_data["reduce"].toBool() ? reduce_scatter_dim(g, grads[0], dim)
+                                                 : slice_dim(g, grads[0], dim).contiguous();
+    return {gi, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterAlongFn : torch::autograd::Function<ScatterAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = t.size(dim);
+    return slice_dim(*reinterpret_cast<Group*>(group), t, dim).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
+    return {gi, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterAlongFn : torch::autograd::Function<ReduceScatterAlongFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = t.size(dim);
+    return reduce_scatter_dim(*reinterpret_cast<Group*>(group), t, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
+    return {gi, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// A meta tensor on a group with a process group (a pipeline sizing its stages
+// on a model built on meta) gets the output's shape, `size` along `dim`,
+// without communicating or autograd. Without a process group (a dry run) the
+// autograd functions run, moving nothing and counting what they would move.
+torch::Tensor meta_resized(const torch::Tensor& t, int64_t dim, int64_t size) {
+  auto shape = t.sizes().vec();
+  shape[dim] = size;
+  return torch::empty(shape, t.options());
+}
+
+}  // namespace
+
+torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
+  return GatherAlongFn::apply(t, as_id(g), dim, global, backward_reduce);
+}
+
+torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
+  return ScatterAlongFn::apply(t, as_id(g), dim);
+}
+
+torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
+  return ReduceScatterAlongFn::apply(t, as_id(g), dim);
+}
+
+torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) {
+  if (t.is_meta() && g.pg) return t.clone();
+  return g.size == 1 ? t : AllReduceFn::apply(t, as_id(g));
+}
+torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) {
+  return g.size == 1 || (t.is_meta() && g.pg) ? t : ReduceGradFn::apply(t, as_id(g));
+}
+torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
+  return AllGatherFn::apply(shard, as_id(g), sizes);
+}
+torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full) {
+  return ReduceScatterFn::apply(full, as_id(g));
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,86 @@
+// A thin layer over c10d process groups: blocking and async collectives with
+// uneven-size support (torch.chunk semantics, padded buffers), autograd-aware
+// variants, and a counter of calls and bytes per group so tests can assert
+// communication and benchmarks can report volume against theory. On a group
+// without a process group (a dry run, runner/trainer.h) a collective moves
+// nothing but allocates what it would and counts its bytes, so a dry run's
+// counters and memory match a real run's.
+#pragma once
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "parallelisms/comm/mesh.h"
+
+namespace composer::parallel {
+
+// An in-flight collective; wait() finishes it (including any post-processing).
+class Handle {
+ public:
+  Handle() = default;
+  Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then);
+  void wait();
+  bool pending() const { return work_ || then_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> then_;
+};
+
+enum class Reduce { kSum, kAvg, kMax };
+
+// In place. A size-1 group issues nothing.
+Handle all_reduce(Group& g, torch::Tensor& t, Reduce op = Reduce::kSum, bool async = false);
+void broadcast(Group& g, torch::Tensor& t, int root);  // root is a group rank
+
+// The shards of every rank concatenated on dim 0. Shards may differ in size
+// on dim 0 (torch.chunk: ceil-sized, the tail smaller or empty); `sizes`
+// gives every rank's dim-0 size, and buffers are padded to the largest.
+torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
+
+// Sums `full` over the group and returns this rank's torch.chunk piece of dim 0.
+torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Reduce::kSum);
+
+// Flat-buffer forms for sharding engines, without extra full-size copies.
+// Every rank's `flat` into the rows of `out` ([size, flat.numel()], same
+// dtype): a ring over send/recv straight into `out`, with no staging buffer.
+// With async the ring runs on a helper thread and the handle's wait() joins
+// it; at most one may be in flight per group next to the blocking
+// collectives (it uses its own tags).
+Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async = false);
+// The sum (or average) of a [size * chunk] buffer's chunk of this rank,
+// reduced in place in `flat`.
+torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
+
+// Point to point; an async send completes at the handle's wait().
+
+Handle send(Group& g, const torch::Tensor& t, int dst, int tag = 0, bool async = false);
+void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
+
+// Dim-0 sizes of torch.chunk(n, parts): ceil-sized chunks, the tail smaller or empty.
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts);
+
+// Autograd-aware: forward all-reduce (sum), backward identity.
+torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t);
+// Forward identity, backward all-reduce (sum) of the gradient.
+torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t);
+// Forward all-gather on dim 0 (uneven allowed), backward reduce-scatter (sum).
+torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
+// Forward reduce-scatter (sum) on dim 0, backward all-gather.
+torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full);
+
+// Along any dim (negative counts from the end), for activations:
+// forward all-gather of the torch.chunk shards of a `global`-sized dim;
+// backward reduce-scatter (the gathered tensor feeds sharded compute whose
+// gradients are partial) or the local slice (its gradient is already replicated).
+torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce);
+// Forward: this rank's torch.chunk slice; backward: all-gather.
+torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
+// Forward: sum over the group, keep this rank's slice; backward: all-gather.
+torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
+
+}  // namespace composer::parallel

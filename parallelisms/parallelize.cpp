@@ -1,0 +1,159 @@
+#include "parallelisms/parallelize.h"
+
+#include <sstream>
+
+namespace composer::parallel {
+namespace {
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+// "over dp (2 ranks)"
+std::string over(const Group* g) {
+  return g ? "over " + g->name + " (" + std::to_string(g->size) + " rank" + (g->size == 1 ? "" : "s") + ")" : "";
+}
+
+// fully_shard's shard dim per parameter under shard_opposite: the dim that an
+// earlier transform's Shard placement does not split (PyTorch's
+// shard_placement_fn over tensor-parallel shards), else dim 0.
+std::function<int64_t(const torch::Tensor&)> opposite_dim(const Placements* placements) {
+  return [placements](const torch::Tensor& p) -> int64_t {
+    const ShardSpec* spec = placements->find(p);
+    if (!spec) return 0;
+    for (const auto& d : spec->dims) {
+      if (d.param.is_shard()) return p.dim() - 1 - d.param.dim;
+    }
+    return 0;
+  };
+}
+
+// The stage shapes: the pipeline's trace on a shape-only copy of the model,
+// cut the same way with every stage held and tensor-parallel like this rank
+// (every stage's owner shares this rank's tensor-parallel coordinate), the
+// only later transform that changes an activation's shape.
+StageShapes trace_stages(const PipelineStep& cut, const std::vector<Transform>& later, const ParallelizeOptions& o) {
+  models::ModelPtr copy = o.shape_copy();
+  copy->eval();
+  PipelineOptions po = cut.options;
+  po.every_stage = true;
+  po.placements = nullptr;
+  Pipeline twin(*copy, *cut.group, po);
+  Placements scratch;
+  std::vector<std::unique_ptr<TensorParallel>> keep;
+  for (const auto& t : later) {
+    if (const auto* tp = std::get_if<TensorParallelStep>(&t)) {
+      keep.push_back(apply_tensor_parallel(twin.roots(), *tp->group, tp->plan, scratch));
+    }
+  }
+  return twin.trace(o.example.to(torch::kMeta));
+}
+
+}  // namespace
+
+const char* name_of(const Transform& t) {
+  return std::visit(Overloaded{[](const PipelineStep&) { return "pipeline"; },
+                               [](const TensorParallelStep&) { return "tensor_parallel"; },
+                               [](const ActivationCheckpointingStep&) { return "activation_checkpointing"; },
+                               [](const FullyShardStep&) { return "fully_shard"; },
+                               [](const ReplicateStep&) { return "replicate"; }},
+                    t);
+}
+
+std::vector<torch::Tensor> Parallel::held_params() const {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, p] : models::root_parameters(roots)) out.push_back(p);
+  return out;
+}
+
+void Parallel::set_requires_sync(bool on) {
+  if (sync) sync->set_requires_sync(on);
+  if (fsdp) fsdp->set_requires_sync(on);
+}
+
+void Parallel::reshard() {
+  if (fsdp) fsdp->reshard();
+}
+
+void Parallel::finish_grad_sync() {
+  if (fsdp) fsdp->flush();  // unit reduce-scatters held back while sync was off (a pipeline step)
+  if (sync) sync->finish();
+}
+
+void Parallel::derive_grad_sync() {
+  if (any) sync = std::make_unique<GradSync>(held_params(), *placements, GradSyncOptions{bucket_mb});
+}
+
+int64_t Parallel::buffer_bytes() const {
+  return (fsdp ? fsdp->pooled_bytes() : 0) + (sync ? sync->buffer_bytes() : 0);
+}
+
+Parallel parallelize(models::Model& model, const std::vector<Transform>& transforms, const ParallelizeOptions& o) {
+  Parallel par;
+  par.roots = {models::whole(model)};
+  par.world = o.world;
+  par.dp = o.data_parallel;
+  auto log = [&](const std::string& line) {
+    if (o.log) o.log(line);
+  };
+  for (size_t i = 0; i < transforms.size(); ++i) {
+    std::visit(
+        Overloaded{
+            [&](const PipelineStep& s) {
+              PipelineOptions po = s.options;
+              po.placements = par.placements.get();
+              par.pipe = std::make_unique<Pipeline>(model, *s.group, po);
+              par.roots = par.pipe->roots();
+              if (o.example.defined() && o.shape_copy) {
+                par.pipe->set_shapes(trace_stages(s, {transforms.begin() + i + 1, transforms.end()}, o));
+              }
+              std::string stages;
+              for (int st : par.pipe->local_stages()) stages += (stages.empty() ? "" : ", ") + std::to_string(st);
+              log("applied pipeline " + over(s.group) + ": " + name_of(s.options.schedule) + ", " +
+                  std::to_string(par.pipe->shape().stages()) + " stages, this rank runs stage" +
+                  (par.roots.size() == 1 ? " " : "s ") + stages);
+            },
+            [&](const TensorParallelStep& s) {
+              par.tp = apply_tensor_parallel(par.roots, *s.group, s.plan, *par.placements);
+              log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(par.tp->num_modules()) +
+                  " modules");
+            },
+            [&](const ActivationCheckpointingStep& s) {
+              par.ac = apply_activation_checkpointing(par.roots, s.options);
+              log("applied activation_checkpointing: " + std::to_string(par.ac->units().size()) + " units");
+            },
+            [&](const FullyShardStep& s) {
+              FullyShardOptions fo = s.options;
+              fo.placements = par.placements.get();
+              if (s.shard_opposite) fo.shard_dim = opposite_dim(par.placements.get());
+              if (!fo.per_rank.empty()) {
+                par.per_rank = apply_per_rank(par.roots, *s.data_parallel, fo.per_rank, *par.placements);
+              }
+              par.fsdp = apply_fully_shard(par.roots, *s.group, fo);
+              log("applied fully_shard " + over(s.data_parallel) + ": " + std::to_string(par.fsdp->num_units()) +
+                  " units");
+            },
+            [&](const ReplicateStep& s) {
+              if (!s.options.per_rank.empty()) {
+                par.per_rank = apply_per_rank(par.roots, *s.group, s.options.per_rank, *par.placements);
+              }
+              apply_replicate(par.roots, *s.group, s.options, *par.placements);
+              par.bucket_mb = s.options.bucket_mb;
+              std::ostringstream mb;
+              mb << par.bucket_mb;
+              log("applied replicate " + over(s.group) + ": gradients all-reduced in buckets of " + mb.str() + " MB");
+            },
+        },
+        transforms[i]);
+    par.any = par.any || !std::holds_alternative<ActivationCheckpointingStep>(transforms[i]);
+  }
+  // Activation checkpointing alone changes how a unit computes, not where:
+  // nothing is spread over ranks and nothing needs synchronising.
+  if (!par.any) par.world = par.dp = nullptr;
+  return par;
+}
+
+}  // namespace composer::parallel

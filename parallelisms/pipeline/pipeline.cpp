@@ -1,0 +1,297 @@
+#include "parallelisms/pipeline/pipeline.h"
+
+#include <chrono>
+#include <map>
+#include <unordered_set>
+
+#include "models/layers.h"
+
+namespace composer::parallel {
+
+std::optional<std::string> split_stages(const std::vector<models::PipelinePiece>& pieces, int stages,
+                                        const std::vector<std::string>& split_points, int64_t layers_per_stage,
+                                        std::vector<std::pair<size_t, size_t>>& ranges) {
+  ranges.clear();
+  if (pieces.empty()) return std::string("the model cannot be split into pipeline stages");
+  std::vector<std::string> names;
+  for (size_t i = 1; i < pieces.size(); ++i) names.push_back(pieces[i].name);
+  auto list = [&] {
+    std::string s;
+    for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+    return s;
+  };
+  std::vector<size_t> starts{0};
+  if (!split_points.empty()) {
+    if (static_cast<int>(split_points.size()) != stages - 1) {
+      return std::to_string(split_points.size()) + " split points make " + std::to_string(split_points.size() + 1) +
+             " stages, but pp x virtual_stages is " + std::to_string(stages) + "; give " + std::to_string(stages - 1);
+    }
+    for (const auto& sp : split_points) {
+      size_t at = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) {
+        if (pieces[i].name == sp) at = i;
+      }
+      if (at == 0) return "split point '" + sp + "' is not where a stage can start; valid: " + list();
+      if (at <= starts.back()) return "split point '" + sp + "' does not come after the previous one";
+      starts.push_back(at);
+    }
+  } else {
+    std::vector<size_t> layers;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (pieces[i].layer) layers.push_back(i);
+    }
+    const int64_t n = static_cast<int64_t>(layers.size());
+    const int64_t k = layers_per_stage ? layers_per_stage : (n % stages == 0 ? n / stages : 0);
+    if (k == 0 || k * stages != n) {
+      return "the model's " + std::to_string(n) + " layers do not split into " + std::to_string(stages) +
+             " stages" + (layers_per_stage ? " of " + std::to_string(layers_per_stage) + " layers" : std::string()) +
+             "; give split_points (valid: " + list() + ") or a layers_per_stage such that layers_per_stage x " + std::to_string(stages) + " = " + std::to_string(n);
+    }
+    for (int s = 1; s < stages; ++s) starts.push_back(layers[s * k]);
+  }
+  starts.push_back(pieces.size());
+  for (int s = 0; s < stages; ++s) ranges.emplace_back(starts[s], starts[s + 1]);
+  return std::nullopt;
+}
+
+struct Pipeline::Slot {
+  torch::Tensor input;       // the stage's input (a leaf requiring grad after stage 0)
+  torch::Tensor output;      // the stage's output, or the loss on the last stage
+  torch::Tensor grad_out;    // the gradient of `output` (received, or handed over locally)
+  torch::Tensor input_grad;  // the gradient of `input`, once computed
+  // Zero-bubble schedules: what the stage's Linear layers recorded in
+  // forward (and backward) for the W action.
+  nn::WeightGradRecords weight_grads;
+};
+
+namespace {
+
+bool is_float(const torch::Tensor& t) { return t.is_floating_point(); }
+
+double now_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+namespace {
+
+// One stage as a module: its forward runs the stage's pieces in order. Its
+// children stay the model's; the stage's root lists them by their FQNs.
+class Stage : public nn::Module {
+ public:
+  explicit Stage(std::vector<models::PipelinePiece> pieces) : nn::Module("PipelineStage"), pieces_(std::move(pieces)) {}
+  torch::Tensor forward(torch::Tensor x) override {
+    for (const auto& p : pieces_) x = p.run(x);
+    return x;
+  }
+
+ private:
+  std::vector<models::PipelinePiece> pieces_;
+};
+
+// The root of stage `s`: the stage module, then every module its pieces
+// compute with and the modules below those, each once, by model FQN.
+models::Root stage_root(int s, nn::Module& stage, const std::vector<std::string>& names,
+                        const models::NamedModules& all) {
+  models::Root root{"stage " + std::to_string(s), &stage, {{"", &stage}}};
+  std::unordered_set<const nn::Module*> seen;
+  for (const auto& name : names) {
+    for (const auto& [fqn, m] : all) {
+      if ((fqn == name || fqn.rfind(name + ".", 0) == 0) && seen.insert(m).second) root.modules.emplace_back(fqn, m);
+    }
+  }
+  return root;
+}
+
+}  // namespace
+
+Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& options)
+    : group_(pp), options_(options) {
+  shape_ = shape_for(options.schedule, pp.size, options.virtual_stages, options.microbatches);
+  if (auto why = check_shape(options.schedule, shape_)) TORCH_CHECK(false, *why);
+  pieces_ = model.pipeline_pieces();
+  if (auto why = split_stages(pieces_, shape_.stages(), options.split_points, options.layers_per_stage, ranges_)) {
+    TORCH_CHECK(false, *why);
+  }
+  actions_ = with_communication(compute_schedule(options.schedule, shape_), shape_);
+  for (const auto& rank_actions : actions_) {
+    for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
+  }
+  device_ = nn::param_options().device();  // meta in a dry run
+  // Which ranks hold each parameter, and this rank's stages as roots.
+  const models::NamedModules all = nn::named_modules(model);
+  std::map<std::string, nn::Module*> modules(all.begin(), all.end());
+  const int S = shape_.stages();
+  stages_.resize(S);
+  for (int s = 0; s < S; ++s) {
+    std::vector<std::string> names;
+    for (size_t i = ranges_[s].first; i < ranges_[s].second; ++i) {
+      for (const auto& name : pieces_[i].modules) {
+        auto it = modules.find(name);
+        TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
+        names.push_back(name);
+        for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
+          auto& info = params_[item.value().unsafeGetTensorImpl()];
+          const int r = shape_.rank_of(s);
+          if (std::find(info.ranks.begin(), info.ranks.end(), r) == info.ranks.end()) info.ranks.push_back(r);
+          std::sort(info.ranks.begin(), info.ranks.end());
+        }
+      }
+    }
+    if (!local(s)) continue;
+    stages_[s] = std::make_shared<Stage>(
+        std::vector<models::PipelinePiece>(pieces_.begin() + ranges_[s].first, pieces_.begin() + ranges_[s].second));
+    roots_.push_back(stage_root(s, *stages_[s], names, all));
+  }
+  if (options.every_stage) return;  // a shape-only copy: nothing placed, nothing dropped
+  // Every parameter's placement on pp; this rank keeps only its stages' parameters.
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    auto& info = params_[p.unsafeGetTensorImpl()];
+    TORCH_CHECK(!info.ranks.empty(), "parameter ", name, " is in no pipeline piece of ", model.type());
+    info.shape = p.sizes().vec();
+    info.dtype = p.scalar_type();
+    if (options.placements) {
+      SpecDim d{pp.name, &group_, pp.size, pp.rank, Placement::replicate(), Placement::partial(Reduce::kSum)};
+      d.members = info.ranks;
+      if (info.ranks.size() > 1 && holds(p)) {
+        TORCH_CHECK(options.subgroup, "pipeline: a parameter held by several stages needs a subgroup factory");
+        d.member_group = options.subgroup(info.ranks);
+      }
+      options.placements->add(p, d);
+    }
+    if (!holds(p)) p.set_data(torch::empty({0}, p.options()));
+  }
+}
+
+Pipeline::~Pipeline() = default;
+
+StageShapes Pipeline::trace(torch::Tensor x) {
+  TORCH_INTERNAL_ASSERT(options_.every_stage, "trace() runs every stage: build the pipeline with every_stage");
+  torch::NoGradGuard no_grad;
+  StageShapes out;
+  for (int s = 0; s < shape_.stages(); ++s) {
+    out.input.push_back(x.sizes().vec());
+    out.input_dtype.push_back(x.scalar_type());
+    x = stage_forward(s, x);
+    out.output.push_back(x.sizes().vec());
+  }
+  return out;
+}
+
+torch::Tensor Pipeline::stage_forward(int stage, torch::Tensor x) {
+  TORCH_INTERNAL_ASSERT(stages_[stage], "stage ", stage, " is not on this rank");
+  return (*stages_[stage])(x);
+}
+
+int Pipeline::tag(Op op, int stage, int mb) const {
+  return (static_cast<int>(op) * shape_.stages() + stage) * shape_.microbatches + mb + 1;
+}
+
+bool Pipeline::holds(const torch::Tensor& p) const {
+  auto it = params_.find(p.unsafeGetTensorImpl());
+  if (it == params_.end()) return false;
+  const auto& r = it->second.ranks;
+  return std::find(r.begin(), r.end(), group_.rank) != r.end();
+}
+
+double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
+                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
+  const int S = shape_.stages();
+  const int me = group_.rank;
+  TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == S, "the pipeline's stage shapes were never set");
+  const auto t0 = std::chrono::steady_clock::now();
+  timeline_.clear();
+  std::map<std::pair<int, int>, Slot> slots;
+  std::vector<Handle> sends;  // waited for at the end; receives block where they stand
+  // The tensor backward starts from and its gradient.
+  auto root_of = [&](int s, int mb, Slot& slot) -> std::pair<torch::Tensor, torch::Tensor> {
+    if (s == S - 1) return {slot.output * loss_factor, torch::Tensor()};
+    if (shape_.rank_of(s + 1) == me) return {slot.output, slots[{s + 1, mb}].input_grad};
+    return {slot.output, slot.grad_out};
+  };
+  double loss_sum = 0;
+  losses_.assign(shape_.microbatches, 0.0);
+  for (const Action& a : actions_[me]) {
+    const int s = a.stage, mb = a.microbatch;
+    Slot& slot = slots[{s, mb}];
+    const double start = now_ms(t0);
+    try {
+    switch (a.op) {
+      case Op::kRecvActivation: {
+        auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
+        recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
+        slot.input = is_float(buf) ? buf.requires_grad_() : buf;
+        break;
+      }
+      case Op::kRecvGradient: {
+        auto buf = torch::empty(shapes_.output[s], slot.output.options().requires_grad(false));
+        recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
+        slot.grad_out = buf;
+        break;
+      }
+      case Op::kForward: {
+        if (s == 0) {
+          slot.input = input_of(mb);
+        } else if (shape_.rank_of(s - 1) == me) {
+          auto x = slots[{s - 1, mb}].output.detach();
+          slot.input = is_float(x) ? x.requires_grad_() : x;
+        }
+        torch::Tensor out;
+        {
+          nn::DeferWeightGrads defer(deferred_ ? &slot.weight_grads : nullptr);
+          out = stage_forward(s, slot.input);
+        }
+        if (s == S - 1) {
+          out = loss_of(mb, out);
+          losses_[mb] = out.is_meta() ? 0.0 : out.item<double>();  // a dry run has no values
+          loss_sum += losses_[mb];
+        }
+        slot.output = out;
+        break;
+      }
+      case Op::kSendActivation:
+        sends.push_back(send(group_, slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb), true));
+        break;
+      case Op::kBackward: {
+        auto [root, grad] = root_of(s, mb, slot);
+        torch::autograd::backward({root}, {grad});
+        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
+        slot.output = torch::Tensor();
+        break;
+      }
+      case Op::kBackwardInput: {
+        // The stage's one backward: the input gradient and every parameter
+        // gradient except the Linear weights and biases, whose layers only
+        // record their output gradients (deferred mode, see forward).
+        auto [root, grad] = root_of(s, mb, slot);
+        torch::autograd::backward({root}, {grad});
+        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
+        slot.output = torch::Tensor();
+        break;
+      }
+      case Op::kBackwardWeight:
+        // The deferred Linear gradients from what I kept: no second traversal of the stage.
+        slot.weight_grads.backward();
+        break;
+      case Op::kSendGradient:
+        sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
+        break;
+    }
+    } catch (const c10::Error& e) {  // name the action: a schedule runs many
+      TORCH_CHECK(false, "pipeline action ", a.str(), ": ", e.what_without_backtrace());
+    }
+    if (a.op == Op::kForward || a.op == Op::kBackward || a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight) {
+      timeline_.push_back({a.str(), start, now_ms(t0)});
+    }
+  }
+  for (auto& h : sends) h.wait();
+  for (const auto& [key, slot] : slots) {
+    TORCH_INTERNAL_ASSERT(slot.weight_grads.empty(), "stage ", key.first, " microbatch ", key.second,
+                          " kept deferred weight gradients that no W action used");
+  }
+  return loss_sum;
+}
+
+}  // namespace composer::parallel

@@ -1,0 +1,126 @@
+// pipeline: cuts a model's pipeline pieces into stages (split_points or
+// layers_per_stage), places them on the pp ranks (loop or V placement), and
+// runs a schedule's action lists with send/recv over the pp group. The cut
+// comes first: each of this rank's stages becomes a root module (its forward
+// runs the stage's pieces) that the other transforms then apply to, as
+// PyTorch's pipelining and torchtitan do. Stage input and output shapes are
+// traced on a shape-only copy of the model cut and transformed the same way
+// (trace, set_shapes). Each stage's graph is separate: a stage's input is a
+// leaf whose gradient is sent back (or handed to the previous stage when it
+// lives on the same rank).
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "models/model.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
+#include "parallelisms/placement.h"
+#include "parallelisms/pipeline/schedule.h"
+
+namespace composer::parallel {
+
+struct PipelineOptions {
+  ScheduleKind schedule = ScheduleKind::k1f1b;
+  int virtual_stages = 1;
+  int microbatches = 1;
+  std::vector<std::string> split_points;  // piece names where stages 1.. start
+  int64_t layers_per_stage = 0;           // 0: split the layers evenly
+  // Where every parameter's pp placement is recorded: Replicate on the pp
+  // ranks whose stages hold it (its members), gradients Partial (summed over
+  // the members: a tied weight on two stages).
+  Placements* placements = nullptr;
+  // The group over some pp ranks (for a parameter several stages hold).
+  std::function<Group*(const std::vector<int>& members)> subgroup;
+  // Hold every stage, not only this rank's, and keep every parameter: a
+  // shape-only copy of the model whose trace() gives the stage shapes.
+  bool every_stage = false;
+};
+
+// Each stage's input shape and dtype and output shape, in stage order.
+struct StageShapes {
+  std::vector<std::vector<int64_t>> input;
+  std::vector<c10::ScalarType> input_dtype;
+  std::vector<std::vector<int64_t>> output;
+};
+
+// [begin, end) piece ranges of every stage, or the reason the split fails.
+std::optional<std::string> split_stages(const std::vector<models::PipelinePiece>& pieces, int stages,
+                                        const std::vector<std::string>& split_points, int64_t layers_per_stage,
+                                        std::vector<std::pair<size_t, size_t>>& ranges);
+
+struct TimelineEntry {
+  std::string action;  // "F3.1", "B0.2", ...
+  double start_ms = 0;
+  double end_ms = 0;
+};
+
+class Pipeline {
+ public:
+  // Cuts `model`: this rank's stages become roots(); the parameters of the
+  // other ranks' stages are dropped.
+  Pipeline(models::Model& model, Group& pp, const PipelineOptions& options);
+  ~Pipeline();
+
+  // This rank's stages as roots, in stage order, for the other transforms.
+  const std::vector<models::Root>& roots() const { return roots_; }
+  // Runs one example microbatch through every stage in order (no grad) and
+  // records the shapes (every_stage only).
+  StageShapes trace(torch::Tensor example);
+  // The stage shapes the schedule's receives allocate; run() needs them.
+  void set_shapes(const StageShapes& shapes) { shapes_ = shapes; }
+
+  const PipelineShape& shape() const { return shape_; }
+  Group& group() { return group_; }
+  ScheduleKind kind() const { return options_.schedule; }
+  // Runs one step's actions. `input_of(mb)` gives a microbatch's inputs (read
+  // on the first stage's rank), `loss_of(mb, output)` its loss on the last
+  // stage's rank; backward runs on loss x `loss_factor`. Returns the sum of
+  // the microbatch losses (before the factor) on the last stage's rank, 0 elsewhere.
+  double run(const std::function<torch::Tensor(int)>& input_of,
+             const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor);
+  // Whether this rank computes with `p` (one of its stages holds it).
+  bool holds(const torch::Tensor& p) const;
+  // This rank's timeline of the last run (compute actions, ms since its start).
+  const std::vector<TimelineEntry>& timeline() const { return timeline_; }
+  // The last run's loss of each microbatch (before the factor) on the last
+  // stage's rank, zeros elsewhere.
+  const std::vector<double>& microbatch_losses() const { return losses_; }
+  std::vector<int> local_stages() const { return shape_.stages_of(group_.rank); }
+
+ private:
+  struct Slot;  // per (stage, microbatch) state
+  torch::Tensor stage_forward(int stage, torch::Tensor x);
+  int tag(Op op, int stage, int mb) const;
+  bool local(int stage) const { return options_.every_stage || shape_.rank_of(stage) == group_.rank; }
+
+  Group& group_;
+  PipelineOptions options_;
+  PipelineShape shape_;
+  // The schedule splits backward into I and W: stage forwards defer the
+  // Linear weight gradients (nn::DeferWeightGrads) for the W actions.
+  bool deferred_ = false;
+  std::vector<models::PipelinePiece> pieces_;
+  std::vector<std::pair<size_t, size_t>> ranges_;
+  std::vector<std::shared_ptr<nn::Module>> stages_;  // per stage: the root module (null: another rank's)
+  std::vector<models::Root> roots_;                  // this rank's stages
+  std::vector<RankActions> actions_;                 // with communication, every rank's
+  StageShapes shapes_;
+  c10::Device device_ = c10::kCPU;                   // where receives allocate: meta in a dry run
+  struct ParamInfo {
+    std::vector<int> ranks;  // pp ranks whose stages hold it, ascending
+    std::vector<int64_t> shape;
+    c10::ScalarType dtype;
+  };
+  std::unordered_map<const c10::TensorImpl*, ParamInfo> params_;
+  std::vector<TimelineEntry> timeline_;
+  std::vector<double> losses_;
+};
+
+}  // namespace composer::parallel

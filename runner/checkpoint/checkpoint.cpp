@@ -1,0 +1,398 @@
+#include "runner/checkpoint/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "parallelisms/comm/collectives.h"
+#include "runner/checkpoint/checkpoint_reader.h"
+#include "runner/launch/rank.h"
+#include "runner/base/errors.h"
+
+namespace composer {
+
+NamedTensors snapshot_params(models::Model& model) {
+  NamedTensors out;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, p.detach().clone());
+  return out;
+}
+
+void load_weights(models::Model& model, const std::string& path) {
+  auto tensors = read_safetensors(path);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
+  std::set<std::string> loaded;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : tensors) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      throw FileError(path, "unexpected tensor '" + name + "': model " + model.type() +
+                                " has no parameter of that name");
+    }
+    if (it->second.sizes() != t.sizes()) {
+      throw FileError(path, "tensor '" + name + "' has shape " + c10::str(t.sizes()) + " but the model's is " +
+                                c10::str(it->second.sizes()));
+    }
+    if (!t.is_floating_point()) throw FileError(path, "tensor '" + name + "' is not floating point");
+    it->second.copy_(t);
+    loaded.insert(name);
+    // A tied weight is loaded under any of its names.
+    for (auto& [other, q] : params) {
+      if (q.unsafeGetTensorImpl() == it->second.unsafeGetTensorImpl()) loaded.insert(other);
+    }
+  }
+  for (auto& [name, p] : params) {
+    if (!loaded.count(name)) throw FileError(path, "missing tensor '" + name + "' that the model needs");
+  }
+}
+
+void save_weights(models::Model& model, const std::string& path) {
+  write_safetensors(path, snapshot_params(model), {{"format", "pt"}});
+}
+
+// ---- distributed checkpoints -------------------------------------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kIndex = "index.json";
+constexpr const char* kStatePrefix = "optim.state.";
+
+std::string step_folder(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string rank_file(int64_t r) {
+  char b[40];
+  std::snprintf(b, sizeof b, "rank-%05lld.safetensors", static_cast<long long>(r));
+  return b;
+}
+
+// The step of a folder named step-N; -1 for other names.
+int64_t step_of(const fs::path& p) {
+  const std::string n = p.filename().string();
+  if (n.rfind("step-", 0) != 0 || n.size() == 5) return -1;
+  for (size_t i = 5; i < n.size(); ++i) {
+    if (n[i] < '0' || n[i] > '9') return -1;
+  }
+  return std::stoll(n.substr(5));
+}
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+// Writes `bytes` to `path` durably: a temporary file, fsync, rename, fsync of the folder.
+void write_synced(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw RuntimeFailure("cannot write " + tmp + " (disk full or not writable?)");
+  }
+  fsync_path(tmp, O_RDONLY);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path);
+  fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+}
+
+// The raw JSON header of a safetensors file.
+std::string header_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8] = {};
+  if (!in.read(reinterpret_cast<char*>(len), 8)) throw RuntimeFailure("cannot read " + path + " back");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  std::string h(n, '\0');
+  if (!in.read(h.data(), static_cast<std::streamsize>(n))) throw RuntimeFailure("cannot read " + path + " back");
+  return h;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One local tensor a checkpoint holds: a parameter or one of its optimizer
+// states, this rank's piece of it and where that piece lies.
+struct Piece {
+  std::string key;
+  torch::Tensor local;  // shaped as the box
+  std::vector<int64_t> global;
+  parallel::Box box;
+  bool owner = false;  // this rank writes it
+};
+
+std::vector<int64_t> shape_of(const torch::Tensor& t) {
+  return t.dim() == 0 ? std::vector<int64_t>{1} : t.sizes().vec();
+}
+
+// The pieces of every held parameter and its optimizer state; `known` gets
+// every key the model and optimizer have, held here or not. With `restore`,
+// optimizer states are created (zeros, `step` updates) to be filled.
+std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& opt, int rank, bool restore,
+                             double step, std::set<std::string>& known) {
+  std::vector<Piece> out;
+  for (const auto& hp : params) {
+    std::vector<std::string> keys{hp.name};
+    for (const auto& s : opt.state_names()) {
+      if (!hp.buffer) keys.push_back(kStatePrefix + hp.name + "." + s);
+    }
+    known.insert(keys.begin(), keys.end());
+    if (hp.spec && !hp.spec->held()) continue;
+    Piece base;
+    base.global = hp.spec && !hp.spec->global_shape.empty() ? hp.spec->global_shape : shape_of(hp.param);
+    base.box = hp.spec ? hp.spec->box() : parallel::Box{std::vector<int64_t>(base.global.size(), 0), base.global};
+    base.owner = hp.spec ? hp.spec->counts() : rank == 0;
+    base.key = hp.name;
+    base.local = hp.param.detach().view(base.box.size);
+    out.push_back(base);
+    if (hp.buffer) continue;
+    Optimizer::State* st = restore ? &opt.restore_state_of(hp.param, step) : opt.state_of(hp.param);
+    for (const auto& s : opt.state_names()) {
+      if (!st) break;
+      torch::Tensor& t = st->tensors[s];
+      if (restore) t = torch::zeros_like(hp.param);
+      if (!t.defined()) continue;
+      Piece piece = base;
+      piece.key = kStatePrefix + hp.name + "." + s;
+      piece.local = t.view(base.box.size);
+      out.push_back(piece);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
+                           std::string log_prefix)
+    : c_(c),
+      dir_(c.checkpoint.dir.empty() ? out_dir + "/checkpoints" : c.checkpoint.dir),
+      rank_(rank),
+      world_(world),
+      log_prefix_(std::move(log_prefix)) {}
+
+std::string Checkpointer::resume_path() const {
+  const std::string& r = c_.checkpoint.resume;
+  if (r == "never") return "";
+  if (r != "auto") {
+    if (!fs::exists(fs::path(r) / kIndex)) {
+      throw ConfigError(c_.checkpoint.resume_ref, r + " is not a complete checkpoint (no index.json in it); give a "
+                                                      "step-N folder that has one, auto or never");
+    }
+    return r;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return "";
+  int64_t best = -1;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const int64_t s = step_of(e.path());
+    if (s > best && fs::exists(e.path() / kIndex)) best = s;
+  }
+  return best < 0 ? "" : (fs::path(dir_) / step_folder(best)).string();
+}
+
+bool Checkpointer::due(int64_t step) const {
+  const int64_t every = c_.checkpoint.interval;
+  return step == c_.train.steps || (every > 0 && step % every == 0);
+}
+
+void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
+  fs::create_directories(folder);
+  std::set<std::string> known;
+  NamedTensors mine;
+  nlohmann::json offsets = nlohmann::json::object(), global = nlohmann::json::object();
+  nlohmann::json hashes = nlohmann::json::object();  // per tensor, of each hash block of its bytes
+  auto add = [&](const std::string& key, const torch::Tensor& t) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    hashes[key] = block_hashes(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+    mine.emplace_back(key, c);
+  };
+  for (auto& p : pieces_of(params, opt, rank_, false, 0, known)) {
+    if (!p.owner) continue;
+    add(p.key, p.local);
+    offsets[p.key] = p.box.offset;
+    global[p.key] = p.global;
+  }
+  add("rng", at::detail::getDefaultCPUGenerator().get_state());
+  const std::string bytes = serialize_safetensors(mine, {{"format", "composer-checkpoint-rank"},
+                                                         {"offsets", offsets.dump()},
+                                                         {"global_shapes", global.dump()},
+                                                         {"fnv1a64", hashes.dump()}});
+  mine.clear();
+  write_synced(folder + "/" + rank_file(rank_), bytes);
+  const DebugConfig& d = c_.debug;
+  if (d.fail_at == FailAt::kBeforeIndex && d.fail_rank == rank_ && d.fail_step == step) {
+    fail_on_purpose(d, rank_, "after writing " + rank_file(rank_) + " of step " + std::to_string(step) +
+                                  ", before its index.json");
+  }
+  // Every rank's file hash, size and write time reach rank 0; the collective
+  // is also the barrier after which every file is on disk.
+  const int64_t world = world_ ? world_->size : 1;
+  auto file_hashes = torch::zeros({world}, torch::kLong);
+  auto stats = torch::zeros({2, world}, torch::kDouble);  // bytes, seconds
+  file_hashes[rank_] = static_cast<int64_t>(fnv1a64(bytes.data(), bytes.size()));
+  stats[0][rank_] = static_cast<double>(bytes.size());
+  stats[1][rank_] = seconds_since(start);
+  if (world_) {
+    parallel::all_reduce(*world_, file_hashes);
+    parallel::all_reduce(*world_, stats);
+  }
+  if (rank_ != 0) return;
+
+  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string name = rank_file(r);
+    const std::string text = header_text(folder + "/" + name);
+    const nlohmann::json header = nlohmann::json::parse(text);
+    const auto meta = header.value("__metadata__", nlohmann::json::object());
+    const auto offs = nlohmann::json::parse(meta.value("offsets", std::string("{}")));
+    const auto shapes = nlohmann::json::parse(meta.value("global_shapes", std::string("{}")));
+    const auto blocks = nlohmann::json::parse(meta.value("fnv1a64", std::string("{}")));
+    files.push_back({{"name", name},
+                     {"fnv1a64", hex64(static_cast<uint64_t>(file_hashes[r].item<int64_t>()))},
+                     {"header_fnv1a64", hex64(fnv1a64(text.data(), text.size()))},
+                     {"rng_fnv1a64", blocks.at("rng")}});
+    for (const auto& item : header.items()) {
+      if (item.key() == "__metadata__" || item.key() == "rng") continue;
+      auto& entry = tensors[item.key()];
+      entry["dtype"] = item.value()["dtype"];
+      entry["shape"] = shapes.at(item.key());
+      entry["chunks"].push_back({{"file", name},
+                                 {"offset", offs.at(item.key())},
+                                 {"size", item.value()["shape"]},
+                                 {"fnv1a64", blocks.at(item.key())}});
+    }
+  }
+  const nlohmann::json resolved = to_json(c_);
+  nlohmann::json index = {
+      {"format", "composer-checkpoint"},
+      {"version", 2},
+      {"step", step},
+      {"samples_seen", step * c_.train.global_batch},
+      {"world_size", world},
+      {"config_hash", config_hash(c_)},
+      {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
+      {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", opt.steps()}}},
+      {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
+      {"hash_block_bytes", kHashBlockBytes},
+      {"files", files},
+      {"tensors", tensors}};
+  const std::string index_text = index.dump(1);
+  write_synced(folder + "/" + kIndex, index_text);
+  log_save(folder, index, stats, static_cast<double>(index_text.size()));
+  prune(step);
+}
+
+// Save figures: the payload against the ideal (every parameter and optimizer
+// state once) and the write throughput of each rank (its bytes over its time
+// to serialise, hash, write and sync them).
+void Checkpointer::log_save(const std::string& folder, const nlohmann::json& index, const torch::Tensor& stats,
+                            double index_bytes) const {
+  double ideal = 0, on_disk = index_bytes, rate = 0;
+  for (const auto& item : index["tensors"].items()) {
+    double n = static_cast<double>(c10::elementSize(scalar_type_of_name(item.value()["dtype"].get<std::string>(), folder)));
+    for (const auto& s : item.value()["shape"]) n *= s.get<double>();
+    ideal += n;
+  }
+  const int64_t world = stats.size(1);
+  double slowest = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    on_disk += stats[0][r].item<double>();
+    rate += stats[0][r].item<double>() / std::max(stats[1][r].item<double>(), 1e-9) / world;
+    slowest = std::max(slowest, stats[1][r].item<double>());
+  }
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "checkpoint saved %s: %.3f MB on disk in %lld rank files and index.json, ideal %.3f MB (parameters "
+                "and optimizer state once; x%.4f); %.3f s, %.1f MB/s per rank",
+                folder.c_str(), on_disk / 1e6, static_cast<long long>(world), ideal / 1e6, on_disk / ideal, slowest,
+                rate / 1e6);
+  std::cout << log_prefix_ << line << "\n";
+}
+
+// Keep the newest keep_latest_k complete checkpoints; drop older ones and
+// incomplete folders older than the newest complete one (a crash's leftovers).
+void Checkpointer::prune(int64_t step) const {
+  std::vector<std::pair<int64_t, fs::path>> complete, partial;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const int64_t s = step_of(e.path());
+    if (s < 0) continue;
+    (fs::exists(e.path() / kIndex) ? complete : partial).emplace_back(s, e.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  const int64_t keep = c_.checkpoint.keep_latest_k;
+  for (size_t i = 0; i + keep < complete.size(); ++i) fs::remove_all(complete[i].second);
+  for (const auto& [s, path] : partial) {
+    if (s < step) fs::remove_all(path);
+  }
+}
+
+int64_t Checkpointer::load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  CheckpointReader reader(path);
+  const CheckpointIndex& index = reader.index();
+  if (index.config_hash != config_hash(c_)) {
+    throw ConfigError(c_.checkpoint.resume_ref,
+                      path + " was saved by a config with another seed, model, train or data section (hash " +
+                          index.config_hash + ", this config's " + config_hash(c_) +
+                          "); resume with the config that saved it, or set checkpoint.resume: never");
+  }
+  std::set<std::string> known;
+  std::vector<Piece> pieces = pieces_of(params, opt, rank_, true, static_cast<double>(index.step), known);
+  for (const auto& [key, e] : index.tensors) {
+    if (!known.count(key)) {
+      throw FileError(reader.index_path(), "unexpected tensor '" + key + "': the model has no parameter or optimizer "
+                                           "state of that name (another model or optimizer saved it)");
+    }
+  }
+  for (auto& piece : pieces) reader.read_box(piece.key, piece.global, piece.box, piece.local);
+  // The RNG: this rank's own when the job has the same ranks and plan, else rank 0's.
+  const nlohmann::json resolved = to_json(c_);
+  const bool same = index.world_size == (world_ ? world_->size : 1) &&
+                    index.plan == nlohmann::json{{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}};
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(reader.read_rng(rank_file(same ? rank_ : 0)));
+  opt.set_steps(index.step);
+
+  // Load figures: the bytes each rank read (headers and the hash blocks that
+  // cover its rows) and its read rate.
+  const int64_t world = world_ ? world_->size : 1;
+  auto stats = torch::zeros({2, world}, torch::kDouble);
+  stats[0][rank_] = static_cast<double>(reader.bytes_read());
+  stats[1][rank_] = seconds_since(start);
+  if (world_) parallel::all_reduce(*world_, stats);
+  if (rank_ == 0) {
+    double total = 0, rate = 0, slowest = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      total += stats[0][r].item<double>();
+      rate += stats[0][r].item<double>() / std::max(stats[1][r].item<double>(), 1e-9) / world;
+      slowest = std::max(slowest, stats[1][r].item<double>());
+    }
+    char line[300];
+    std::snprintf(line, sizeof line, "checkpoint loaded %s: %.3f MB read by %lld ranks; %.3f s, %.1f MB/s per rank",
+                  path.c_str(), total / 1e6, static_cast<long long>(world), slowest, rate / 1e6);
+    std::cout << log_prefix_ << line << "\n";
+  }
+  return index.step;
+}
+
+}  // namespace composer

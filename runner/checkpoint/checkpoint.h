@@ -1,0 +1,78 @@
+// Model weights by fully-qualified name: strict loading (missing, unexpected
+// and mis-shaped tensors are errors that name them) and saving as safetensors.
+// And distributed checkpoints: one folder per step (step-000040/), in which
+// every rank writes the pieces it owns (one copy of each replicated piece) to
+// rank-RRRRR.safetensors with their global offsets, and rank 0, after every
+// rank has synced its file, writes index.json (each tensor's dtype, global
+// shape and chunks; the step, optimizer, data position, config hash, plan and
+// the hashes of the files, their headers and every 1 MiB block of each
+// tensor) through a temporary name: a folder without index.json is not a
+// checkpoint. Loading is resharding: each rank reads the overlaps of its
+// pieces under the current plan with the saved chunks (runner/checkpoint_reader.h).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "parallelisms/comm/mesh.h"
+#include "parallelisms/placement.h"
+#include "runner/checkpoint/checkpoint_index.h"
+#include "runner/config/config.h"
+#include "runner/base/optimizer.h"
+#include "runner/base/safetensors.h"
+
+namespace composer {
+
+// The model's parameters (each tensor once), detached, by FQN.
+NamedTensors snapshot_params(models::Model& model);
+
+// Copies every tensor of `path` into the parameter of the same name.
+void load_weights(models::Model& model, const std::string& path);
+
+void save_weights(models::Model& model, const std::string& path);
+
+// One parameter as this rank holds it: its FQN, its placement (null without
+// transforms: the whole tensor on every rank) and its local tensor.
+struct HeldParam {
+  std::string name;
+  torch::Tensor param;
+  const parallel::ShardSpec* spec = nullptr;
+  // A module buffer (BatchNorm's running statistics): whole on every rank,
+  // without optimizer state; rank 0's copy is saved and every rank loads it.
+  bool buffer = false;
+};
+
+class Checkpointer {
+ public:
+  // `world` is the job's world group (null on one rank); rank 0 logs each
+  // save's and load's sizes and throughput with `log_prefix`.
+  Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
+               std::string log_prefix = "");
+
+  // The checkpoint folder to resume from per checkpoint.resume; "" to start fresh.
+  std::string resume_path() const;
+  // Whether step `step` saves (every interval steps, and the last step).
+  bool due(int64_t step) const;
+  // Writes step `step`'s checkpoint (a collective: every rank calls it).
+  void save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt);
+  // Loads `path` into the parameters and optimizer state, reading only the
+  // rows of the saved chunks that this rank's pieces overlap; returns its step.
+  int64_t load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt);
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  const ExperimentConfig& c_;
+  std::string dir_;
+  int rank_;
+  parallel::Group* world_;
+  std::string log_prefix_;
+
+  void log_save(const std::string& folder, const nlohmann::json& index, const torch::Tensor& stats,
+                double index_bytes) const;
+  void prune(int64_t step) const;
+};
+
+}  // namespace composer

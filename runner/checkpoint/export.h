@@ -1,0 +1,40 @@
+// Consolidated weights: full tensors by PyTorch FQN in plain safetensors, for
+// PyTorch and Hugging Face. The end of a run writes final.safetensors from the
+// ranks' pieces one tensor at a time; `composer export` writes a checkpoint's
+// weights (sharded with a model.safetensors.index.json when large) from its
+// chunks, in one process.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "models/model.h"
+#include "parallelisms/placement.h"
+#include "runner/config/config.h"
+
+namespace composer {
+
+// Writes every parameter of `model`, full, to `path` on rank 0 of `world`
+// (a collective over it; null on one rank). Tensor by tensor, in order, the
+// ranks that own a piece (one copy of each) send it to rank 0, which writes
+// the tensor and drops it: rank 0 holds one full tensor at a time, the others
+// one piece. `placements` is null without transforms.
+void write_final_weights(models::Model& model, const parallel::Placements* placements, parallel::Group* world, int rank,
+                         const std::string& path);
+
+struct ExportOptions {
+  std::string checkpoint;                 // a step-N folder with index.json
+  std::string out;                        // the file; shards go next to it
+  uint64_t max_shard_bytes = 5000000000;  // larger exports are sharded (Hugging Face's default, 5GB)
+};
+
+// "5GB", "500MB", "64KiB", "1000" (bytes) to bytes; a UserError for other text.
+uint64_t parse_byte_size(const std::string& text, const std::string& option);
+
+// Writes the parameters of checkpoint `o.checkpoint` (saved by config `c`,
+// under any plan) under every PyTorch name, tied weights under each of theirs.
+// Up to max_shard_bytes: one file, o.out. Above: <stem>-0000k-of-0000n.safetensors
+// and <stem>.safetensors.index.json beside o.out (Hugging Face's layout).
+// Returns the lines it reports.
+std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const ExportOptions& o);
+
+}  // namespace composer

@@ -1,0 +1,184 @@
+#include "runner/estimate/estimate.h"
+#include "runner/cli/cli.h"
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "runner/checkpoint/export.h"
+#include "runner/verify/golden.h"
+#include "runner/estimate/dry_run.h"
+#include "runner/train/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace composer {
+namespace {
+
+const char kUsage[] =
+    "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR]\n"
+    "       composer export --config FILE --checkpoint DIR --out FILE [--max-shard-size 5GB]\n"
+    "\n"
+    "commands:\n"
+    "  run     train the experiment (default)\n"
+    "  check   train and compare with the golden file; exit 1 on mismatch\n"
+    "  golden  train on one device and write the golden file (check.golden)\n"
+    "  plan    validate the config, print it resolved and summarise the plan\n"
+    "  export  write a checkpoint's weights as one safetensors file for PyTorch (in shards with a\n"
+    "          model.safetensors.index.json above --max-shard-size); runs in this process\n"
+    "\n"
+    "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
+
+const std::pair<const char*, Command> kCommands[] = {
+    {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan},
+    {"export", Command::kExport}};
+
+std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
+  std::string dir = o.out.empty() ? "runs/" + c.name : o.out;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UserError("--out " + dir + ": cannot create the output directory: " + ec.message());
+  return dir;
+}
+
+void print_train_summary(const TrainResult& r, const std::string& dir) {
+  if (r.steps.empty()) return;
+  std::cout << "loss " << r.steps.front().loss << " -> " << r.steps.back().loss << " over " << r.steps.size()
+            << " steps; outputs in " << dir << "\n";
+}
+
+int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
+  // Fail before training when it is missing.
+  Golden g = naming_config_key(c.check.golden_ref, [&] { return read_golden(golden_path(c)); });
+  std::string dir = prepare_out_dir(o, c);
+  TrainResult r = train(c, p, rank, dir);
+  if (!rank.is_main()) return 0;
+  CompareReport rep = compare(g, c, r.steps, read_safetensors(dir + "/final.safetensors"));
+  std::cout.precision(3);
+  std::cout << rank.log_prefix << "check " << c.name << " against " << golden_path(c) << " ("
+            << g.header["generator"].get<std::string>() << "): max loss rel err " << rep.max_loss_rel_err
+            << ", max param abs err " << rep.max_param_abs_err << " (" << rep.worst_param << "), max param rel err "
+            << rep.max_param_rel_err << ", max grad_norm rel err " << rep.max_grad_norm_rel_err << "\n";
+  if (!rep.ok) {
+    throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es) (" +
+                      std::to_string(rep.step_failures) + " in per-step losses and gradient norms, " +
+                      std::to_string(rep.param_failures) +
+                      " in final parameters); first divergence: " + rep.first_failure);
+  }
+  std::cout << rank.log_prefix << "check passed\n";
+  return 0;
+}
+
+}  // namespace
+
+CliOptions parse_cli(int argc, char** argv) {
+  CliOptions o;
+  for (int i = 0; i < argc; ++i) {
+    o.command_line += (i ? " " : "") + std::string(argv[i]);
+    o.argv.push_back(argv[i]);
+  }
+  po::options_description desc("options");
+  desc.add_options()("help,h", "print this help")("version", "print the version")(
+      "config,c", po::value<std::string>(&o.config), "experiment YAML file")(
+      "set", po::value<std::vector<std::string>>(&o.sets)->composing(),
+      "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)")(
+      "out", po::value<std::string>(&o.out), "output directory (default runs/<name>); export: the file to write")(
+      "checkpoint", po::value<std::string>(&o.checkpoint), "export: the checkpoint (a step-N folder with index.json)")(
+      "max-shard-size", po::value<std::string>(&o.max_shard_size),
+      "export: shard above this size (default 5GB; 500MB, 64KiB or bytes)")(
+      "nnodes", po::value<int>(&o.node.nnodes), "invocations (nodes) that form the job (default 1)")(
+      "node-rank", po::value<int>(&o.node.node_rank), "this node's index, 0 .. nnodes-1 (default 0)")(
+      "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
+      "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
+      "command", po::value<std::string>(), "run, check, golden, plan or export");
+  po::positional_options_description pos;
+  pos.add("command", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string(e.what()) + "; see composer --help");
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << desc;
+    o.exit_now = true;
+    return o;
+  }
+  if (vm.count("version")) {
+    std::cout << "composer " << COMPOSER_VERSION << " (libtorch " << TORCH_VERSION << ")\n";
+    o.exit_now = true;
+    return o;
+  }
+  if (vm.count("command")) {
+    std::string name = vm["command"].as<std::string>();
+    bool found = false;
+    for (const auto& [n, cmd] : kCommands) {
+      if (name == n) {
+        o.command = cmd;
+        found = true;
+      }
+    }
+    if (!found) {
+      throw UserError("unknown command '" + name + "'; use run, check, golden, plan or export (composer --help)");
+    }
+  }
+  if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
+  const bool exporting = o.command == Command::kExport;
+  if (exporting && (o.checkpoint.empty() || o.out.empty())) {
+    throw UserError("composer export needs --checkpoint DIR (a step-N folder) and --out FILE; see composer --help");
+  }
+  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty())) {
+    throw UserError("--checkpoint and --max-shard-size belong to composer export; to resume a run, set "
+                    "checkpoint.resume (--set checkpoint.resume=DIR)");
+  }
+  return o;
+}
+
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
+  switch (o.command) {
+    case Command::kPlan:
+      std::cout << to_json(c).dump(2) << "\n";
+      for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
+      for (const auto& line : p.warnings) std::cout << "warning: " << line << "\n";
+      for (const auto& line : describe_placements(c, p)) std::cout << "placement: " << line << "\n";
+      for (const auto& e : estimate_memory(c, p)) {
+        std::cout << "memory: rank " << e.rank << ": " << e.str() << "\n";
+        std::cout << "comm: rank " << e.rank << " per step: " << e.comm_str() << "\n";
+      }
+      std::cout << "config hash " << config_hash(c) << "\n";
+      return 0;
+    case Command::kRun: {
+      std::string dir = prepare_out_dir(o, c);
+      TrainResult r = train(c, p, rank, dir, /*checkpoints=*/true);
+      if (rank.is_main()) print_train_summary(r, dir);
+      return 0;
+    }
+    case Command::kGolden: {
+      if (!c.parallelize.empty() || p.world_size != 1) {
+        throw UserError("composer golden trains on one device; drop parallelize and mesh, or use composer check");
+      }
+      std::string dir = prepare_out_dir(o, c);
+      TrainResult r = train(c, p, rank, dir);
+      if (auto why = degenerate_steps(r.steps)) {
+        throw UserError("refusing to write the golden " + golden_path(c) + ": " + *why +
+                        "; change the seed, learning rate or loss so every step trains");
+      }
+      write_golden(golden_path(c), make_golden(c, r.steps, read_safetensors(dir + "/final.safetensors"), o.command_line));
+      std::cout << "wrote " << golden_path(c) << "\n";
+      return 0;
+    }
+    case Command::kCheck: return do_check(o, c, p, rank);
+    case Command::kExport: {
+      ExportOptions e;
+      e.checkpoint = o.checkpoint;
+      e.out = o.out;
+      if (!o.max_shard_size.empty()) e.max_shard_bytes = parse_byte_size(o.max_shard_size, "--max-shard-size");
+      for (const auto& line : export_checkpoint(c, e)) std::cout << line << "\n";
+      return 0;
+    }
+  }
+  return 0;
+}
+
+}  // namespace composer

@@ -1,0 +1,36 @@
+// The command line: `composer [run|check|golden|plan] --config FILE
+// [--set a.b=v ...] [--out DIR]` and `composer export --config FILE
+// --checkpoint DIR --out FILE`, and the commands themselves.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runner/config/config.h"
+#include "runner/launch/launcher.h"
+#include "runner/plan/planner.h"
+#include "runner/launch/rank.h"
+
+namespace composer {
+
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport };
+
+struct CliOptions {
+  Command command = Command::kRun;
+  std::string config;             // --config
+  std::vector<std::string> sets;  // --set a.b=value, in order
+  std::string out;                // --out; "" = runs/<name> (export: the file)
+  std::string checkpoint;         // --checkpoint (export)
+  std::string max_shard_size;     // --max-shard-size (export); "" = 5GB
+  NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
+  std::vector<std::string> argv;  // the invocation, to start ranks with
+  std::string command_line;       // the whole invocation, for golden headers
+  bool exit_now = false;          // --help or --version was printed
+};
+
+// Throws UserError for bad arguments.
+CliOptions parse_cli(int argc, char** argv);
+
+// Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
+int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+
+}  // namespace composer

@@ -1,0 +1,575 @@
+#include "runner/config/config.h"
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "models/registry.h"
+#include "runner/config/config_delay.h"
+#include "runner/config/config_document.h"
+#include "runner/config/yaml_reader.h"
+
+namespace composer {
+namespace {
+
+const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
+                                   {DType::kFloat64, "float64"},
+                                   {DType::kBFloat16, "bfloat16"},
+                                   {DType::kFloat16, "float16"}};
+const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+const EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
+const EnumName<OptimizerKind> kOptimizers[] = {
+    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}};
+const EnumName<Decay> kDecays[] = {{Decay::kNone, "none"}, {Decay::kLinear, "linear"}, {Decay::kCosine, "cosine"}};
+const EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
+                                      {LossKind::kMean, "mean"},
+                                      {LossKind::kMse, "mse"},
+                                      {LossKind::kCrossEntropy, "cross_entropy"},
+                                      {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
+const EnumName<FailMode> kFailModes[] = {{FailMode::kError, "error"}, {FailMode::kExit, "exit"},
+                                         {FailMode::kSignal, "signal"}};
+const EnumName<FailAt> kFailAts[] = {{FailAt::kStep, "step"}, {FailAt::kBeforeIndex, "before_index"}};
+const EnumName<Inject> kInjects[] = {
+    {Inject::kNone, "none"}, {Inject::kGradX2, "grad_x2"}, {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"}};
+const EnumName<DataSource> kSources[] = {
+    {DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}, {DataSource::kTokens, "tokens"}};
+const EnumName<TokenDType> kTokenDTypes[] = {{TokenDType::kUint16, "uint16"}, {TokenDType::kUint32, "uint32"}};
+const EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
+                                       {InputKind::kNormal, "normal"},
+                                       {InputKind::kUniform, "uniform"},
+                                       {InputKind::kTokens, "tokens"}};
+const EnumName<TargetKind> kTargets[] = {{TargetKind::kAuto, "auto"},       {TargetKind::kNone, "none"},
+                                         {TargetKind::kNormal, "normal"},   {TargetKind::kUniform, "uniform"},
+                                         {TargetKind::kTokens, "tokens"},   {TargetKind::kNextTokens, "next_tokens"}};
+const EnumName<ShardPlacement> kShardPlacements[] = {{ShardPlacement::kDim0, "dim0"},
+                                                     {ShardPlacement::kOppositeTp, "opposite_tp"}};
+const EnumName<AllGather> kAllGathers[] = {
+    {AllGather::kPlain, "plain"}, {AllGather::kBfloat16, "bfloat16"}, {AllGather::kSplitBfloat16, "split_bfloat16"}};
+const EnumName<Offload> kOffloads[] = {{Offload::kNone, "none"}, {Offload::kCpu, "cpu"}};
+const EnumName<Schedule> kSchedules[] = {{Schedule::kGpipe, "gpipe"},
+                                         {Schedule::k1f1b, "1f1b"},
+                                         {Schedule::kInterleaved1f1b, "interleaved_1f1b"},
+                                         {Schedule::kLoopedBfs, "looped_bfs"},
+                                         {Schedule::kInterleavedZeroBubble, "interleaved_zero_bubble"},
+                                         {Schedule::kZbv, "zbv"}};
+
+template <class E, size_t N>
+const char* lookup(const EnumName<E> (&table)[N], E v) {
+  for (const auto& e : table) {
+    if (e.value == v) return e.name;
+  }
+  return "?";
+}
+
+// ---- model ---------------------------------------------------------------
+
+models::ArgValue read_arg(YamlMap& m, const models::ArgSpec& spec) {
+  switch (spec.type) {
+    case models::ArgType::kInt: return m.convert<int64_t>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kFloat: return m.convert<double>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kBool: return m.convert<bool>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kString: return m.convert<std::string>(m.node(spec.name), m.child_path(spec.name));
+  }
+  return int64_t{0};
+}
+
+ModelConfig read_model(YamlMap& root) {
+  if (!root.has("model")) throw ConfigError(root.self_ref(), "missing required key 'model'");
+  YamlMap m(root.node("model"), "model", root.context());
+  ModelConfig c;
+  c.ref = m.self_ref();
+  m.require("name", c.name);
+  const models::ModelSpec* spec = models::find_model(c.name);
+  if (!spec) {
+    auto names = models::model_names();
+    std::string hint = nearest(c.name, names);
+    throw ConfigError(m.ref("name"), "unknown model '" + c.name + "'" +
+                                         (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                                         " known models: " + YamlMap::join(names));
+  }
+  m.get("init_from", c.init_from);
+  if (m.has("init_from")) c.init_from_ref = m.ref("init_from");
+  YamlMap args(m.has("args") ? m.node("args") : YAML::Node(), "model.args", root.context());
+  for (const auto& a : spec->args) {
+    c.args.set(a.name, args.has(a.name) ? read_arg(args, a) : a.default_value);
+  }
+  args.finish();
+  m.finish();
+  if (spec->check) {
+    try {
+      spec->check(c.args);
+    } catch (const models::ArgError& e) {
+      throw ConfigError(args.has(e.arg()) ? args.ref(e.arg()) : args.self_ref(), e.what());
+    }
+  }
+  return c;
+}
+
+// The optional top-level section `key` (empty when absent).
+YamlMap section(YamlMap& root, const std::string& key) {
+  return YamlMap(root.has(key) ? root.node(key) : YAML::Node(), key, root.context());
+}
+
+// ---- mesh and parallelize ------------------------------------------------
+
+MeshConfig read_mesh(YamlMap& root) {
+  YamlMap m = section(root, "mesh");
+  MeshConfig c;
+  c.ref = m.self_ref();
+  m.get("shape", c.shape);
+  m.get("names", c.names);
+  m.get_enum("device", c.device, kDevices);
+  c.backend = c.device == DeviceKind::kCuda ? Backend::kNccl : Backend::kGloo;
+  m.get_enum("backend", c.backend, kBackends);
+  m.get("timeout_s", c.timeout_s);
+  require_positive(m.ref("timeout_s"), c.timeout_s, "timeout_s");
+  m.get("memory_per_rank_mb", c.memory_per_rank_mb);
+  require_non_negative(m.ref("memory_per_rank_mb"), c.memory_per_rank_mb, "memory_per_rank_mb");
+  m.finish();
+  if (c.shape.size() != c.names.size()) {
+    throw ConfigError(m.ref("names"), "mesh has " + std::to_string(c.shape.size()) + " dims in shape but " +
+                                          std::to_string(c.names.size()) + " names; give one name per dim");
+  }
+  for (size_t i = 0; i < c.shape.size(); ++i) {
+    require_positive(m.ref("shape"), static_cast<double>(c.shape[i]), "mesh.shape[" + std::to_string(i) + "]");
+    for (size_t j = 0; j < i; ++j) {
+      if (c.names[i] == c.names[j]) throw ConfigError(m.ref("names"), "mesh dim name '" + c.names[i] + "' repeats");
+    }
+  }
+  return c;
+}
+
+std::vector<std::string> read_dims(YamlMap& m, const std::string& key, std::vector<std::string> def) {
+  if (!m.has(key)) return def;
+  YAML::Node n = m.node(key);
+  if (n.IsSequence()) return m.convert<std::vector<std::string>>(n, m.child_path(key));
+  return {m.convert<std::string>(n, m.child_path(key))};
+}
+
+const EnumName<models::TpStyle> kTpStyles[] = {{models::TpStyle::kColwise, "colwise"},
+                                               {models::TpStyle::kRowwise, "rowwise"},
+                                               {models::TpStyle::kSequenceParallel, "sequence_parallel"},
+                                               {models::TpStyle::kPrepareInput, "prepare_input"}};
+
+// "replicate" or "shard(D)" with an integer dim (negative from the end).
+models::Layout read_layout(YamlMap& m, const std::string& key, models::Layout def) {
+  if (!m.has(key)) return def;
+  std::string s = m.convert<std::string>(m.node(key), m.child_path(key));
+  if (s == "replicate") return models::Layout::replicate();
+  int dim = 0;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "shard(%d)%c", &dim, &tail) == 2 && tail == 0) return models::Layout::shard(dim);
+  if (std::sscanf(s.c_str(), "shard(%d%c", &dim, &tail) == 2 && tail == ')') return models::Layout::shard(dim);
+  throw ConfigError(m.ref(key), "unknown layout '" + s + "'; use replicate or shard(DIM), e.g. shard(1) or shard(-1)");
+}
+
+models::TpPlan read_styles(YamlMap& parent) {
+  models::TpPlan plan;
+  if (!parent.has("styles")) return plan;
+  YAML::Node list = parent.node("styles");
+  const std::string path = parent.child_path("styles");
+  if (!list.IsSequence()) {
+    throw ConfigError(parent.ref("styles"), "expected a list like - {module: net1, style: colwise}");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    YamlMap m(list[i], path + "[" + std::to_string(i) + "]", parent.context());
+    std::string pattern;
+    m.require("module", pattern);
+    models::TpStyle style = models::TpStyle::kColwise;
+    if (!m.has("style")) throw ConfigError(m.self_ref(), "missing required key 'style'");
+    m.get_enum("style", style, kTpStyles);
+    models::TpRule r;
+    switch (style) {
+      case models::TpStyle::kColwise: r = models::colwise(pattern); break;
+      case models::TpStyle::kRowwise: r = models::rowwise(pattern); break;
+      case models::TpStyle::kSequenceParallel: r = models::sequence_parallel(pattern); break;
+      case models::TpStyle::kPrepareInput:
+        r = models::prepare_input(pattern, models::Layout::shard(1), models::Layout::replicate());
+        break;
+    }
+    r.input = read_layout(m, "input", r.input);
+    r.output = read_layout(m, "output", r.output);
+    r.desired_input = read_layout(m, "desired_input", r.desired_input);
+    m.finish();
+    plan.push_back(r);
+  }
+  return plan;
+}
+
+// fully_shard / replicate: per_rank patterns and the seed their values are drawn with.
+template <class T>
+void read_per_rank(YamlMap& m, T& t) {
+  m.get("per_rank", t.per_rank);
+  t.per_rank_ref = m.has("per_rank") ? m.ref("per_rank") : m.self_ref();
+  m.get("per_rank_seed", t.per_rank_seed);
+  if (t.per_rank_seed < -1) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep "
+                                              "the model's init");
+  }
+  if (t.per_rank_seed >= 0 && t.per_rank.empty()) {
+    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. "
+                                              "per_rank: [experts.*])");
+  }
+}
+
+TransformOptions read_pipeline(YamlMap& m) {
+  PipelineConfig t;
+  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
+  m.get_enum("schedule", t.schedule, kSchedules);
+  m.get("microbatches", t.microbatches);
+  require_non_negative(m.ref("microbatches"), static_cast<double>(t.microbatches), "microbatches");
+  if (t.schedule == Schedule::kZbv) t.virtual_stages = 2;  // its V needs exactly two stages per rank
+  m.get("virtual_stages", t.virtual_stages);
+  require_positive(m.ref("virtual_stages"), static_cast<double>(t.virtual_stages), "virtual_stages");
+  m.get("split_points", t.split_points);
+  m.get("layers_per_stage", t.layers_per_stage);
+  require_non_negative(m.ref("layers_per_stage"), static_cast<double>(t.layers_per_stage), "layers_per_stage");
+  m.get("scale_grads", t.scale_grads);
+  return t;
+}
+
+TransformOptions read_tensor_parallel(YamlMap& m) {
+  TensorParallelConfig t;
+  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
+  m.get("plan", t.plan);
+  m.get("sequence_parallel", t.sequence_parallel);
+  t.styles = read_styles(m);
+  if ((t.plan == "custom") != !t.styles.empty()) {
+    throw ConfigError(m.self_ref(), "a custom plan lists its rules in `styles`, and `styles` needs plan: custom");
+  }
+  return t;
+}
+
+TransformOptions read_activation_checkpointing(YamlMap& m) {
+  ActivationCheckpointingConfig t;
+  m.get("units", t.units);
+  if (t.units.empty()) {
+    throw ConfigError(m.self_ref(), "activation_checkpointing needs units: the modules to checkpoint, as FQN "
+                                    "patterns (e.g. units: [layers.*])");
+  }
+  m.get("every", t.every);
+  require_positive(m.ref("every"), static_cast<double>(t.every), "every");
+  return t;
+}
+
+TransformOptions read_fully_shard(YamlMap& m) {
+  FullyShardConfig t;
+  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
+  m.get("units", t.units);
+  m.get("reshard_after_forward", t.reshard_after_forward);
+  for (auto [key, out] : {std::pair{"param_dtype", &t.param_dtype}, std::pair{"reduce_dtype", &t.reduce_dtype}}) {
+    if (!m.has(key)) continue;
+    DType d = DType::kFloat32;
+    m.get_enum(key, d, kDTypes);
+    *out = d;
+  }
+  m.get_enum("shard_placement", t.shard_placement, kShardPlacements);
+  m.get_enum("all_gather", t.all_gather, kAllGathers);
+  m.get_enum("offload", t.offload, kOffloads);
+  m.get("prefetch", t.prefetch);
+  read_per_rank(m, t);
+  return t;
+}
+
+TransformOptions read_replicate(YamlMap& m) {
+  ReplicateConfig t;
+  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
+  m.get("bucket_mb", t.bucket_mb);
+  require_positive(m.ref("bucket_mb"), t.bucket_mb, "bucket_mb");
+  read_per_rank(m, t);
+  return t;
+}
+
+// Each transform's YAML key and reader, in the order they must be listed.
+struct TransformReader {
+  const char* key;
+  TransformOptions (*read)(YamlMap&);
+};
+const TransformReader kTransformReaders[] = {
+    {PipelineConfig::kKey, read_pipeline},
+    {TensorParallelConfig::kKey, read_tensor_parallel},
+    {ActivationCheckpointingConfig::kKey, read_activation_checkpointing},
+    {FullyShardConfig::kKey, read_fully_shard},
+    {ReplicateConfig::kKey, read_replicate},
+};
+
+TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
+  const std::vector<std::string> kinds = transform_names();
+  if (!node.IsMap() || node.size() != 1) {
+    throw ConfigError(ref_of(node, path, ctx),
+                      "each parallelize entry is a mapping with one key naming the transform: " + YamlMap::join(kinds));
+  }
+  YamlMap outer(node, path, ctx);
+  const std::string key = node.begin()->first.as<std::string>();
+  TransformConfig t;
+  t.ref = ref_of(node.begin()->first, path, ctx);
+  for (const auto& r : kTransformReaders) {
+    if (key != r.key) continue;
+    YamlMap m(outer.node(key), path + "." + key, ctx);
+    t.options = r.read(m);
+    m.finish();
+    return t;
+  }
+  const std::string hint = nearest(key, kinds);
+  throw ConfigError(t.ref, "unknown transform '" + key + "'" + (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                               " valid transforms: " + YamlMap::join(kinds));
+}
+
+std::vector<TransformConfig> read_parallelize(YamlMap& root) {
+  std::vector<TransformConfig> out;
+  if (!root.has("parallelize")) return out;
+  YAML::Node list = root.node("parallelize");
+  if (!list.IsSequence()) {
+    throw ConfigError(root.ref("parallelize"), "expected a list of transforms, e.g. - fully_shard: {}");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(read_transform(list[i], "parallelize[" + std::to_string(i) + "]", root.context()));
+  }
+  return out;
+}
+
+// ---- train, data, check --------------------------------------------------
+
+OptimizerConfig read_optimizer(YamlMap& train) {
+  YamlMap m(train.has("optimizer") ? train.node("optimizer") : YAML::Node(), "train.optimizer",
+            train.context());
+  OptimizerConfig c;
+  m.get_enum("name", c.name, kOptimizers);
+  m.get("lr", c.lr);
+  require_non_negative(m.ref("lr"), c.lr, "lr");
+  m.get("momentum", c.momentum);
+  require_non_negative(m.ref("momentum"), c.momentum, "momentum");
+  m.get("dampening", c.dampening);
+  m.get("nesterov", c.nesterov);
+  m.get("weight_decay", c.weight_decay);
+  require_non_negative(m.ref("weight_decay"), c.weight_decay, "weight_decay");
+  m.get("betas", c.betas);
+  if (c.betas.size() != 2 || c.betas[0] < 0 || c.betas[0] >= 1 || c.betas[1] < 0 || c.betas[1] >= 1) {
+    throw ConfigError(m.ref("betas"), "betas must be two numbers in [0, 1), e.g. [0.9, 0.999]");
+  }
+  m.get("eps", c.eps);
+  require_positive(m.ref("eps"), c.eps, "eps");
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0)) {
+    throw ConfigError(m.ref("nesterov"), "nesterov needs momentum > 0 and dampening 0");
+  }
+  m.finish();
+  return c;
+}
+
+TrainConfig read_train(YamlMap& root) {
+  YamlMap m = section(root, "train");
+  TrainConfig c;
+  m.get("steps", c.steps);
+  require_positive(m.ref("steps"), static_cast<double>(c.steps), "steps");
+  m.get("global_batch", c.global_batch);
+  require_positive(m.ref("global_batch"), static_cast<double>(c.global_batch), "global_batch");
+  m.get("microbatches", c.microbatches);
+  require_positive(m.ref("microbatches"), static_cast<double>(c.microbatches), "microbatches");
+  m.get_enum("dtype", c.dtype, kDTypes);
+  if (c.dtype == DType::kFloat16) {
+    throw ConfigError(m.ref("dtype"),
+                      "float16 parameters and optimizer state underflow (Adam's eps 1e-8 is 0 in "
+                      "float16); train in float32 and compute in float16 with fully_shard's "
+                      "param_dtype: float16");
+  }
+  c.optimizer = read_optimizer(m);
+  {
+    YamlMap s(m.has("lr_schedule") ? m.node("lr_schedule") : YAML::Node(), "train.lr_schedule", root.context());
+    s.get("warmup_steps", c.lr_schedule.warmup_steps);
+    require_non_negative(s.ref("warmup_steps"), static_cast<double>(c.lr_schedule.warmup_steps), "warmup_steps");
+    s.get_enum("decay", c.lr_schedule.decay, kDecays);
+    s.get("min_lr", c.lr_schedule.min_lr);
+    require_non_negative(s.ref("min_lr"), c.lr_schedule.min_lr, "min_lr");
+    s.finish();
+  }
+  {
+    YamlMap l(m.has("loss") ? m.node("loss") : YAML::Node(), "train.loss", root.context());
+    l.get_enum("name", c.loss.name, kLosses);
+    l.get("scale", c.loss.scale);
+    l.finish();
+  }
+  m.get("grad_clip", c.grad_clip);
+  require_non_negative(m.ref("grad_clip"), c.grad_clip, "grad_clip");
+  m.get("log_every", c.log_every);
+  require_positive(m.ref("log_every"), static_cast<double>(c.log_every), "log_every");
+  m.get("threads", c.threads);
+  require_non_negative(m.ref("threads"), static_cast<double>(c.threads), "threads");
+  m.finish();
+  if (c.global_batch % c.microbatches != 0) {
+    throw ConfigError(m.ref("microbatches"), "microbatches " + std::to_string(c.microbatches) +
+                                                 " does not divide global_batch " +
+                                                 std::to_string(c.global_batch) +
+                                                 "; use a divisor of global_batch");
+  }
+  return c;
+}
+
+DataConfig read_data(YamlMap& root) {
+  YamlMap m = section(root, "data");
+  DataConfig c;
+  m.get_enum("source", c.source, kSources);
+  m.get_enum("inputs", c.inputs, kInputs);
+  m.get_enum("targets", c.targets, kTargets);
+  m.get("seq_len", c.seq_len);
+  require_non_negative(m.ref("seq_len"), static_cast<double>(c.seq_len), "seq_len");
+  m.get("path", c.path);
+  if (m.has("path")) c.path_ref = m.ref("path");
+  if (c.source == DataSource::kFile && c.path.empty()) {
+    throw ConfigError(m.self_ref(), "data.source file needs data.path (a safetensors file with inputs and targets)");
+  }
+  if (c.source == DataSource::kTokens && c.path.empty()) {
+    throw ConfigError(m.self_ref(), "data.source tokens needs data.path (a flat file of uint16 or uint32 token ids)");
+  }
+  if (m.has("token_dtype") && c.source != DataSource::kTokens) {
+    throw ConfigError(m.ref("token_dtype"), "data.token_dtype is only read with data.source: tokens; remove it");
+  }
+  m.get_enum("token_dtype", c.token_dtype, kTokenDTypes);
+  if (c.source == DataSource::kSynthetic && !c.path.empty()) {
+    throw ConfigError(m.ref("path"), "data.path is only read with data.source: file; set source: file or remove path");
+  }
+  m.finish();
+  return c;
+}
+
+CheckConfig read_check(YamlMap& root) {
+  YamlMap m = section(root, "check");
+  CheckConfig c;
+  m.get("golden", c.golden);
+  c.golden_ref = m.has("golden") ? m.ref("golden") : root.ref("name");
+  for (auto [key, field] : {std::pair<const char*, double*>{"loss_rtol", &c.loss_rtol},
+                            {"loss_atol", &c.loss_atol},
+                            {"param_rtol", &c.param_rtol},
+                            {"param_atol", &c.param_atol}}) {
+    m.get(key, *field);
+    require_non_negative(m.ref(key), *field, key);
+  }
+  m.finish();
+  return c;
+}
+
+CheckpointConfig read_checkpoint(YamlMap& root) {
+  YamlMap m = section(root, "checkpoint");
+  CheckpointConfig c;
+  c.ref = m.self_ref();
+  m.get("dir", c.dir);
+  m.get("interval", c.interval);
+  require_non_negative(m.ref("interval"), static_cast<double>(c.interval), "interval");
+  m.get("keep_latest_k", c.keep_latest_k);
+  if (c.keep_latest_k < 2) {
+    throw ConfigError(m.ref("keep_latest_k"), "keep_latest_k must be at least 2, so a complete checkpoint survives "
+                                              "while the next is written");
+  }
+  m.get("resume", c.resume);
+  c.resume_ref = m.has("resume") ? m.ref("resume") : m.self_ref();
+  if (c.resume.empty()) throw ConfigError(c.resume_ref, "resume must be auto, never or the path of a checkpoint");
+  m.finish();
+  return c;
+}
+
+DebugConfig read_debug(YamlMap& root, int64_t world_size) {
+  YamlMap m = section(root, "debug");
+  DebugConfig c;
+  m.get("fail_rank", c.fail_rank);
+  m.get("fail_step", c.fail_step);
+  m.get_enum("fail_mode", c.fail_mode, kFailModes);
+  m.get_enum("fail_at", c.fail_at, kFailAts);
+  m.get_enum("inject", c.inject, kInjects);
+  if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
+  require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
+  m.finish();
+  return c;
+}
+
+}  // namespace
+
+const char* name_of(DType v) { return lookup(kDTypes, v); }
+const char* name_of(Backend v) { return lookup(kBackends, v); }
+const char* name_of(DeviceKind v) { return lookup(kDevices, v); }
+std::vector<std::string> transform_names() {
+  std::vector<std::string> out;
+  for (const auto& r : kTransformReaders) out.push_back(r.key);
+  return out;
+}
+
+const char* TransformConfig::name() const {
+  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::kKey; }, options);
+}
+
+std::vector<std::string> TransformConfig::mesh_dim() const {
+  return std::visit(
+      [](const auto& o) -> std::vector<std::string> {
+        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, ActivationCheckpointingConfig>) {
+          return {};
+        } else {
+          return o.mesh_dim;
+        }
+      },
+      options);
+}
+const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }
+const char* name_of(Decay v) { return lookup(kDecays, v); }
+const char* name_of(LossKind v) { return lookup(kLosses, v); }
+const char* name_of(DataSource v) { return lookup(kSources, v); }
+const char* name_of(TokenDType v) { return lookup(kTokenDTypes, v); }
+const char* name_of(InputKind v) { return lookup(kInputs, v); }
+const char* name_of(TargetKind v) { return lookup(kTargets, v); }
+const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
+const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
+const char* name_of(Offload v) { return lookup(kOffloads, v); }
+const char* name_of(FailMode v) { return lookup(kFailModes, v); }
+const char* name_of(FailAt v) { return lookup(kFailAts, v); }
+const char* name_of(Inject v) { return lookup(kInjects, v); }
+const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
+
+int64_t MeshConfig::world_size() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+ExperimentConfig parse_config(const std::string& text, const std::string& file,
+                              const std::vector<std::string>& overrides) {
+  ReadContext ctx{file, {}};
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    SourceRef r{file, e.mark.line + 1, e.mark.column + 1, "", ""};
+    throw ConfigError(r, "malformed YAML: " + e.msg);
+  }
+  if (!doc.IsMap()) {
+    throw ConfigError(SourceRef{file, 1, 1, "", ""},
+                      "expected a mapping with the sections name, seed, model, mesh, parallelize, train, data, check");
+  }
+  check_unique_keys(doc, file);
+  for (const auto& o : overrides) apply_override(doc, o, ctx);
+
+  YamlMap root(doc, "", ctx);
+  ExperimentConfig c;
+  c.file = file;
+  root.require("name", c.name);
+  if (c.name.empty() || c.name.find('/') != std::string::npos) {
+    throw ConfigError(root.ref("name"), "name must be a non-empty file name without '/'");
+  }
+  root.get("seed", c.seed);
+  c.model = read_model(root);
+  c.mesh = read_mesh(root);
+  c.parallelize = read_parallelize(root);
+  c.train = read_train(root);
+  c.data = read_data(root);
+  c.check = read_check(root);
+  c.checkpoint = read_checkpoint(root);
+  c.debug = read_debug(root, c.mesh.world_size());
+  root.finish();
+  return c;
+}
+
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw FileError(path, "cannot read the config file; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+}  // namespace composer

@@ -1,0 +1,262 @@
+// The typed experiment config: one struct per YAML section, defaults in the
+// struct, one line per field. Keys, fields and --set paths share one name.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "parallelisms/comm/delay.h"
+#include "parallelisms/pipeline/schedule.h"
+#include "runner/base/errors.h"
+
+namespace composer {
+
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
+enum class Backend { kGloo, kNccl };
+enum class DeviceKind { kCpu, kCuda };
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class Decay { kNone, kLinear, kCosine };
+enum class LossKind { kSum, kMean, kMse, kCrossEntropy, kSoftCrossEntropy };
+enum class DataSource { kSynthetic, kFile, kTokens };
+enum class TokenDType { kUint16, kUint32 };
+enum class InputKind { kAuto, kNormal, kUniform, kTokens };
+enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
+using Schedule = parallel::ScheduleKind;  // named by parallel::name_of
+// fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
+// dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
+enum class ShardPlacement { kDim0, kOppositeTp };
+enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };  // names are the extensions'
+enum class Offload { kNone, kCpu };
+
+const char* name_of(DType v);
+const char* name_of(Backend v);
+const char* name_of(DeviceKind v);
+const char* name_of(OptimizerKind v);
+const char* name_of(Decay v);
+const char* name_of(LossKind v);
+const char* name_of(DataSource v);
+const char* name_of(TokenDType v);
+const char* name_of(InputKind v);
+const char* name_of(TargetKind v);
+const char* name_of(ShardPlacement v);
+const char* name_of(AllGather v);
+const char* name_of(Offload v);
+const char* name_of(models::TpStyle v);
+
+struct ModelConfig {
+  std::string name;             // registry name, e.g. transformer (required)
+  models::ModelArgs args;       // the model's arguments, defaults filled in
+  std::string init_from;        // safetensors file with initial weights by FQN ("" = seeded init)
+  SourceRef init_from_ref;      // where init_from was given
+  SourceRef ref;                // where the model section is, for errors
+};
+
+struct MeshConfig {
+  std::vector<int64_t> shape;        // ranks per dim, row-major; [] means one device
+  std::vector<std::string> names;    // one unique name per dim, e.g. [dp, tp]
+  DeviceKind device = DeviceKind::kCpu;  // where parameters, batches and gradients live
+  Backend backend = Backend::kGloo;  // gloo, or nccl (cuda only); default gloo on cpu, nccl on cuda
+  double timeout_s = 300;            // rendezvous and collective timeout; a dead peer fails the job after this
+  double memory_per_rank_mb = 0;     // what a rank may use, for the fit check; 0 = host memory / local ranks
+  SourceRef ref;
+  int64_t world_size() const;
+};
+
+// The transforms of `parallelize`, one struct each: its YAML key is kKey and
+// its fields are its YAML keys (and --set paths, parallelize[i].KEY.FIELD).
+
+struct PipelineConfig {
+  static constexpr const char* kKey = "pipeline";
+  std::vector<std::string> mesh_dim{"pp"};  // the one mesh dim whose ranks hold the stages
+  Schedule schedule = Schedule::k1f1b;      // schedule name
+  int64_t microbatches = 0;                 // microbatches per step (0 = pp size; zbv: 2 x pp)
+  int64_t virtual_stages = 1;               // stages per rank (zbv: 2)
+  std::vector<std::string> split_points;    // FQNs where a stage starts
+  int64_t layers_per_stage = 0;             // layers per stage (0 = split evenly)
+  bool scale_grads = true;                  // divide gradients by the microbatch count
+};
+
+struct TensorParallelConfig {
+  static constexpr const char* kKey = "tensor_parallel";
+  std::vector<std::string> mesh_dim{"tp"};  // the one mesh dim it shards over
+  std::string plan = "default";             // the model's plan, or custom (then `styles`)
+  models::TpPlan styles;                    // plan custom: the rules
+  bool sequence_parallel = false;           // shard norms and residuals on the sequence dim
+};
+
+struct ActivationCheckpointingConfig {
+  static constexpr const char* kKey = "activation_checkpointing";
+  std::vector<std::string> units;  // module FQN patterns to checkpoint (required)
+  int64_t every = 1;               // checkpoint every n-th matching unit
+};
+
+struct FullyShardConfig {
+  static constexpr const char* kKey = "fully_shard";
+  std::vector<std::string> mesh_dim{"dp"};  // one dim (FSDP) or [replicate, shard] (HSDP)
+  std::vector<std::string> units;           // module FQN patterns; each match is a unit
+  bool reshard_after_forward = true;        // free unsharded params after forward
+  std::optional<DType> param_dtype;         // compute dtype (unset = parameter dtype)
+  std::optional<DType> reduce_dtype;        // gradient reduction dtype (unset = param_dtype)
+  ShardPlacement shard_placement = ShardPlacement::kDim0;  // dim each parameter is sharded on
+  AllGather all_gather = AllGather::kPlain;  // all-gather extension for float32 parameters
+  Offload offload = Offload::kNone;          // cpu keeps shards and optimizer state on the host
+  bool prefetch = true;                      // issue the next unit's all-gather early
+  std::vector<std::string> per_rank;         // parameters (FQN patterns) each rank keeps its own
+  int64_t per_rank_seed = -1;                // rank i draws them with the model's init under seed + i (-1: keep)
+  SourceRef per_rank_ref;                    // where per_rank was given
+};
+
+struct ReplicateConfig {
+  static constexpr const char* kKey = "replicate";
+  std::vector<std::string> mesh_dim{"dp"};  // the dims whose ranks hold copies
+  double bucket_mb = 25;                    // gradient bucket size
+  std::vector<std::string> per_rank;        // parameters (FQN patterns) each rank keeps its own
+  int64_t per_rank_seed = -1;               // rank i draws them with the model's init under seed + i (-1: keep)
+  SourceRef per_rank_ref;                   // where per_rank was given
+};
+
+using TransformOptions =
+    std::variant<PipelineConfig, TensorParallelConfig, ActivationCheckpointingConfig, FullyShardConfig, ReplicateConfig>;
+
+// One entry of `parallelize`: its own options and where it was written.
+struct TransformConfig {
+  TransformOptions options;
+  SourceRef ref;
+  const char* name() const;                    // its YAML key
+  std::vector<std::string> mesh_dim() const;   // the dims it spans ([] for activation_checkpointing)
+};
+
+// The YAML keys of the transforms, in the order they must be listed.
+std::vector<std::string> transform_names();
+
+struct OptimizerConfig {
+  OptimizerKind name = OptimizerKind::kAdam;  // sgd, adam or adamw
+  double lr = 1e-3;                           // peak learning rate
+  double momentum = 0;                        // sgd momentum
+  double dampening = 0;                       // sgd dampening
+  bool nesterov = false;                      // sgd Nesterov momentum
+  double weight_decay = 0;                    // L2 (sgd, adam) or decoupled (adamw)
+  std::vector<double> betas{0.9, 0.999};      // adam/adamw moment decay
+  double eps = 1e-8;                          // adam/adamw denominator epsilon
+};
+
+struct LrScheduleConfig {
+  int64_t warmup_steps = 0;   // linear warmup from lr/warmup_steps to lr
+  Decay decay = Decay::kNone; // after warmup: none, linear or cosine down to min_lr
+  double min_lr = 0;          // learning rate at the end of the decay
+};
+
+struct LossConfig {
+  LossKind name = LossKind::kMse;  // sum, mean, mse, cross_entropy, soft_cross_entropy
+  double scale = 1.0;              // the loss is multiplied by this
+};
+
+struct TrainConfig {
+  int64_t steps = 10;              // optimizer steps
+  int64_t global_batch = 8;        // samples per step over all data-parallel ranks
+  int64_t microbatches = 1;        // gradient accumulation: microbatches per step
+  DType dtype = DType::kFloat32;   // parameter and compute dtype
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  LossConfig loss;
+  double grad_clip = 0;            // clip gradients to this global L2 norm; 0 = off
+  int64_t log_every = 1;           // a log line every N steps (the last step always logs)
+  int64_t threads = 0;             // intra-op threads per rank; 0 = cores / local ranks
+};
+
+struct DataConfig {
+  DataSource source = DataSource::kSynthetic;  // synthetic, file (safetensors) or tokens (flat token ids)
+  InputKind inputs = InputKind::kAuto;         // auto: tokens for token models, else normal
+  TargetKind targets = TargetKind::kAuto;      // auto: chosen by the loss
+  int64_t seq_len = 0;                         // tokens per sample; 0 = the model's max_seq_len
+  std::string path;                            // file: safetensors with inputs and targets; tokens: token ids
+  TokenDType token_dtype = TokenDType::kUint16;  // tokens: the file's little-endian id width
+  SourceRef path_ref;                          // where path was given
+};
+
+struct CheckConfig {
+  std::string golden;        // golden file; "" = tests/golden/<name>.json
+  SourceRef golden_ref;      // where golden was given (or name, which names the default)
+  double loss_rtol = 1e-5;   // per-step loss and grad-norm relative tolerance
+  double loss_atol = 1e-6;   // per-step loss and grad-norm absolute tolerance
+  double param_rtol = 1e-4;  // final parameter relative tolerance
+  double param_atol = 1e-5;  // final parameter absolute tolerance
+};
+
+// Fault injection: for testing the launcher, rank fail_rank fails at step
+// fail_step, as fail_mode says; for testing the golden checks, `inject` makes
+// every rank compute a wrong step the way a plausible bug would. Off by default.
+enum class FailMode {
+  kError,   // reports an error (exit 3), as a failing rank does
+  kExit,    // exits with code 7 without reporting anything
+  kSignal,  // kills itself with SIGKILL, as `kill -9` or the OOM killer would
+};
+enum class FailAt {
+  kStep,         // at the start of step fail_step
+  kBeforeIndex,  // in step fail_step's checkpoint save, after writing its rank file, before the index
+};
+enum class Inject {
+  kNone,
+  kGradX2,              // backward runs on twice the loss: gradients (and their norm) x 2
+  kMicrobatchOffByOne,  // the last dp rank reads its batch one microbatch late
+};
+struct DebugConfig {
+  int64_t fail_rank = -1;  // the rank that fails; -1 = none
+  int64_t fail_step = 1;   // the step at which it fails
+  FailMode fail_mode = FailMode::kError;
+  FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
+  Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
+  std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
+};
+const char* name_of(FailMode v);
+const char* name_of(FailAt v);
+const char* name_of(Inject v);
+
+// Distributed checkpoints (runner/checkpoint.h).
+struct CheckpointConfig {
+  std::string dir;            // "" = the run's output folder + /checkpoints
+  int64_t interval = 0;       // save every N steps; 0 = only at the end of training
+  int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted
+  std::string resume = "auto";  // auto (newest complete checkpoint in dir, else fresh), never, or a path
+  SourceRef ref;              // the section, for errors
+  SourceRef resume_ref;       // where resume was given
+};
+
+struct ExperimentConfig {
+  std::string file;       // the YAML file it came from
+  std::string name;       // experiment name (required): output and golden file names
+  uint64_t seed = 0;      // model init and synthetic data
+  ModelConfig model;
+  MeshConfig mesh;
+  std::vector<TransformConfig> parallelize;  // applied in this order
+  TrainConfig train;
+  DataConfig data;
+  CheckConfig check;
+  CheckpointConfig checkpoint;
+  DebugConfig debug;
+};
+
+// Reads and validates a config file; `overrides` are "a.b.c=value" strings.
+// Throws ConfigError (or FileError) naming the file, line, column and path.
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text (tests); `file` names it in errors.
+ExperimentConfig parse_config(const std::string& yaml_text, const std::string& file,
+                              const std::vector<std::string>& overrides = {});
+
+// The resolved config as JSON (every default filled in).
+nlohmann::json to_json(const ExperimentConfig& c);
+
+// A hash of the parallelism-independent sections (seed, model, train, data):
+// a golden file is valid for every parallel plan with the same hash.
+std::string config_hash(const ExperimentConfig& c);
+
+// The default golden path: check.golden, else tests/golden/<name>.json.
+std::string golden_path(const ExperimentConfig& c);
+
+}  // namespace composer

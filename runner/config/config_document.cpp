@@ -1,0 +1,118 @@
+#include "runner/config/config_document.h"
+
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "runner/base/errors.h"
+
+namespace composer {
+namespace {
+
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps both and reads
+// one of them: an error naming both places instead. `where(first, second)`
+// names them (file lines, or the --set override).
+void check_unique_keys(const YAML::Node& node, const std::string& path,
+                       const std::function<SourceRef(const YAML::Node&, const std::string&)>& ref_at,
+                       const std::function<std::string(const YAML::Node&)>& place) {
+  if (node.IsMap()) {
+    std::map<std::string, YAML::Node> seen;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) {
+        throw ConfigError(ref_at(kv.first, path.empty() ? "(key)" : path + ".(key)"),
+                          "a key must be a plain name, not a mapping, a list or empty; write `name: value`");
+      }
+      const std::string key = kv.first.Scalar();
+      const std::string child = path.empty() ? key : path + "." + key;
+      auto [it, fresh] = seen.emplace(key, kv.first);
+      if (!fresh) {
+        throw ConfigError(ref_at(kv.first, child), "duplicate key '" + key + "': first " + place(it->second) +
+                                                       ", again " + place(kv.first) + "; keep one of them");
+      }
+      check_unique_keys(kv.second, child, ref_at, place);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      check_unique_keys(node[i], path + "[" + std::to_string(i) + "]", ref_at, place);
+    }
+  }
+}
+
+}  // namespace
+
+void check_unique_keys(const YAML::Node& doc, const std::string& file) {
+  check_unique_keys(
+      doc, "",
+      [&](const YAML::Node& n, const std::string& path) {
+        return SourceRef{file, n.Mark().line + 1, n.Mark().column + 1, path, ""};
+      },
+      [](const YAML::Node& n) { return "at line " + std::to_string(n.Mark().line + 1); });
+}
+
+void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw UserError("--set " + text + ": expected path=value, e.g. --set train.steps=20");
+  }
+  std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  YAML::Node value_node;
+  try {
+    value_node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
+  }
+  check_unique_keys(
+      value_node, path,
+      [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
+      [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
+  for (const auto& [earlier_path, earlier] : ctx.overrides) {
+    if (earlier_path == path) {
+      throw UserError("--set " + text + ": " + earlier_path + " is already set by --set " + earlier +
+                      "; give each path once");
+    }
+  }
+  YAML::Node cur;
+  cur.reset(root);
+  std::stringstream ss(path);
+  std::string token, walked;
+  std::vector<std::string> tokens;
+  while (std::getline(ss, token, '.')) tokens.push_back(token);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    std::string key = tokens[t];
+    long index = -1;
+    auto br = key.find('[');
+    if (br != std::string::npos) {
+      index = std::strtol(key.c_str() + br + 1, nullptr, 10);
+      key = key.substr(0, br);
+    }
+    walked += (walked.empty() ? "" : ".") + key;
+    if (key.empty() || (!cur.IsMap() && !cur.IsNull())) {
+      throw UserError("--set " + text + ": '" + walked + "' is not a mapping");
+    }
+    bool last = t + 1 == tokens.size();
+    if (index < 0) {
+      if (!last && (!cur[key].IsDefined() || cur[key].IsNull())) cur[key] = YAML::Node(YAML::NodeType::Map);
+      if (last) {
+        cur[key] = value_node;
+      } else {
+        YAML::Node next = cur[key];
+        cur.reset(next);
+      }
+      continue;
+    }
+    YAML::Node seq = cur[key];
+    if (!seq.IsSequence() || index >= static_cast<long>(seq.size())) {
+      throw UserError("--set " + text + ": " + walked + " has no entry [" + std::to_string(index) + "]");
+    }
+    walked += "[" + std::to_string(index) + "]";
+    if (last) {
+      seq[index] = value_node;
+    } else {
+      YAML::Node next = seq[index];
+      cur.reset(next);
+    }
+  }
+  ctx.overrides.emplace_back(path, text);
+}
+
+}  // namespace composer

@@ -1,0 +1,97 @@
+#include "runner/estimate/dry_run.h"
+
+#include <algorithm>
+#include <map>
+
+#include "runner/base/memory.h"
+#include "runner/train/build.h"
+#include "runner/train/optim.h"
+
+namespace composer {
+namespace {
+
+// A rank of the job on a mesh without process groups (a plan's view of it),
+// not the main rank: it logs nothing.
+RankContext planning_rank(const ExperimentConfig& c, const Plan& plan, int r) {
+  RankContext ctx;
+  ctx.rank = r;
+  ctx.world_size = static_cast<int>(plan.world_size);
+  parallel::MeshOptions o;
+  o.connect = false;
+  if (!plan.transforms.empty()) {
+    ctx.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, r, c10::intrusive_ptr<c10d::Store>(),
+                                                      o, plan.flat_groups);
+  }
+  ctx.rank = -1;
+  return ctx;
+}
+
+}  // namespace
+
+std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit) {
+  if (plan.transforms.empty()) return {};
+  // The first rank of every pipeline stage: together they hold every parameter.
+  const std::vector<int> ranks = stage_first_ranks(c, plan);
+  std::vector<std::string> names;
+  std::map<std::string, std::string> lines;
+  for (int r : ranks) {
+    RankContext ctx = planning_rank(c, plan, r);
+    nn::ShapeOnly shapes;  // names and placements only
+    models::ModelPtr model = build_model(c);
+    model->to(scalar_type_of(c.train.dtype));
+    parallel::Parallel par = apply_plan(*model, c, plan, ctx, torch::Tensor());
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+      if (r == ranks.front()) names.push_back(name);
+      const parallel::ShardSpec* spec = par.placements->find(p);
+      if (!spec || !spec->held() || lines.count(name)) continue;
+      lines[name] = name + " " + spec->str() + "; gradient: " + parallel::grad_plan(*spec).str();
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    if (out.size() == limit) {
+      out.push_back("... and " + std::to_string(names.size() - limit) + " more parameters");
+      break;
+    }
+    out.push_back(lines.count(n) ? lines[n] : n + " (no placement)");
+  }
+  return out;
+}
+
+DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
+  memory::MetaCount count;
+  nn::ShapeOnly shapes;
+  RankContext ctx = planning_rank(c, plan, r);
+  DryRun out;
+  models::ModelPtr model = build_model(c);
+  model->to(scalar_type_of(c.train.dtype));
+  model->train();
+  const DataPlan data = plan_data(c, *model);
+  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
+  torch::Tensor example = pp_mb ? meta_batch(data, pp_mb).inputs : torch::Tensor();
+  parallel::Parallel par = apply_plan(*model, c, plan, ctx, example);
+  par.derive_grad_sync();
+  par.device = torch::kMeta;
+  std::vector<torch::Tensor> params = par.held_params();
+  auto optimizer = make_optimizer(c.train.optimizer, params);
+  static const parallel::Delays kNoDelays({}, 0);
+  StepState state{c, plan, *model, par, params, *optimizer,
+                  [&](int64_t, int64_t begin, int64_t end) { return meta_batch(data, end - begin); },
+                  (par.dp ? par.dp->rank : 0) * plan.local_batch, static_cast<double>(plan.dp_size), kNoDelays};
+  const int64_t before = count.live(), buffers_before = par.buffer_bytes();
+  for (int64_t step = 1; step <= steps; ++step) {
+    reset_counters(ctx);
+    count.reset_peak();
+    StepRecord rec;
+    rec.step = step;
+    rec.lr = lr_at(c.train.optimizer, c.train.lr_schedule, step, c.train.steps);
+    set_lr(*optimizer, rec.lr);
+    run_step(state, rec);
+    out.step_peaks.push_back(count.peak());
+    if (step == 1) out.terms = memory_terms(par, params, buffers_before, before, count.live());
+    out.comm = comm_bytes(ctx);
+  }
+  return out;
+}
+
+}  // namespace composer

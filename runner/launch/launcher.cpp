@@ -1,0 +1,286 @@
+#include "runner/launch/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "runner/base/errors.h"
+#include "runner/launch/rendezvous.h"
+
+namespace composer {
+namespace {
+
+constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM to SIGKILL
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0) throw UserError(std::string("environment variable ") + name + "='" + v + "' is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+struct Child {
+  pid_t pid = -1;
+  int rank = 0;
+  int out_fd = -1, err_fd = -1;
+  std::string out_buf, err_buf;
+  bool done = false;
+  int code = 0;
+  int sent = 0;     // the last signal the launcher sent it (0: none)
+  int signal = 0;   // the signal it died of, when the launcher did not send it
+  int64_t died_ns = 0;  // when it was found dead (CLOCK_MONOTONIC, as ranks stamp their errors)
+};
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int) { g_interrupted = 1; }
+
+// Forwards complete lines from `fd` with the rank prefix; returns false at EOF.
+bool pump(int fd, std::string& buf, std::ostream& os, const std::string& prefix) {
+  char chunk[4096];
+  ssize_t n = read(fd, chunk, sizeof chunk);
+  if (n <= 0) {
+    if (!buf.empty()) os << prefix << buf << "\n" << std::flush;
+    buf.clear();
+    return n < 0 && errno == EAGAIN;
+  }
+  buf.append(chunk, static_cast<size_t>(n));
+  size_t pos;
+  while ((pos = buf.find_first_of("\n\r")) != std::string::npos) {
+    if (pos > 0) os << prefix << buf.substr(0, pos) << "\n";
+    buf.erase(0, pos + 1);
+  }
+  os << std::flush;
+  return true;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
+            int out[2], int err[2]) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw RuntimeFailure(std::string("fork failed: ") + std::strerror(errno));
+  if (pid > 0) return pid;
+  // Child: die with the launcher, write into the pipes, become the rank.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(3);
+  dup2(out[1], STDOUT_FILENO);
+  dup2(err[1], STDERR_FILENO);
+  close(out[0]);
+  close(err[0]);
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv("/proc/self/exe", args.data());
+  std::fprintf(stderr, "cannot start rank: %s\n", std::strerror(errno));
+  _exit(3);
+}
+
+// Whether a TCP port can be listened on (any address), checked before the
+// store binds it so that a taken port is one clear error, not library logs.
+struct Cause {
+  int rank = -1;
+  int exit_code = 0;  // what the launcher returns
+  std::string message;
+  int64_t at = 0;
+};
+
+// Which rank caused a failure. A rank killed by a signal the launcher did not
+// send comes first (its peers' lost connections are often stamped before it
+// is found dead), then a rank that exited non-zero without reporting an error,
+// then the earliest error a rank reported. Empty when every rank succeeded.
+// When the job was interrupted, the interrupting signals (a terminal's Ctrl-C
+// reaches every rank too) are not causes.
+Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir, bool interrupted) {
+  Cause signalled, silent, reported;
+  auto keep = [](Cause& slot, const Cause& c) {
+    if (slot.rank < 0 || c.at < slot.at) slot = c;
+  };
+  for (const auto& c : kids) {
+    const std::string who = "rank " + std::to_string(c.rank);
+    int64_t t = 0;
+    int code = 0;
+    std::ifstream in(error_dir + "/" + std::to_string(c.rank));
+    const bool stamped = !error_dir.empty() && static_cast<bool>(in >> t >> code) && code != 0;
+    const bool interruption =
+        interrupted && (c.signal == SIGINT || c.signal == SIGTERM || c.signal == SIGHUP || c.sent != 0);
+    if (interruption) continue;
+    if (c.signal) {
+      const char* abbrev = sigabbrev_np(c.signal);
+      keep(signalled, {c.rank, 3,
+                       who + " was killed by signal " + std::to_string(c.signal) +
+                           (abbrev ? " (SIG" + std::string(abbrev) + ")" : std::string()) + "; stopped the other ranks",
+                       c.died_ns});
+    } else if (c.code != 0 && !stamped && c.sent == 0) {
+      keep(silent, {c.rank, 3,
+                    who + " exited with code " + std::to_string(c.code) +
+                        " without reporting an error; stopped the other ranks",
+                    c.died_ns});
+    } else if (stamped) {
+      keep(reported, {c.rank, (code == 1 || code == 2) ? code : 3,
+                      who + " failed with exit code " + std::to_string(code) +
+                          (code == 1 ? "" : "; stopped the other ranks"),
+                      t});
+    }
+  }
+  if (signalled.rank >= 0) return signalled;
+  if (silent.rank >= 0) return silent;
+  return reported;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+std::optional<RankEnv> rank_env_from_environment() {
+  if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return std::nullopt;
+  RankEnv e;
+  e.rank = env_int("RANK", 0);
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+  if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
+  e.master_port = env_int("MASTER_PORT", 29500);
+  if (e.world_size < 1 || e.rank >= e.world_size) {
+    throw UserError("RANK " + std::to_string(e.rank) + " is not below WORLD_SIZE " + std::to_string(e.world_size));
+  }
+  // composer's own launcher hosts the store; under an external one, rank 0 does.
+  e.host_store = !std::getenv("COMPOSER_LAUNCHED") && e.rank == 0;
+  if (const char* f = std::getenv("COMPOSER_STORE_FILE")) e.store_file = f;
+  return e;
+}
+
+int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv) {
+  if (node.nnodes < 1 || world_size % node.nnodes != 0) {
+    throw UserError("--nnodes " + std::to_string(node.nnodes) + " does not divide the mesh's " +
+                    std::to_string(world_size) + " ranks; use a divisor of " + std::to_string(world_size));
+  }
+  if (node.node_rank < 0 || node.node_rank >= node.nnodes) {
+    throw UserError("--node-rank " + std::to_string(node.node_rank) + " must be below --nnodes " +
+                    std::to_string(node.nnodes));
+  }
+  if (node.nnodes > 1 && node.master_port == 0) {
+    throw UserError("--nnodes " + std::to_string(node.nnodes) + " needs --master-port so the nodes can meet");
+  }
+  const int local = world_size / node.nnodes;
+
+  // Ranks record the time they failed here, so the report names the first.
+  // A single-node job without --master-port also meets here, through a file
+  // store: it opens no socket beyond Gloo's on loopback.
+  char dir_template[] = "/tmp/composer-errors-XXXXXX";
+  const std::string error_dir = mkdtemp(dir_template) ? dir_template : "";
+  const bool file_store = node.nnodes == 1 && node.master_port == 0 && !error_dir.empty();
+
+  // Else node 0 hosts the rendezvous store for the whole job.
+  c10::intrusive_ptr<c10d::Store> store;
+  int port = node.master_port;
+  if (node.node_rank == 0 && !file_store) {
+    store = host_rendezvous(node.master_addr, node.master_port, c10d::Store::kDefaultTimeout, &port);
+  }
+
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  std::vector<Child> kids(local);
+  for (int i = 0; i < local; ++i) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw RuntimeFailure("cannot create pipes for the ranks");
+    Child& c = kids[i];
+    c.rank = node.node_rank * local + i;
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"RANK", std::to_string(c.rank)},          {"WORLD_SIZE", std::to_string(world_size)},
+        {"LOCAL_RANK", std::to_string(i)},         {"LOCAL_WORLD_SIZE", std::to_string(local)},
+        {"MASTER_ADDR", node.master_addr},         {"MASTER_PORT", std::to_string(port)},
+        {"COMPOSER_LAUNCHED", "1"},                {"GLOG_minloglevel", "2"},
+        {"COMPOSER_ERROR_DIR", error_dir}};
+    if (file_store) env.emplace_back("COMPOSER_STORE_FILE", error_dir + "/store");
+    // OpenBLAS sizes its thread pool when it loads, from the environment: give
+    // each rank its share of the cores, or its spinning threads fight the
+    // other ranks for them (the trainer sets LibTorch's threads the same way).
+    if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, cores / local)));
+    }
+    c.pid = spawn(argv, env, out, err);
+    close(out[1]);
+    close(err[1]);
+    c.out_fd = out[0];
+    c.err_fd = err[0];
+    fcntl(c.out_fd, F_SETFL, O_NONBLOCK);
+    fcntl(c.err_fd, F_SETFL, O_NONBLOCK);
+  }
+
+  bool failed = false;  // a rank exited non-zero: stop the others
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::now();
+  size_t running = kids.size();
+  while (running > 0 || std::any_of(kids.begin(), kids.end(), [](const Child& c) { return c.out_fd >= 0 || c.err_fd >= 0; })) {
+    std::vector<pollfd> fds;
+    for (auto& c : kids) {
+      if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0});
+      if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0});
+    }
+    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (auto& c : kids) {
+      const std::string prefix = "[rank " + std::to_string(c.rank) + "/" + std::to_string(world_size) + "] ";
+      if (c.out_fd >= 0 && !pump(c.out_fd, c.out_buf, std::cout, prefix)) { close(c.out_fd); c.out_fd = -1; }
+      if (c.err_fd >= 0 && !pump(c.err_fd, c.err_buf, std::cerr, prefix)) { close(c.err_fd); c.err_fd = -1; }
+      if (c.done) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.done = true;
+        c.code = exit_code_of(status);
+        c.died_ns = monotonic_ns();
+        if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
+        --running;
+        if (c.code != 0) failed = true;
+      }
+    }
+    if ((failed || g_interrupted) && !stopping) {
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + kGrace;
+      for (auto& c : kids) {
+        if (!c.done) kill(c.pid, c.sent = SIGTERM);
+      }
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      for (auto& c : kids) {
+        if (!c.done) kill(c.pid, c.sent = SIGKILL);
+      }
+    }
+  }
+  const Cause cause = failure_cause(kids, error_dir, g_interrupted);
+  if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
+  if (g_interrupted && cause.rank < 0) {
+    std::cerr << "interrupted; stopped all ranks\n";
+    return 130;
+  }
+  if (cause.rank < 0) return 0;
+  std::cerr << cause.message << "\n";
+  return cause.exit_code;
+}
+
+}  // namespace composer

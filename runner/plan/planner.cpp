@@ -1,0 +1,433 @@
+#include "runner/plan/planner.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "models/registry.h"
+#include "parallelisms/activation_checkpoint.h"
+#include "parallelisms/comm/cuda_runtime.h"
+#include "parallelisms/fully_shard.h"
+#include "parallelisms/per_rank.h"
+#include "parallelisms/pipeline/pipeline.h"
+#include "parallelisms/tensor_parallel.h"
+#include "models/select.h"
+
+namespace composer {
+namespace {
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+// Composition order: the pipeline cuts the model into stages first, and
+// each stage is then a root for the rest; tensor parallel shards the math,
+// activation checkpointing wraps the sharded blocks, and data parallelism
+// shards or replicates what remains. The transforms apply in the order the
+// YAML lists them, so that is the order it must list them in.
+int order_of(const TransformConfig& t) {
+  return std::visit(Overloaded{[](const PipelineConfig&) { return 0; }, [](const TensorParallelConfig&) { return 1; },
+                               [](const ActivationCheckpointingConfig&) { return 2; },
+                               [](const FullyShardConfig&) { return 3; }, [](const ReplicateConfig&) { return 3; }},
+                    t.options);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+int64_t dim_size(const MeshConfig& m, const std::string& name) {
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    if (m.names[i] == name) return m.shape[i];
+  }
+  return 0;
+}
+
+void check_mesh(const ExperimentConfig& c, int64_t world_size) {
+  if (c.mesh.backend == Backend::kNccl && c.mesh.device != DeviceKind::kCuda) {
+    throw PlanError(c.mesh.ref, "mesh.backend nccl moves CUDA tensors only, and mesh.device is cpu: set device: "
+                                "cuda, or backend: gloo");
+  }
+  const int64_t product = c.mesh.world_size();
+  if (product != world_size) {
+    std::ostringstream os;
+    os << "mesh.shape [" << c10::Join(", ", c.mesh.shape) << "] has " << product << " ranks but the job has "
+       << world_size << "; make the product of mesh.shape equal the number of ranks";
+    throw PlanError(c.mesh.ref, os.str());
+  }
+}
+
+void check_order_and_dims(const ExperimentConfig& c) {
+  int last_order = -1;
+  std::string last_name;
+  std::set<std::string> used;
+  for (const auto& t : c.parallelize) {
+    for (const auto& d : t.mesh_dim()) {
+      if (dim_size(c.mesh, d) == 0) {
+        throw PlanError(t.ref, std::string(t.name()) + " uses mesh dim '" + d + "' but mesh.names is [" +
+                                   join(c.mesh.names) + "]; name one of those in mesh_dim or add the dim to the mesh");
+      }
+      if (!used.insert(d).second) {
+        throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one");
+      }
+    }
+    if (order_of(t) < last_order) {
+      throw PlanError(t.ref, std::string(t.name()) + " comes after " + last_name +
+                                 "; transforms apply in the order parallelize lists them, which must be pipeline "
+                                 "(it cuts the model into stages), tensor_parallel, activation_checkpointing, "
+                                 "fully_shard or replicate: reorder parallelize");
+    }
+    last_order = order_of(t);
+    last_name = t.name();
+  }
+  for (size_t i = 0; i < c.mesh.names.size(); ++i) {
+    if (c.mesh.shape[i] > 1 && !used.count(c.mesh.names[i])) {
+      throw PlanError(c.mesh.ref, "mesh dim '" + c.mesh.names[i] + "' has " + std::to_string(c.mesh.shape[i]) +
+                                      " ranks but no transform uses it; add a transform over it (e.g. replicate: "
+                                      "{mesh_dim: " + c.mesh.names[i] + "}) or make it 1");
+    }
+  }
+}
+
+// The data-parallel dims (every fully_shard and replicate dim, in order) and
+// the batch each data-parallel rank gets.
+void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
+  for (const auto& t : c.parallelize) {
+    const bool data_parallel = std::visit(
+        Overloaded{[](const FullyShardConfig&) { return true; }, [](const ReplicateConfig&) { return true; },
+                   [](const auto&) { return false; }},
+        t.options);
+    if (!data_parallel) continue;
+    for (const auto& d : t.mesh_dim()) {
+      p.dp_dims.push_back(d);
+      p.dp_size *= dim_size(c.mesh, d);
+    }
+    if (t.mesh_dim().size() > 1) p.flat_groups.push_back(t.mesh_dim());
+  }
+  // One group over every data-parallel dim: the data split and the loss.
+  if (p.dp_dims.size() > 1 && std::find(p.flat_groups.begin(), p.flat_groups.end(), p.dp_dims) == p.flat_groups.end()) {
+    p.flat_groups.push_back(p.dp_dims);
+  }
+  const int64_t per_step = p.dp_size * c.train.microbatches;
+  if (c.train.global_batch % per_step != 0) {
+    std::ostringstream os;
+    os << "global_batch " << c.train.global_batch << " does not split over " << p.dp_size
+       << " data-parallel ranks x " << c.train.microbatches << " microbatches (" << per_step
+       << "); use a multiple of " << per_step;
+    throw PlanError(SourceRef{c.file, 0, 0, "train.global_batch", ""}, os.str());
+  }
+  p.local_batch = c.train.global_batch / p.dp_size;
+  p.local_microbatch = p.local_batch / c.train.microbatches;
+}
+
+// What the pass over the transforms has seen so far: each transform is
+// checked against the model (built once, shapes only) and the transforms
+// before it, which apply before it.
+struct Planning {
+  const ExperimentConfig& c;
+  Plan& p;
+  models::Model& model;
+  const TransformConfig* pipeline = nullptr;
+  const TransformConfig* tensor_parallel = nullptr;
+  const TransformConfig* fully_shard = nullptr;
+  const ActivationCheckpointingConfig* checkpointing = nullptr;
+  std::vector<std::string> checkpointed;  // the checkpointed unit FQNs
+  std::vector<std::string> summary;       // activation checkpointing's and per_rank's lines
+};
+
+// Pipeline: the schedule runs on pp x virtual_stages stages with enough
+// microbatches, the model splits as asked, and each rank's batch divides.
+// NCCL matches point-to-point messages by order on one stream per pair of
+// ranks, both directions together: a schedule's activations one way and
+// gradients the other would wait on each other unless grouped, which
+// composer's schedules do not do yet. Over Gloo they match by tag.
+void plan_one(Planning& s, const TransformConfig& entry, const PipelineConfig& t) {
+  const ExperimentConfig& c = s.c;
+  Plan& p = s.p;
+  if (c.mesh.backend == Backend::kNccl) {
+    throw PlanError(entry.ref, "pipeline over mesh.backend nccl is not supported yet (its sends and receives "
+                               "would need NCCL grouping); set mesh.backend: gloo, which moves CUDA activations "
+                               "through host copies");
+  }
+  if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "pipeline spans exactly one mesh dim");
+  const int pp = static_cast<int>(dim_size(c.mesh, t.mesh_dim[0]));
+  const auto kind = t.schedule;
+  const int v = static_cast<int>(t.virtual_stages);
+  // The pipeline's microbatches are the step's: train.microbatches (when > 1)
+  // or the pipeline's own count, which must then agree.
+  int m = static_cast<int>(t.microbatches);
+  if (c.train.microbatches > 1) {
+    if (m && m != c.train.microbatches) {
+      throw PlanError(entry.ref, "pipeline microbatches " + std::to_string(m) + " differ from train.microbatches " +
+                                     std::to_string(c.train.microbatches) + "; they are the same split: give one");
+    }
+    m = static_cast<int>(c.train.microbatches);
+  }
+  if (!m) m = kind == parallel::ScheduleKind::kZbv ? 2 * pp : pp;
+  if (auto why = parallel::check_shape(kind, parallel::shape_for(kind, pp, v, m))) {
+    throw PlanError(entry.ref, "schedule " + std::string(name_of(t.schedule)) + ": " + *why);
+  }
+  if (p.local_batch % m != 0) {
+    throw PlanError(entry.ref, "the " + std::to_string(p.local_batch) + " samples per data-parallel rank do not split into " +
+                                   std::to_string(m) + " pipeline microbatches; make global_batch a multiple of " +
+                                   std::to_string(m * p.dp_size));
+  }
+  auto pieces = s.model.pipeline_pieces();
+  if (pieces.empty()) {
+    throw PlanError(entry.ref, "model " + c.model.name + " cannot be split into pipeline stages; models that can: "
+                               "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama");
+  }
+  std::vector<std::pair<size_t, size_t>> ranges;
+  if (auto why = parallel::split_stages(pieces, pp * v, t.split_points, t.layers_per_stage, ranges)) {
+    throw PlanError(entry.ref, *why);
+  }
+  p.pp_size = pp;
+  p.pp_microbatches = m;
+  p.pipeline = t;
+  s.pipeline = &entry;
+  if (t.scale_grads && c.train.loss.name == LossKind::kSum && m > 1) {
+    p.warnings.push_back(entry.ref.where() + ": loss: sum with the pipeline's scale_grads: true divides each "
+                         "microbatch's gradient by the " + std::to_string(m) + " microbatches, so this trains on "
+                         "1/" + std::to_string(m) + " of the summed loss's gradient, unlike one device; set "
+                         "scale_grads: false to match it");
+  }
+}
+
+// Tensor parallelism: the model's plan must exist, suit the model's modules and
+// divide what it shards (heads; the sequence under sequence parallelism).
+void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelConfig& t) {
+  const ExperimentConfig& c = s.c;
+  Plan& p = s.p;
+  if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "tensor_parallel spans exactly one mesh dim");
+  p.tp_size = dim_size(c.mesh, t.mesh_dim[0]);
+  const models::ModelSpec* spec = models::find_model(c.model.name);
+  const bool custom = t.plan == "custom";
+  if (!custom && !spec->tp_plan) {
+    throw PlanError(entry.ref, "model " + c.model.name + " has no tensor-parallel plan; models with one: "
+                               "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, "
+                               "simple_model_uneven, transformer, llama; or give plan: custom with styles");
+  }
+  if (!custom && t.plan != "default") {
+    throw PlanError(entry.ref, "unknown tensor-parallel plan '" + t.plan + "' for model " + c.model.name +
+                                   "; use default (with sequence_parallel true or false) or custom (with styles)");
+  }
+  try {  // a custom plan still needs the model's divisibility (heads), not its sequence-parallel support
+    if (spec->tp_check) spec->tp_check(c.model.args, p.tp_size, custom ? false : t.sequence_parallel);
+  } catch (const models::ArgError& e) {
+    throw PlanError(entry.ref, e.what());
+  }
+  p.tp_plan = custom ? t.styles : spec->tp_plan(c.model.args, t.sequence_parallel);
+  if (auto problem = parallel::check_tp_plan(s.model, p.tp_plan)) {
+    throw PlanError(entry.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
+  }
+  const auto in = s.model.input_spec();
+  const int64_t seq = c.data.seq_len ? c.data.seq_len : in.max_seq_len;
+  if (t.sequence_parallel && seq % p.tp_size != 0) {
+    throw PlanError(entry.ref, "sequence_parallel shards the sequence: tp degree " + std::to_string(p.tp_size) +
+                                   " does not divide seq_len " + std::to_string(seq) +
+                                   " (data.seq_len, or the model's max_seq_len); choose a seq_len that tp divides");
+  }
+  s.tensor_parallel = &entry;
+  p.splits_model = true;
+}
+
+// Activation checkpointing: every pattern names a module and the units do not nest.
+void plan_one(Planning& s, const TransformConfig& entry, const ActivationCheckpointingConfig& t) {
+  const parallel::ActivationCheckpointOptions o{t.units, t.every};
+  if (auto problem = parallel::check_checkpoint_units(s.model, o)) throw PlanError(entry.ref, *problem);
+  s.checkpointed = parallel::checkpoint_units(s.model, o);
+  s.checkpointing = &t;
+  s.summary.push_back("activation_checkpointing: " + std::to_string(s.checkpointed.size()) + " units recompute "
+                      "their forward in backward (" + join(s.checkpointed) + ")");
+}
+
+// per_rank: each data-parallel rank keeps its own copy of the selected
+// parameters, trained on its own samples. That is what the seed's mixture of
+// experts computes only when the copies differ on every rank that sees other
+// samples (the transform spans every data-parallel dim) and each copy is whole
+// on its rank and computes in the training dtype.
+template <class T>
+void plan_per_rank(Planning& s, const TransformConfig& entry, const T& t, bool mixed_precision,
+                   const std::string& precision) {
+  if (t.per_rank.empty()) return;
+  const ExperimentConfig& c = s.c;
+  Plan& p = s.p;
+  const std::string where = "per_rank";
+  if (t.mesh_dim != p.dp_dims) {
+    throw PlanError(t.per_rank_ref, where + " parameters differ on every rank that sees other samples, but this " +
+                                        entry.name() + " spans [" + join(t.mesh_dim) + "] and data parallelism [" +
+                                        join(p.dp_dims) + "]; give per_rank to one transform over every "
+                                        "data-parallel dim (e.g. fully_shard: {mesh_dim: [" + join(p.dp_dims) + "]})");
+  }
+  for (const TransformConfig* u : {s.pipeline, s.tensor_parallel}) {
+    if (!u) continue;
+    throw PlanError(t.per_rank_ref, where + " keeps each rank's copy whole and only on data-parallel ranks, "
+                                    "but " + u->name() + " (" + u->ref.where() + ") would split the model "
+                                    "across ranks that must hold the same copy; this version does not combine "
+                                    "them: drop per_rank or the " + u->name() + " transform");
+  }
+  if (mixed_precision) {
+    throw PlanError(t.per_rank_ref, where + " parameters stay outside fully_shard and compute in the training "
+                                    "dtype, but this fully_shard computes in " + precision +
+                                    "; drop param_dtype/all_gather or per_rank");
+  }
+  std::vector<std::string> names;
+  for (const auto& pattern : t.per_rank) {
+    auto selected = parallel::per_rank_params(s.model, {pattern});
+    if (selected.empty()) {
+      throw PlanError(t.per_rank_ref, where + " pattern '" + pattern + "' selects no parameter of " + c.model.name +
+                                          "; give a module or parameter FQN, e.g. " +
+                                          nn::unique_named_parameters(s.model).back().first);
+    }
+    for (const auto& n : selected) {
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    }
+  }
+  if (names.size() == nn::unique_named_parameters(s.model).size()) {
+    throw PlanError(t.per_rank_ref, where + " selects every parameter of " + c.model.name + ": nothing would be "
+                                        "data parallel (each rank trains its own model); leave some parameters out");
+  }
+  p.per_rank = Plan::PerRank{t.per_rank, t.per_rank_seed, t.mesh_dim};
+  s.summary.push_back("per_rank: " + join(names) + " keep their own values on each of the " +
+                      std::to_string(p.dp_size) + " data-parallel ranks, neither sharded nor reduced" +
+                      (t.per_rank_seed >= 0 ? " (rank i draws them with seed " + std::to_string(t.per_rank_seed) +
+                                                  " + i)" : ""));
+}
+
+// fully_shard: one per plan (HSDP spans two dims), its options suit the
+// training dtype and the transforms before it, every unit pattern names a
+// module, no unit lies inside a checkpointed one (its parameters would be
+// gathered inside the no-grad forward, out of reach of the recompute, which
+// computes with the parameters present when the unit's backward begins), and
+// under a pipeline every parameter is in a unit.
+void plan_one(Planning& s, const TransformConfig& entry, const FullyShardConfig& t) {
+  const ExperimentConfig& c = s.c;
+  if (s.fully_shard) {
+    throw PlanError(entry.ref, "a second fully_shard would shard the shards again, which this version does not do; "
+                               "shard over one dim and replicate over the other (HSDP: fully_shard: {mesh_dim: [" +
+                                   s.fully_shard->mesh_dim().front() + ", " + t.mesh_dim.front() +
+                                   "]}, or a replicate transform)");
+  }
+  if (t.mesh_dim.size() > 2) {
+    throw PlanError(entry.ref, "fully_shard spans one mesh dim (FSDP) or two, [replicate, shard] (HSDP), not " +
+                                   std::to_string(t.mesh_dim.size()));
+  }
+  if (t.shard_placement == ShardPlacement::kOppositeTp && !s.tensor_parallel) {
+    throw PlanError(entry.ref, "shard_placement: opposite_tp shards the dim tensor parallelism does not, but no "
+                               "tensor_parallel comes before this fully_shard; use dim0 or add tensor_parallel");
+  }
+  if (t.all_gather != AllGather::kPlain && c.train.dtype != DType::kFloat32) {
+    throw PlanError(entry.ref, "the all_gather extensions transform float32 parameters, but train.dtype is " +
+                                   std::string(name_of(c.train.dtype)) + "; use all_gather: plain or dtype float32");
+  }
+  if (auto problem = parallel::check_units(s.model, t.units)) throw PlanError(entry.ref, *problem);
+  const auto units = models::select_modules(s.model, t.units);
+  for (const auto& [inner, m] : units) {
+    for (const auto& outer : s.checkpointed) {
+      if (inner.rfind(outer + ".", 0) != 0) continue;
+      throw PlanError(entry.ref, "fully_shard unit " + inner + " lies inside the checkpointed unit " + outer +
+                                     ", whose recompute computes with the parameters gathered before it; make the "
+                                     "fully_shard units the checkpointed modules or modules that contain them "
+                                     "(e.g. both units: [" + s.checkpointing->units.front() + "])");
+    }
+  }
+  if (s.pipeline) {
+    for (auto& [fqn, p] : nn::unique_named_parameters(s.model)) {
+      bool covered = false;
+      for (const auto& [u, m] : units) covered = covered || fqn.rfind(u + ".", 0) == 0;
+      if (!covered) {
+        throw PlanError(entry.ref, "with a pipeline every parameter must belong to a fully_shard unit, but " + fqn +
+                                       " is in none; add a units pattern for it");
+      }
+    }
+  }
+  s.fully_shard = &entry;
+  s.p.splits_model = true;
+  plan_per_rank(s, entry, t, t.param_dtype || t.all_gather != AllGather::kPlain,
+                t.param_dtype ? std::string(name_of(*t.param_dtype)) : "rounded bfloat16");
+}
+
+void plan_one(Planning& s, const TransformConfig& entry, const ReplicateConfig& t) {
+  plan_per_rank(s, entry, t, false, "");
+}
+
+}  // namespace
+
+void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
+  if (c.mesh.device != DeviceKind::kCuda) return;
+  std::string why;
+  parallel::CudaRuntime* cuda = parallel::cuda_runtime(why);
+  if (!cuda) throw PlanError(c.mesh.ref, "mesh.device cuda: " + why + "; set device: cpu");
+  const int gpus = cuda->device_count();
+  if (gpus == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw PlanError(c.mesh.ref, std::string("mesh.device cuda, but no GPU is visible to this process (") +
+                                    (visible ? "CUDA_VISIBLE_DEVICES=" + std::string(visible)
+                                             : std::string("no CUDA driver or device found")) +
+                                    "); set device: cpu, or run on a machine with a GPU");
+  }
+  // NCCL refuses two ranks on one GPU; over Gloo, ranks may share GPUs
+  // (local rank r binds cuda:(r mod GPUs)), which is slow but exact.
+  if (local_ranks > gpus && c.mesh.backend == Backend::kNccl) {
+    throw PlanError(c.mesh.ref, "mesh.device cuda with backend nccl binds one GPU per local rank, but " +
+                                    std::to_string(local_ranks) + " ranks run on this machine and it has " +
+                                    std::to_string(gpus) + " GPU(s); spread the job over more nodes (--nnodes), "
+                                    "make the mesh smaller, or set backend: gloo to let ranks share GPUs");
+  }
+}
+
+std::vector<int> stage_first_ranks(const ExperimentConfig& c, const Plan& plan) {
+  std::vector<int> ranks{0};
+  if (!plan.pipeline) return ranks;
+  const auto& names = c.mesh.names;
+  const size_t d = std::find(names.begin(), names.end(), plan.pipeline->mesh_dim.front()) - names.begin();
+  int64_t stride = 1;
+  for (size_t i = d + 1; i < names.size(); ++i) stride *= c.mesh.shape[i];
+  for (int64_t s = 1; s < c.mesh.shape[d]; ++s) ranks.push_back(static_cast<int>(s * stride));
+  return ranks;
+}
+
+Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
+  check_mesh(c, world_size);
+  check_order_and_dims(c);
+  Plan p;
+  p.world_size = world_size;
+  p.transforms = c.parallelize;
+  plan_data_parallel(c, p);
+  models::ModelPtr model;
+  {
+    nn::ShapeOnly shapes;  // planning needs names and shapes, no values (and no random draws)
+    model = models::find_model(c.model.name)->build(c.model.args);
+  }
+  Planning s{c, p, *model};
+  for (const auto& t : c.parallelize) {
+    std::visit([&](const auto& o) { plan_one(s, t, o); }, t.options);
+  }
+  p.splits_model = p.splits_model || p.pipeline.has_value();
+  std::ostringstream os;
+  os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
+     << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "
+     << name_of(c.train.dtype) << ", optimizer " << name_of(c.train.optimizer.name) << " lr " << c.train.optimizer.lr;
+  p.summary.push_back(os.str());
+  if (c.parallelize.empty()) {
+    p.summary.push_back("world size 1, no parallel transforms (single device)");
+  } else {
+    p.summary.push_back("world size " + std::to_string(world_size) + ", data parallel over [" + join(p.dp_dims) +
+                        "] (" + std::to_string(p.dp_size) + " ranks, " + std::to_string(p.local_batch) +
+                        " samples each), tensor parallel degree " + std::to_string(p.tp_size));
+    for (size_t i = 0; i < c.parallelize.size(); ++i) {
+      p.summary.push_back("transform " + std::to_string(i) + ": " + c.parallelize[i].name() + " over [" +
+                          join(c.parallelize[i].mesh_dim()) + "]");
+    }
+  }
+  p.summary.insert(p.summary.end(), s.summary.begin(), s.summary.end());
+  return p;
+}
+
+}  // namespace composer

@@ -1,0 +1,230 @@
+#include "runner/train/build.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "models/registry.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/train/materialise.h"
+
+namespace composer {
+namespace {
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw RuntimeFailure("cannot write " + path);
+}
+
+// per_rank_seed: the seed of this rank's own initial values of its per-rank
+// parameters, the seed plus the rank's index over the data-parallel ranks
+// (-1: they start from the single-device values).
+int64_t own_seed(const Plan& plan, RankContext& rank) {
+  if (!plan.per_rank || plan.per_rank->seed < 0 || !rank.mesh) return -1;
+  return plan.per_rank->seed + rank.mesh->group(plan.per_rank->mesh_dim).rank;
+}
+
+// A model built whole: the per-rank parameters get the model's init under
+// own_seed. The random state the rest of the run sees is left as it was.
+void init_per_rank(const ExperimentConfig& c, const Plan& plan, RankContext& rank, models::Model& model) {
+  const int64_t seed = own_seed(plan, rank);
+  if (seed < 0) return;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const auto state = gen.get_state();
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  models::ModelPtr own = models::find_model(c.model.name)->build(c.model.args);
+  gen.set_state(state);
+  parallel::copy_per_rank(model, *own, plan.per_rank->patterns);
+}
+
+// Moves a model built on the CPU to the rank's GPU in place (the tensors keep
+// their identity, so the transforms' maps stay valid): every parameter and
+// buffer, or only the buffers of a model whose parameters are still on meta.
+void move_model(models::Model& model, c10::Device device, bool parameters) {
+  if (device.is_cpu()) return;
+  torch::NoGradGuard no_grad;
+  if (parameters) {
+    model.to(device);
+    return;
+  }
+  for (auto& b : model.buffers()) b.set_data(b.to(device));
+}
+
+parallel::FullyShardStep fully_shard_step(const FullyShardConfig& t, RankContext& rank) {
+  parallel::FullyShardStep s;
+  s.group = &rank.mesh->group(t.mesh_dim.back());
+  s.data_parallel = &rank.mesh->group(t.mesh_dim);
+  auto& o = s.options;
+  o.units = t.units;
+  o.reshard_after_forward = t.reshard_after_forward;
+  o.prefetch = t.prefetch;
+  if (t.param_dtype) o.param_dtype = scalar_type_of(*t.param_dtype);
+  if (t.reduce_dtype) o.reduce_dtype = scalar_type_of(*t.reduce_dtype);
+  if (t.all_gather != AllGather::kPlain) o.extension = parallel::make_all_gather_extension(name_of(t.all_gather));
+  if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(t.mesh_dim[0]);  // HSDP: [replicate, shard]
+  o.offload = t.offload == Offload::kCpu && rank.device.is_cuda();
+  o.per_rank = t.per_rank;
+  s.shard_opposite = t.shard_placement == ShardPlacement::kOppositeTp;
+  if (t.offload == Offload::kCpu && !o.offload && rank.is_main()) {
+    std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
+              << "already live in host memory; nothing to move\n";
+  }
+  return s;
+}
+
+}  // namespace
+
+models::ModelPtr build_model(const ExperimentConfig& c) {
+  const models::ModelSpec* spec = models::find_model(c.model.name);
+  TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
+  torch::manual_seed(c.seed);
+  models::ModelPtr model = spec->build(c.model.args);
+  if (!c.model.init_from.empty() && !nn::param_options().device().is_meta()) {  // values, not shapes
+    naming_config_key(c.model.init_from_ref, [&] { load_weights(*model, c.model.init_from); });
+  }
+  return model;
+}
+
+int rank_threads(const TrainConfig& t, int64_t local_ranks) {
+  const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  return static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks)));
+}
+
+std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankContext& rank) {
+  std::vector<parallel::Transform> out;
+  for (const auto& t : plan.transforms) {
+    out.push_back(std::visit(
+        Overloaded{
+            [&](const PipelineConfig& p) -> parallel::Transform {
+              parallel::PipelineStep s;
+              s.group = &rank.mesh->group(p.mesh_dim);
+              s.options.schedule = p.schedule;
+              s.options.virtual_stages = static_cast<int>(p.virtual_stages);
+              s.options.microbatches = static_cast<int>(plan.pp_microbatches);
+              s.options.split_points = p.split_points;
+              s.options.layers_per_stage = p.layers_per_stage;
+              const std::string dim = p.mesh_dim.front();
+              s.options.subgroup = [&rank, dim](const std::vector<int>& members) {
+                return &rank.mesh->subgroup(dim, members);
+              };
+              return s;
+            },
+            [&](const TensorParallelConfig& p) -> parallel::Transform {
+              return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan};
+            },
+            [&](const ActivationCheckpointingConfig& p) -> parallel::Transform {
+              return parallel::ActivationCheckpointingStep{{p.units, p.every}};
+            },
+            [&](const FullyShardConfig& p) -> parallel::Transform { return fully_shard_step(p, rank); },
+            [&](const ReplicateConfig& p) -> parallel::Transform {
+              return parallel::ReplicateStep{&rank.mesh->group(p.mesh_dim), {p.per_rank, p.bucket_mb}};
+            },
+        },
+        t.options));
+  }
+  return out;
+}
+
+parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, const Plan& plan, RankContext& rank,
+                              const torch::Tensor& example) {
+  parallel::ParallelizeOptions o;
+  if (rank.mesh) {
+    o.world = &rank.mesh->world();
+    if (!plan.dp_dims.empty()) o.data_parallel = &rank.mesh->group(plan.dp_dims);
+  }
+  o.example = example;
+  const c10::ScalarType dtype = scalar_type_of(c.train.dtype);
+  o.shape_copy = [&c, dtype] {
+    nn::ShapeOnly shapes;
+    models::ModelPtr copy = models::find_model(c.model.name)->build(c.model.args);
+    copy->to(dtype);
+    return copy;
+  };
+  if (rank.is_main()) o.log = [&rank](const std::string& line) { std::cout << rank.log_prefix << line << "\n"; };
+  return parallel::parallelize(model, plan.transforms.empty() ? std::vector<parallel::Transform>{}
+                                                              : parallel_transforms(plan, rank),
+                               o);
+}
+
+RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
+  RankModel out;
+  // A plan that shards or splits the model: the model is built on meta, the
+  // transforms decide what this rank holds, and only that is given values
+  // (materialise.h); the values equal a single-device build's.
+  bool owned_only = plan.splits_model && rank.mesh;
+  std::vector<nn::DeferInit::Step> init_steps;
+  if (owned_only) {
+    nn::DeferInit defer;
+    out.model = build_model(c);
+    init_steps = defer.steps();
+  }
+  if (owned_only && !fully_recorded(*out.model, init_steps)) {  // a model that sets a value another way: build it whole
+    owned_only = false;
+    init_steps.clear();
+  }
+  if (!owned_only) {
+    out.model = build_model(c);
+    init_per_rank(c, plan, rank, *out.model);  // rank 0's own values are in init.safetensors
+  }
+  models::Model& model = *out.model;
+  if (rank.is_main() && !owned_only) save_weights(model, out_dir + "/init.safetensors");
+  model.to(scalar_type_of(c.train.dtype));
+  model.train();
+  // A GPU run builds the model on the CPU (every value drawn as a
+  // single-device CPU build draws it) and trains on the GPU; the transforms'
+  // buffers are made there too.
+  const c10::Device device = rank.device;
+  move_model(model, device, /*parameters=*/!owned_only);
+  nn::OnDevice run_on(device);
+
+  out.data = plan_data(c, model);
+  if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
+  out.dataset = make_dataset(c, out.data);
+  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
+  const torch::Tensor example = pp_mb ? out.dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
+  out.par = apply_plan(model, c, plan, rank, example);
+  out.par.device = device;
+  if (owned_only) {
+    MaterialiseOptions m;
+    parallel::FullyShard* fsdp = out.par.fsdp.get();
+    m.device_of = [fsdp, device](const torch::Tensor& p) {
+      return fsdp && fsdp->offloads(p) ? c10::Device(c10::kCPU) : device;
+    };
+    m.pin_host = device.is_cuda();
+    m.own = &out.par.per_rank;
+    m.own_seed = own_seed(plan, rank);
+    m.dtype = scalar_type_of(c.train.dtype);
+    m.placements = out.par.placements.get();
+    m.init_from = c.model.init_from;
+    if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
+    naming_config_key(c.model.init_from_ref, [&] { materialise(model, init_steps, m); });
+  }
+  out.par.derive_grad_sync();
+  return out;
+}
+
+nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {
+  nlohmann::json j = to_json(c);
+  j["data"]["inputs"] = name_of(data.inputs);
+  j["data"]["targets"] = name_of(data.targets);
+  j["data"]["seq_len"] = data.seq_len;
+  j["data"]["output_shape"] = data.output_shape;
+  j["data"]["features"] = data.input.features;
+  j["data"]["vocab_size"] = data.input.vocab_size;
+  j["config_hash"] = config_hash(c);
+  j["format_version"] = 1;
+  return j;
+}
+
+}  // namespace composer

@@ -1,0 +1,55 @@
+// Building a rank's model: the model from the config (seeded init, then
+// model.init_from), the plan's transforms applied through parallel::parallelize
+// in the order the YAML lists them, and values given only to what this rank
+// holds. A real run and a dry run (runner/estimate) build the same way.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+#include "models/model.h"
+#include "parallelisms/parallelize.h"
+#include "runner/config/config.h"
+#include "runner/launch/rank.h"
+#include "runner/plan/planner.h"
+#include "runner/train/data.h"
+
+namespace composer {
+
+// Builds the model of `c`: seeded init, then model.init_from when set.
+models::ModelPtr build_model(const ExperimentConfig& c);
+
+// The intra-op threads of each rank: train.threads, or the cores shared
+// equally by the machine's local ranks.
+int rank_threads(const TrainConfig& t, int64_t local_ranks);
+
+// The plan's transforms, each with its groups on `rank`'s mesh and its own
+// options, in the plan's order.
+std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankContext& rank);
+
+// Applies the plan to `model` on `rank` (parallel::parallelize). `example` is
+// one pipeline microbatch of inputs (undefined: stage shapes are not needed);
+// the main rank logs one line per transform.
+parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, const Plan& plan, RankContext& rank,
+                              const torch::Tensor& example);
+
+// One rank's model with the plan applied and its values in place.
+struct RankModel {
+  models::ModelPtr model;
+  parallel::Parallel par;
+  DataPlan data;
+  std::unique_ptr<DataSet> dataset;
+};
+
+// Builds this rank's model for training: a plan that shards or splits the
+// model builds it on meta and gives values only to what the rank holds (equal
+// to a single-device build's); the main rank writes config.resolved.json and
+// init.safetensors into `out_dir`.
+RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir);
+
+// The resolved config plus the decided data plan and the config hash: what
+// the PyTorch reference reads to reproduce a run.
+nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data);
+
+}  // namespace composer

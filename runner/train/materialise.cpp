@@ -1,0 +1,183 @@
+#include "runner/train/materialise.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "runner/base/errors.h"
+#include "runner/base/safetensors.h"
+
+namespace composer {
+namespace {
+
+// Points parameter `p` (a meta tensor, perhaps reshaped by the transforms) at
+// `value`'s storage, keeping p's TensorImpl, which the transforms' records,
+// the layers and autograd know it by. set_data would refuse: a meta and a CPU
+// tensor are not shallow-copy compatible, but nothing has computed with p yet.
+void take_values(const torch::Tensor& p, const torch::Tensor& value) {
+  TORCH_INTERNAL_ASSERT(value.sizes() == p.sizes(), "a parameter of shape ", p.sizes(), " got a value of shape ",
+                        value.sizes());
+  p.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
+}
+
+// Tensor `name` of safetensors file `path`, whose header read_safetensors_header
+// has read and validated (dtypes, shapes and offsets): only its bytes are read.
+torch::Tensor read_tensor(const std::string& path, const nlohmann::json& header, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8] = {};
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  if (!header.contains(name)) throw FileError(path, "missing tensor '" + name + "'");
+  const auto& e = header.at(name);
+  const auto shape = e.at("shape").get<std::vector<int64_t>>();
+  const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
+  torch::Tensor t = torch::empty(shape, torch::dtype(scalar_type_of_name(e.at("dtype").get<std::string>(), path)));
+  in.seekg(static_cast<std::streamoff>(8 + header_len + offsets.at(0)));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(offsets.at(1) - offsets.at(0)));
+  if (!in) throw FileError(path, "cannot read tensor '" + name + "'; the file is truncated");
+  return t;
+}
+
+// The tensors of `path` by name (its header read once), for init_from.
+class InitFile {
+ public:
+  InitFile(const std::string& path, models::Model& model) : path_(path), header_(read_safetensors_header(path)) {
+    std::map<std::string, bool> names;
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) names[item.key()] = true;
+    for (const auto& [name, entry] : header_.items()) {
+      if (name == "__metadata__") continue;
+      if (!names.count(name)) {
+        throw FileError(path, "unexpected tensor '" + name + "': model " + model.type() + " has no parameter of that name");
+      }
+    }
+    // A tied weight is read under whichever of its names the file has.
+    std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> aliases;
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+      aliases[item.value().unsafeGetTensorImpl()].push_back(item.key());
+    }
+    for (auto& [impl, list] : aliases) {
+      for (const auto& n : list) {
+        if (header_.contains(n)) key_[impl] = n;
+      }
+      if (!key_.count(impl)) throw FileError(path, "missing tensor '" + list.front() + "' that the model needs");
+    }
+  }
+
+  torch::Tensor read(const torch::Tensor& p, const std::vector<int64_t>& shape) const {
+    const std::string& name = key_.at(p.unsafeGetTensorImpl());
+    torch::Tensor t = read_tensor(path_, header_, name);
+    if (t.sizes().vec() != shape) {
+      throw FileError(path_, "tensor '" + name + "' has shape " + c10::str(t.sizes()) + " but the model's is " +
+                                 c10::str(c10::IntArrayRef(shape)));
+    }
+    if (!t.is_floating_point()) throw FileError(path_, "tensor '" + name + "' is not floating point");
+    return t.to(torch::kFloat);  // what copying it into the float32 parameter gives
+  }
+
+ private:
+  std::string path_;
+  nlohmann::json header_;
+  std::unordered_map<const c10::TensorImpl*, std::string> key_;
+};
+
+}  // namespace
+
+bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps) {
+  std::unordered_map<const c10::TensorImpl*, bool> set;
+  for (const auto& s : steps) set[s.param] = true;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (!set.count(p.unsafeGetTensorImpl())) return false;
+  }
+  for (const auto& b : model.buffers(/*recurse=*/true)) {
+    if (b.is_meta()) return false;
+  }
+  return true;
+}
+
+void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& o) {
+  torch::NoGradGuard no_grad;
+  const auto params = nn::unique_named_parameters(model);
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].second.unsafeGetTensorImpl(), i);
+  std::vector<int64_t> last(params.size(), -1);  // each parameter's last initialisation sets its values
+  std::vector<std::vector<int64_t>> shapes(params.size());
+  for (size_t s = 0; s < steps.size(); ++s) {
+    auto it = index.find(steps[s].param);
+    TORCH_INTERNAL_ASSERT(it != index.end(), "an initialisation was recorded for no parameter of ", model.type());
+    last[it->second] = static_cast<int64_t>(s);
+    shapes[it->second] = steps[s].shape;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(last[i] >= 0, "parameter ", params[i].first, " of ", model.type(),
+                " was given no initial values (models set them through nn::new_param or nn::init_param)");
+  }
+  std::unique_ptr<InitFile> file;
+  if (!o.init_from.empty()) file = std::make_unique<InitFile>(o.init_from, model);
+  std::unique_ptr<SafetensorsWriter> init;
+  if (!o.write_init.empty()) {
+    std::vector<SafetensorsWriter::Entry> entries;
+    for (size_t i = 0; i < params.size(); ++i) entries.push_back({params[i].first, torch::kFloat, shapes[i]});
+    init = std::make_unique<SafetensorsWriter>(o.write_init, entries, std::map<std::string, std::string>{{"format", "pt"}});
+  }
+  // Parameter i gets `value` (the rank's piece, on the CPU) where it lives.
+  auto place = [&](size_t i, torch::Tensor value) {
+    const torch::Tensor& p = params[i].second;
+    const c10::Device device = o.device_of ? o.device_of(p) : c10::Device(c10::kCPU);
+    value = value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous);
+    if (!device.is_cpu()) value = value.to(device);
+    else if (o.pin_host) value = value.pin_memory();
+    take_values(p, value);
+  };
+  auto own = [&](size_t i) { return o.own && o.own->count(params[i].second.unsafeGetTensorImpl()); };
+  // Every draw runs, so the generator stream is a single-device build's; a
+  // value a later step overwrites is dropped at once. `use` gets each
+  // parameter's last initialisation.
+  auto replay = [&](const std::function<void(size_t, torch::Tensor)>& use) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const size_t i = index.at(steps[s].param);
+      torch::Tensor full = torch::empty(steps[s].shape, torch::kFloat);
+      steps[s].fill(full);
+      if (last[i] == static_cast<int64_t>(s)) use(i, full);
+    }
+  };
+  // Per-rank parameters with their own seed: this rank's draw of the whole
+  // model's initialisation under it, of which only they are kept (as a
+  // whole build under that seed gives them); the generator is left as it was.
+  const bool seeded = o.own && o.own_seed >= 0;
+  std::map<size_t, torch::Tensor> own_values;
+  if (seeded) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    torch::manual_seed(static_cast<uint64_t>(o.own_seed));
+    replay([&](size_t i, torch::Tensor full) {
+      if (!own(i)) return;
+      own_values[i] = full;
+      place(i, full.to(o.dtype));
+    });
+    gen.set_state(state);
+  }
+  replay([&](size_t i, torch::Tensor full) {
+    if (file) full = file->read(params[i].second, shapes[i]);  // under init_from, its values replace the drawn ones
+    if (init) init->write(i, seeded && own(i) ? own_values.at(i) : full);
+    const torch::Tensor& p = params[i].second;
+    if (own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
+      if (!seeded) place(i, full.to(o.dtype));
+      return;
+    }
+    const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
+    if (spec && !spec->held()) {
+      take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(o.device_of ? o.device_of(p) : c10::kCPU)));
+      return;
+    }
+    torch::Tensor value = full.to(o.dtype);
+    place(i, spec ? parallel::local_piece(*spec, value) : value);
+  });
+  if (init) init->finish();
+}
+
+}  // namespace composer

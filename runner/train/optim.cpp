@@ -1,0 +1,161 @@
+#include "runner/train/optim.h"
+
+#include <cmath>
+#include <unordered_map>
+
+namespace composer {
+
+torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
+                           int64_t n, int64_t global) {
+  // Reduced-precision outputs are promoted so the loss itself is float32.
+  const bool reduced = output.scalar_type() == torch::kBFloat16 || output.scalar_type() == torch::kHalf;
+  auto y = reduced ? output.to(torch::kFloat) : output;
+  torch::Tensor l;
+  bool mean_type = true;
+  switch (loss.name) {
+    case LossKind::kSum:
+      l = y.sum();
+      mean_type = false;
+      break;
+    case LossKind::kMean: l = y.mean(); break;
+    case LossKind::kMse: l = torch::mse_loss(y, targets.to(y.scalar_type())); break;
+    case LossKind::kCrossEntropy:
+      l = torch::cross_entropy_loss(y.reshape({-1, y.size(-1)}), targets.reshape({-1}));
+      break;
+    case LossKind::kSoftCrossEntropy:
+      l = torch::cross_entropy_loss(y.reshape({-1, y.size(-1)}),
+                                    targets.to(y.scalar_type()).reshape({-1, y.size(-1)}));
+      break;
+  }
+  double w = mean_type ? static_cast<double>(n) / static_cast<double>(global) : 1.0;
+  return l * (w * loss.scale);
+}
+
+namespace {
+
+// Adam and AdamW computed as torch.optim computes them on the CPU (its
+// single-tensor path): exp_avg moves by lerp, the bias corrections are taken
+// in double, AdamW decays the parameter before the update. LibTorch's C++
+// torch::optim::Adam moves exp_avg by mul and add, which rounds differently,
+// so a model trained with it drifts from the same model trained in PyTorch.
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<torch::Tensor> params, const torch::optim::AdamOptions& o, bool decoupled_weight_decay)
+      : Optimizer(std::move(params), std::make_unique<torch::optim::AdamOptions>(o)),
+        decoupled_(decoupled_weight_decay) {}
+
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& options) override {
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
+    const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    auto& exp_avg = s.tensors["exp_avg"];
+    auto& exp_avg_sq = s.tensors["exp_avg_sq"];
+    if (!exp_avg.defined()) {
+      exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    }
+    if (o.weight_decay() != 0) {
+      if (decoupled_) {
+        p.mul_(1 - lr * o.weight_decay());
+      } else {
+        grad = grad.add(p, o.weight_decay());
+      }
+    }
+    exp_avg.lerp_(grad, 1 - beta1);
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    const double step_size = lr / (1 - std::pow(beta1, s.step));
+    const double bias_correction2_sqrt = std::pow(1 - std::pow(beta2, s.step), 0.5);
+    auto denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+    p.addcdiv_(exp_avg, denom, -step_size);
+  }
+
+  bool decoupled_;
+};
+
+// SGD as torch.optim's single-tensor path computes it: the momentum buffer
+// starts as a copy of the first gradient.
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<torch::Tensor> params, const torch::optim::SGDOptions& o)
+      : Optimizer(std::move(params), std::make_unique<torch::optim::SGDOptions>(o)) {}
+
+  std::vector<std::string> state_names() const override {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(defaults());
+    return o.momentum() != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+
+ private:
+  void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& options) override {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+    if (o.weight_decay() != 0) grad = grad.add(p, o.weight_decay());
+    if (o.momentum() != 0) {
+      auto& buf = s.tensors["momentum_buffer"];
+      if (!buf.defined()) {
+        buf = grad.clone().detach();
+      } else {
+        buf.mul_(o.momentum()).add_(grad, 1 - o.dampening());
+      }
+      grad = o.nesterov() ? grad.add(buf, o.momentum()) : buf;
+    }
+    p.add_(grad, -o.lr());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params) {
+  using torch::optim::AdamOptions;
+  using torch::optim::SGDOptions;
+  switch (c.name) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<Sgd>(params, SGDOptions(c.lr)
+                                               .momentum(c.momentum)
+                                               .dampening(c.dampening)
+                                               .nesterov(c.nesterov)
+                                               .weight_decay(c.weight_decay));
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return std::make_unique<Adam>(
+          params, AdamOptions(c.lr).betas(std::make_tuple(c.betas[0], c.betas[1])).eps(c.eps).weight_decay(c.weight_decay),
+          c.name == OptimizerKind::kAdamW);
+  }
+  return nullptr;
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
+}
+
+double lr_at(const OptimizerConfig& opt, const LrScheduleConfig& s, int64_t step, int64_t steps) {
+  const double lr = opt.lr;
+  if (step <= s.warmup_steps) return lr * static_cast<double>(step) / static_cast<double>(s.warmup_steps);
+  if (s.decay == Decay::kNone) return lr;
+  const double span = static_cast<double>(std::max<int64_t>(1, steps - s.warmup_steps));
+  const double progress = static_cast<double>(step - s.warmup_steps - 1) / span;
+  if (s.decay == Decay::kLinear) return lr + (s.min_lr - lr) * progress;
+  return s.min_lr + (lr - s.min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+double grad_norm(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    auto g = p.grad().detach();
+    norms.push_back((g.scalar_type() == torch::kDouble ? g : g.to(torch::kFloat)).norm(2));
+  }
+  if (norms.empty()) return 0.0;
+  auto norm = torch::stack(norms).norm(2);
+  return norm.is_meta() ? 0.0 : norm.item<double>();  // a dry run's tensors have no values
+}
+
+void clip_grads(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
+  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
+  }
+}
+
+}  // namespace composer

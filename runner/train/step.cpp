@@ -1,0 +1,176 @@
+#include "runner/train/step.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "runner/train/optim.h"
+
+namespace composer {
+namespace {
+
+// A scalar's value; a dry run's meta tensors have none (0).
+double value_of(const torch::Tensor& t) { return t.is_meta() ? 0.0 : t.item<double>(); }
+
+// The global gradient norm as one device sees it: every rank adds the squares
+// of the gradient pieces it is the counting copy of (its placements say which),
+// and one all-reduce over the world sums them.
+double global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Parallel& par) {
+  if (!par.any) return grad_norm(params);
+  double sq = 0;
+  for (const auto& p : params) {
+    const parallel::ShardSpec* spec = par.placements->find(p);
+    if (!p.grad().defined() || (spec && !spec->counts())) continue;
+    sq += value_of(p.grad().detach().to(torch::kDouble).pow(2).sum());
+  }
+  auto t = torch::tensor({sq}, torch::dtype(torch::kDouble).device(par.device));
+  parallel::all_reduce(*par.world, t);
+  return std::sqrt(value_of(t));
+}
+
+int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+// One pipeline step over this rank's batch. Backward runs on each microbatch
+// loss x grad_scale x the factor that gives PyTorch's scale_grads semantics:
+// its microbatch loss is loss_fn over the microbatch (a mean-type loss is n x
+// the microbatch's share of the batch loss), divided by n when scale_grads.
+// Returns the sum of the microbatch shares: the batch loss.
+double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
+                     double grad_scale, const parallel::Delays& delays) {
+  const auto& t = c.train;
+  const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
+  const bool scale = plan.pipeline->scale_grads;
+  const bool sum_type = t.loss.name == LossKind::kSum;
+  const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
+  auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
+  const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
+  auto loss_of = [&](int mb, const torch::Tensor& out) {
+    auto loss =
+        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
+    delays.at(parallel::DelayPoint::kAfterLoss);
+    return loss;
+  };
+  return pipe.run(input_of, loss_of, factor * grad_scale);
+}
+
+// The idle fraction of the last step over the pipeline ranks: 1 - busy time
+// / (ranks x the longest rank's span).
+double pipeline_bubble(parallel::Pipeline& pipe, c10::Device device) {
+  double busy = 0, span = 0;
+  for (const auto& e : pipe.timeline()) {
+    busy += e.end_ms - e.start_ms;
+    span = std::max(span, e.end_ms);
+  }
+  auto t = torch::tensor({busy, span}, torch::dtype(torch::kDouble).device(device));
+  auto all = parallel::all_gather(pipe.group(), t.view({1, 2}), std::vector<int64_t>(pipe.group().size, 1));
+  const double total_busy = value_of(all.select(1, 0).sum());
+  const double makespan = value_of(all.select(1, 1).max());
+  return makespan > 0 ? 1.0 - total_busy / (pipe.group().size * makespan) : 0.0;
+}
+
+}  // namespace
+
+void reset_counters(RankContext& rank) {
+  if (!rank.mesh) return;
+  for (auto* g : rank.mesh->all_groups()) g->counter->reset();
+}
+
+void add_comm(RankContext& rank, StepRecord& r) {
+  if (!rank.mesh) return;
+  r.parallel = true;
+  for (auto* g : rank.mesh->all_groups()) {
+    for (const auto& [op, e] : g->counter->all()) {
+      if (op == "recv") continue;  // the sender's payload, counted at its send
+      r.comm_calls += e.calls;
+      r.comm_bytes += e.bytes;
+      r.comm_ring_bytes += e.ring_bytes;
+    }
+  }
+}
+
+CommBytes comm_bytes(RankContext& rank) {
+  CommBytes out;
+  if (!rank.mesh) return out;
+  for (auto* g : rank.mesh->all_groups()) {
+    for (const auto& [op, e] : g->counter->all()) out[g->name][op] += e.bytes;
+  }
+  return out;
+}
+
+MemoryTerms memory_terms(const parallel::Parallel& par, const std::vector<torch::Tensor>& params, int64_t buffers_before,
+                         int64_t before, int64_t after) {
+  MemoryTerms m;
+  for (const auto& p : params) {
+    m.params += nbytes(p);
+    m.grads += nbytes(p.grad());
+  }
+  m.buffers = par.buffer_bytes();
+  m.optimizer = after - before - m.grads - (m.buffers - buffers_before);
+  return m;
+}
+
+void run_step(StepState& s, StepRecord& r) {
+  const auto& c = s.c;
+  const auto& t = c.train;
+  const Plan& plan = s.plan;
+  parallel::Parallel& par = s.par;
+  std::vector<torch::Tensor>& params = s.params;
+  const int64_t step = r.step, batch_begin = s.batch_begin, mb = plan.local_microbatch;
+  const double grad_scale = s.grad_scale;
+  const parallel::Delays& delays = s.delays;
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
+  double local_loss = 0;
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  if (par.pipe) {
+    auto phase = Clock::now();
+    Batch b = s.batch(step, batch_begin, batch_begin + plan.local_batch);
+    // The schedule interleaves microbatches: every reduction waits for the
+    // step's end (finish_grad_sync), one per unit or bucket.
+    par.set_requires_sync(false);
+    local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale, delays);
+    par.reshard();
+    r.backward_ms = ms_since(phase);  // forward and backward interleave
+    r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
+    r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
+  }
+  for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
+    par.set_requires_sync(m + 1 == t.microbatches);
+    const int64_t begin = batch_begin + m * mb;
+    Batch b = s.batch(step, begin, begin + mb);
+    auto phase = Clock::now();
+    auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch);
+    r.forward_ms += ms_since(phase);
+    delays.at(parallel::DelayPoint::kAfterLoss);
+    phase = Clock::now();
+    (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
+    local_loss += value_of(loss);
+    par.reshard();
+    r.backward_ms += ms_since(phase);
+  }
+  auto phase = Clock::now();
+  par.finish_grad_sync();
+  r.backward_ms += ms_since(phase);
+  r.loss = local_loss;
+  if (par.pipe) {  // the last stage's rank has them: the loss, then each microbatch's
+    std::vector<double> v{local_loss};
+    for (double x : par.pipe->microbatch_losses()) v.push_back(x);
+    auto l = torch::tensor(v, torch::dtype(torch::kDouble).device(par.device));
+    parallel::all_reduce(par.pipe->group(), l);
+    if (par.dp) parallel::all_reduce(*par.dp, l);
+    r.loss = value_of(l[0]);
+    for (int64_t i = 1; i < l.size(0); ++i) r.microbatch_losses.push_back(value_of(l[i]));
+  } else if (par.dp) {
+    auto l = torch::tensor({r.loss}, torch::dtype(torch::kDouble).device(par.device));
+    parallel::all_reduce(*par.dp, l);
+    r.loss = value_of(l);
+  }
+
+  delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
+  phase = Clock::now();
+  r.grad_norm = global_grad_norm(params, par);
+  if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
+  s.optimizer.step();
+  r.optimizer_ms = ms_since(phase);
+}
+
+}  // namespace composer

@@ -1,0 +1,248 @@
+#include "runner/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "runner/base/memory.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/export.h"
+#include "runner/train/build.h"
+#include "runner/train/optim.h"
+#include "runner/train/step.h"
+
+namespace composer {
+namespace {
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw RuntimeFailure("cannot write " + path);
+}
+
+// A batch on the rank's device (the data is read on the CPU).
+Batch on_device(Batch b, c10::Device device) {
+  if (device.is_cpu()) return b;
+  b.inputs = b.inputs.to(device);
+  if (b.targets.defined()) b.targets = b.targets.to(device);
+  return b;
+}
+
+// debug.inject: the wrong step a plausible bug would compute, for proving that
+// the golden checks fail on it. grad_factor multiplies the gradients (a wrong
+// dp divisor, scale_grads applied twice); data_shift moves the last dp rank's
+// batch by one microbatch (a microbatch index off by one: one microbatch of the
+// global batch dropped, one from outside it read).
+struct Injection {
+  double grad_factor = 1.0;
+  int64_t data_shift = 0;
+};
+
+Injection injection(const ExperimentConfig& c, const Plan& plan, int64_t dp_rank, const RankContext& rank) {
+  Injection in;
+  if (c.debug.inject == Inject::kNone) return in;
+  if (c.debug.inject == Inject::kGradX2) in.grad_factor = 2.0;
+  if (c.debug.inject == Inject::kMicrobatchOffByOne && dp_rank + 1 == plan.dp_size) {
+    in.data_shift = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : plan.local_microbatch;
+  }
+  if (rank.is_main()) {
+    std::cout << rank.log_prefix << "debug.inject: " << name_of(c.debug.inject)
+              << ": this run trains wrongly on purpose\n";
+  }
+  return in;
+}
+
+// "250 ms before_reduce_scatter, ..." for the entries on `rank`.
+std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) {
+  std::string out;
+  for (const auto& d : delays) {
+    if (!d.ranks.empty() && std::find(d.ranks.begin(), d.ranks.end(), rank) == d.ranks.end()) continue;
+    out += (out.empty() ? "" : ", ") + std::to_string(d.ms) + " ms " + parallel::name_of(d.point);
+  }
+  return out;
+}
+
+// What the loop measured, for the reports after it.
+struct LoopResult {
+  std::vector<StepRecord> steps;
+  std::vector<int64_t> step_peaks;  // counted tensor bytes per step
+  MemoryTerms terms;                // after the first step
+  CommBytes comm;                   // of the last step
+};
+
+// What the loop runs on: the rank, its model with the plan applied, its
+// parameters and optimizer, and where checkpoints go.
+struct Loop {
+  const ExperimentConfig& c;
+  const Plan& plan;
+  RankContext& rank;
+  RankModel& rm;
+  std::vector<torch::Tensor>& params;
+  Optimizer& optimizer;
+  Checkpointer& checkpointer;
+  const std::vector<HeldParam>& held;
+  std::string out_dir;
+  bool checkpoints = false;
+  int64_t first_step = 1;
+  int64_t setup_live_bytes = 0;  // counted tensor bytes before the first step
+};
+
+// One step's figures beyond the step's own: time, throughput, memory and
+// communication.
+void measure(const Loop& l, StepRecord& r, std::chrono::steady_clock::time_point start, double tcp_start) {
+  RankContext& rank = l.rank;
+  const c10::Device device = rank.device;
+  if (rank.cuda) {  // the step's kernels are done before it is timed
+    rank.cuda->synchronize(device.index());
+    r.device_peak_allocated_mb = static_cast<double>(rank.cuda->peak_allocated(device.index())) / (1 << 20);
+    r.device_peak_reserved_mb = static_cast<double>(rank.cuda->peak_reserved(device.index())) / (1 << 20);
+  }
+  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  r.samples_per_s = static_cast<double>(l.c.train.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
+  if (l.rm.data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(l.rm.data.seq_len);
+  r.peak_rss_mb = peak_rss_mb();
+  r.peak_alloc_mb = static_cast<double>(memory::peak_bytes()) / (1 << 20);
+  add_comm(rank, r);
+  if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
+}
+
+// The steps from l.first_step to train.steps, with metrics and checkpoints.
+LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
+  const auto& t = l.c.train;
+  RankContext& rank = l.rank;
+  parallel::Parallel& par = l.rm.par;
+  std::unique_ptr<Metrics> metrics;
+  if (rank.is_main()) {
+    metrics = std::make_unique<Metrics>(l.out_dir + "/metrics.jsonl", t.steps, t.log_every,
+                                        rank.log_prefix, l.first_step - 1);
+  }
+  const int64_t dp_rank = par.dp ? par.dp->rank : 0;
+  const Injection inject = injection(l.c, l.plan, dp_rank, rank);
+  // Each rank's loss is its share of the global-batch loss; averaging gradients
+  // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
+  const double grad_scale = static_cast<double>(l.plan.dp_size) * inject.grad_factor;
+  const c10::Device device = rank.device;
+  DataSet& dataset = *l.rm.dataset;
+  StepState state{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer,
+                  [&](int64_t step, int64_t begin, int64_t end) { return on_device(dataset.batch(step, begin, end), device); },
+                  dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
+  const int64_t buffers_before = par.buffer_bytes();
+  LoopResult out;
+  for (int64_t step = l.first_step; step <= t.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t recomputes_before = par.ac ? par.ac->recomputes() : 0;
+    const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
+    reset_counters(rank);
+    memory::reset_peak();
+    if (rank.cuda) rank.cuda->reset_peaks(device.index());
+    if (rank.rank == l.c.debug.fail_rank && step == l.c.debug.fail_step && l.c.debug.fail_at == FailAt::kStep) {
+      fail_on_purpose(l.c.debug, rank.rank, "at step " + std::to_string(step));
+    }
+    StepRecord r;
+    r.step = step;
+    r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
+    set_lr(l.optimizer, r.lr);
+    run_step(state, r);
+    if (step == l.first_step) {
+      out.terms = memory_terms(par, l.params, buffers_before, l.setup_live_bytes, memory::live_bytes());
+    }
+    out.comm = comm_bytes(rank);
+    measure(l, r, start, tcp_start);
+    out.step_peaks.push_back(memory::peak_bytes());
+    if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
+    if (metrics) metrics->record(r);
+    out.steps.push_back(r);
+    if (l.checkpoints && l.checkpointer.due(step)) l.checkpointer.save(step, l.held, l.optimizer);
+  }
+  return out;
+}
+
+// What every rank writes after training: its counted memory, the bytes its
+// collectives moved in the last step, a pipeline rank's timeline, and its
+// part of final.safetensors.
+void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_bytes, double setup_peak_rss_mb) {
+  const std::string& out_dir = l.out_dir;
+  RankContext& rank = l.rank;
+  parallel::Parallel& par = l.rm.par;
+  const std::string r = std::to_string(rank.rank);
+  if (memory::counting() && !res.step_peaks.empty()) {
+    const MemoryTerms& m = res.terms;
+    write_json(out_dir + "/memory.rank" + r + ".json",
+               {{"rank", rank.rank},
+                {"setup_live_bytes", l.setup_live_bytes},
+                {"setup_peak_bytes", setup_peak_bytes},
+                {"setup_peak_rss_mb", setup_peak_rss_mb},
+                {"peak_bytes", *std::max_element(res.step_peaks.begin(), res.step_peaks.end())},
+                {"step_peak_bytes", res.step_peaks},
+                {"terms", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+                           {"buffers", m.buffers}}}});
+  }
+  if (rank.mesh && !res.step_peaks.empty()) {
+    write_json(out_dir + "/comm.rank" + r + ".json", {{"rank", rank.rank}, {"bytes", res.comm}});
+  }
+  if (par.pipe) {
+    nlohmann::json tl = nlohmann::json::array();
+    for (const auto& e : par.pipe->timeline()) tl.push_back({{"action", e.action}, {"start_ms", e.start_ms}, {"end_ms", e.end_ms}});
+    write_json(out_dir + "/timeline.rank" + r + ".json",
+               {{"rank", rank.rank}, {"stages", par.pipe->local_stages()}, {"timeline", tl}});
+  }
+  if (par.any) {
+    write_final_weights(*l.rm.model, par.placements.get(), par.world, rank.rank, out_dir + "/final.safetensors");
+  } else if (rank.is_main()) {
+    write_final_weights(*l.rm.model, nullptr, nullptr, 0, out_dir + "/final.safetensors");
+  }
+}
+
+}  // namespace
+
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                  bool checkpoints) {
+  torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
+  RankModel rm = build_rank_model(c, plan, rank, out_dir);
+  const int64_t setup_peak_bytes = memory::peak_bytes();  // building the model and the transforms
+  const double setup_peak_rss_mb = peak_rss_mb();
+
+  std::vector<torch::Tensor> params = rm.par.held_params();
+  auto optimizer = make_optimizer(c.train.optimizer, params);
+  std::vector<HeldParam> held;
+  for (auto& [name, p] : nn::unique_named_parameters(*rm.model)) held.push_back({name, p, rm.par.placements->find(p)});
+  for (const auto& b : rm.model->named_buffers()) held.push_back({b.key(), b.value(), nullptr, /*buffer=*/true});
+  Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix);
+  Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
+  if (checkpoints) {
+    const std::string from = checkpointer.resume_path();
+    if (!from.empty()) {
+      loop.first_step = checkpointer.load(from, held, *optimizer) + 1;
+      if (rank.is_main()) {
+        std::cout << rank.log_prefix << "resuming from " << from << " (step " << loop.first_step - 1 << " of "
+                  << c.train.steps
+                  << (loop.first_step > c.train.steps ? "; training is complete, checkpoint.resume: never trains again"
+                                                      : "")
+                  << ")\n";
+      }
+    }
+  }
+  // Peak RSS in the metrics covers training; setup (building the model,
+  // applying the transforms, writing init weights) is memory.rank<r>.json's
+  // setup_peak_bytes and setup_peak_rss_mb.
+  reset_peak_rss();
+  loop.setup_live_bytes = memory::live_bytes();
+  static const parallel::Delays kNoDelays({}, 0);
+  const parallel::Delays& delays = rank.delays ? *rank.delays : kNoDelays;
+  if (!delays.empty()) {
+    std::cout << rank.log_prefix << "debug.delay: this rank sleeps at " << delay_summary(c.debug.delay, rank.rank)
+              << "; the results must not change\n";
+  }
+  const LoopResult res = run_loop(loop, delays);
+  if (!delays.empty()) {
+    std::cout << rank.log_prefix << "debug.delay: slept " << delays.slept() << " times, " << delays.slept_ms()
+              << " ms in all\n";
+  }
+  write_reports(loop, res, setup_peak_bytes, setup_peak_rss_mb);
+  return {res.steps};
+}
+
+}  // namespace composer

@@ -1,0 +1,28 @@
+// The training run of one rank: builds its model with the plan applied
+// (build.h), runs the configured steps over its share of the data, records
+// metrics, saves checkpoints and writes the reports a golden comparison and
+// the estimate checks read.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runner/config/config.h"
+#include "runner/launch/rank.h"
+#include "runner/plan/planner.h"
+#include "runner/train/metrics.h"
+
+namespace composer {
+
+struct TrainResult {
+  std::vector<StepRecord> steps;
+};
+
+// Trains per `plan` on this rank. The main rank writes config.resolved.json,
+// init.safetensors, metrics.jsonl and final.safetensors (the full parameters,
+// streamed to it from their owners) into `out_dir`. With
+// `checkpoints`, it resumes per checkpoint.resume and saves per
+// checkpoint.interval (composer run; check and golden always train afresh).
+TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                  bool checkpoints = false);
+
+}  // namespace composer
