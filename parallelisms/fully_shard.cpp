@@ -311,119 +311,166 @@ std::optional<std::string> check_units(models::Model& model, const std::vector<s
 FullyShard::FullyShard(models::Model& model, Group& group, const FullyShardOptions& options)
     : FullyShard(std::vector<models::Root>{models::whole(model)}, group, options) {}
 
-FullyShard::FullyShard(const std::vector<models::Root>& roots, Group& group, const FullyShardOptions& options)
-    : group_(group), options_(options) {
-  // Units: every matching module of every root, then the roots. A parameter
-  // belongs to the innermost unit that contains every module computing with
-  // it on this rank (a weight tied across two units belongs to their common
-  // ancestor, so it is gathered for as long as either uses it); one used in
-  // several roots belongs to the first of them, which gathers it first.
-  models::NamedModules modules;  // every module of every root once, by model FQN, the roots' own left out
+namespace {
+
+// Which unit owns each parameter: every module of every root (the roots' own
+// modules aside) with the units `patterns` select among them, each
+// parameter's users, and the index of its owning unit (units first, then
+// the roots in order).
+struct Ownership {
+  models::NamedModules units;
+  std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+};
+
+// The modules the roots compute with, each once, by model FQN, without the roots themselves.
+models::NamedModules root_modules(const std::vector<models::Root>& roots) {
+  models::NamedModules modules;
   std::unordered_set<const nn::Module*> seen;
   for (const auto& root : roots) {
     for (const auto& [name, m] : root.modules) {
       if (m != root.module && seen.insert(m).second) modules.emplace_back(name, m);
     }
   }
-  const models::NamedModules unit_modules = models::select_modules(modules, options.units);
-  std::unordered_map<const c10::TensorImpl*, std::vector<nn::Module*>> users;
-  for (const auto& root : roots) {
-    for (auto& item : root.module->named_parameters(/*recurse=*/false)) users[item.value().unsafeGetTensorImpl()].push_back(root.module);
+  return modules;
+}
+
+bool in_root(const models::Root& root, const nn::Module* m) {
+  for (const auto& [name, r] : root.modules) {
+    if (r == m) return true;
   }
-  for (auto& [name, m] : modules) {
-    for (auto& item : m->named_parameters(/*recurse=*/false)) users[item.value().unsafeGetTensorImpl()].push_back(m);
-  }
-  std::unordered_map<const nn::Module*, std::string> name_of;
-  for (auto& [name, m] : modules) name_of[m] = name;
+  return false;
+}
+
+// A parameter belongs to the innermost unit that contains every module
+// computing with it on this rank (a weight tied across two units belongs to
+// their common ancestor, so it is gathered for as long as either uses it);
+// else to the first root holding all its users, else the first holding one
+// (a weight two of this rank's stages share: that root gathers it first).
+size_t owner_of(const std::vector<nn::Module*>& users, const models::NamedModules& units,
+                const std::unordered_map<const nn::Module*, std::string>& name_of,
+                const std::vector<models::Root>& roots) {
   auto inside = [&](const std::string& prefix, const nn::Module* m) {
     auto it = name_of.find(m);
     return it != name_of.end() && (it->second == prefix || it->second.rfind(prefix + ".", 0) == 0);
   };
-  auto in_root = [&](const models::Root& root, const nn::Module* m) {
-    for (const auto& [name, r] : root.modules) {
-      if (r == m) return true;
+  size_t best = units.size(), depth = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const auto& prefix = units[u].first;
+    bool all = true;
+    for (const auto* m : users) all = all && inside(prefix, m);
+    if (all && prefix.size() + 1 > depth) {
+      best = u;
+      depth = prefix.size() + 1;
     }
-    return false;
-  };
-  std::unordered_map<const c10::TensorImpl*, size_t> owner;
-  for (auto& [impl, us] : users) {
-    size_t best = unit_modules.size(), depth = 0;
-    for (size_t u = 0; u < unit_modules.size(); ++u) {
-      const auto& prefix = unit_modules[u].first;
-      bool all = true;
-      for (const auto* m : us) all = all && inside(prefix, m);
-      if (all && prefix.size() + 1 > depth) {
-        best = u;
-        depth = prefix.size() + 1;
-      }
-    }
-    for (size_t r = 0; best == unit_modules.size() && r < roots.size(); ++r) {
-      bool all = true;
-      for (const auto* m : us) all = all && in_root(roots[r], m);
-      if (all) best = unit_modules.size() + r;
-    }
-    for (size_t r = 0; best == unit_modules.size() && r < roots.size(); ++r) {
-      if (in_root(roots[r], us.front())) best = unit_modules.size() + r;
-    }
-    owner[impl] = best;
   }
-  auto add_unit = [&](const std::string& name, nn::Module* m, bool root) {
-    auto unit = std::make_unique<Unit>();
-    unit->name = name;
-    unit->module = m;
-    unit->owner = this;
-    unit->group = &group_;
-    unit->root = root;
-    unit->reshard_after_forward = options.reshard_after_forward && !root;  // a root stays gathered
-    unit->sync = &sync_;
-    units_.push_back(std::move(unit));
-  };
-  for (auto& [name, m] : unit_modules) add_unit(name, m, false);
-  for (const auto& root : roots) add_unit(root.name, root.module, true);
+  for (size_t r = 0; best == units.size() && r < roots.size(); ++r) {
+    bool all = true;
+    for (const auto* m : users) all = all && in_root(roots[r], m);
+    if (all) best = units.size() + r;
+  }
+  for (size_t r = 0; best == units.size() && r < roots.size(); ++r) {
+    if (in_root(roots[r], users.front())) best = units.size() + r;
+  }
+  return best;
+}
+
+Ownership assign_owners(const std::vector<models::Root>& roots, const std::vector<std::string>& patterns) {
+  Ownership o;
+  const models::NamedModules modules = root_modules(roots);
+  o.units = models::select_modules(modules, patterns);
+  for (const auto& root : roots) {
+    for (auto& item : root.module->named_parameters(/*recurse=*/false)) {
+      o.users[item.value().unsafeGetTensorImpl()].push_back(root.module);
+    }
+  }
+  std::unordered_map<const nn::Module*, std::string> name_of;
+  for (auto& [name, m] : modules) {
+    name_of[m] = name;
+    for (auto& item : m->named_parameters(/*recurse=*/false)) o.users[item.value().unsafeGetTensorImpl()].push_back(m);
+  }
+  for (auto& [impl, users] : o.users) o.owner[impl] = owner_of(users, o.units, name_of, roots);
+  return o;
+}
+
+}  // namespace
+
+FullyShard::FullyShard(const std::vector<models::Root>& roots, Group& group, const FullyShardOptions& options)
+    : group_(group), options_(options) {
+  // Units: every matching module of every root, then the roots themselves.
+  const Ownership own = assign_owners(roots, options.units);
+  for (auto& [name, m] : own.units) add_unit(name, m, /*root=*/false);
+  for (const auto& root : roots) add_unit(root.name, root.module, /*root=*/true);
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : models::root_parameters(roots)) {
     if (per_rank_selects(options.per_rank, name)) continue;  // each rank's own: neither sharded nor reduced
-    auto own = owner.find(p.unsafeGetTensorImpl());
-    TORCH_INTERNAL_ASSERT(own != owner.end(), "parameter ", name, " has no module that computes with it");
-    Unit& u = *units_[own->second];
-    Param q;
-    q.param = p;
-    device_ = nn::param_options().device();  // meta in a dry run; a model being materialised is on meta now, not later
-    q.shape = p.sizes().vec();
-    auto full_shape = q.shape.empty() ? std::vector<int64_t>{1} : q.shape;
-    int64_t dim = options.shard_dim ? options.shard_dim(p) : 0;
-    if (dim < 0) dim += static_cast<int64_t>(full_shape.size());
-    TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(full_shape.size()), "shard dim ", dim, " is out of range for ",
-                name, " of shape ", p.sizes());
-    q.info.full_shape = full_shape;
-    q.info.dim = dim;
-    q.info.sizes = chunk_sizes(full_shape[dim], group_.size);
-    q.info.rank = group_.rank;
-    q.info.world = group_.size;
-    q.compute_dtype = options.param_dtype.value_or(p.scalar_type());
-    q.ext = options.extension && p.scalar_type() == torch::kFloat ? options.extension.get() : &default_all_gather();
-    q.users = users[p.unsafeGetTensorImpl()];
-    if (options.placements) record_placement(options.placements->of(p), group_, options.replicate, dim);
-    auto local = p.detach().reshape(full_shape).narrow(dim, q.info.offset(group_.rank), q.info.sizes[group_.rank]);
-    torch::Tensor shard = local.contiguous().clone();
-    // Offloaded: the shard (so its gradient and optimizer state) in pinned host
-    // memory; a model still on meta gets its values there later (materialise).
-    if (options.offload && !shard.is_meta()) shard = shard.to(torch::kCPU).pin_memory();
-    p.set_data(shard);
-    q.grad_offset = u.grad_numel;
-    u.grad_numel += numel_of(q.info.padded_shape());
-    for (const auto& in : q.ext->pre_all_gather(p.detach(), q.info, q.compute_dtype)) {
-      Slot s{u.gather_bytes, bytes_of(in.sizes().vec(), in.scalar_type()), in.scalar_type(), in.sizes().vec()};
-      u.gather_bytes += aligned(s.bytes);
-      q.slots.push_back(s);
-    }
-    q.unsharded_offset = u.unsharded_bytes;
-    u.unsharded_bytes += aligned(unsharded_bytes_of(q));
-    u.params.push_back(q);
+    auto it = own.owner.find(p.unsafeGetTensorImpl());
+    TORCH_INTERNAL_ASSERT(it != own.owner.end(), "parameter ", name, " has no module that computes with it");
+    shard_param(*units_[it->second], name, p, own.users.at(p.unsafeGetTensorImpl()));
+  }
+  size_pools();
+  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype at every root
+    for (const auto& root : roots) cast_at(*root.module);
   }
   for (auto& u : units_) {
+    if (!u->params.empty()) install_hooks(u.get());
+  }
+}
+
+void FullyShard::add_unit(const std::string& name, nn::Module* m, bool root) {
+  auto unit = std::make_unique<Unit>();
+  unit->name = name;
+  unit->module = m;
+  unit->owner = this;
+  unit->group = &group_;
+  unit->root = root;
+  unit->reshard_after_forward = options_.reshard_after_forward && !root;  // a root stays gathered
+  unit->sync = &sync_;
+  units_.push_back(std::move(unit));
+}
+
+void FullyShard::shard_param(Unit& u, const std::string& name, const torch::Tensor& p,
+                             const std::vector<nn::Module*>& users) {
+  Param q;
+  q.param = p;
+  device_ = nn::param_options().device();  // meta in a dry run; a model being materialised is on meta now, not later
+  q.shape = p.sizes().vec();
+  auto full_shape = q.shape.empty() ? std::vector<int64_t>{1} : q.shape;
+  int64_t dim = options_.shard_dim ? options_.shard_dim(p) : 0;
+  if (dim < 0) dim += static_cast<int64_t>(full_shape.size());
+  TORCH_CHECK(dim >= 0 && dim < static_cast<int64_t>(full_shape.size()), "shard dim ", dim, " is out of range for ",
+              name, " of shape ", p.sizes());
+  q.info.full_shape = full_shape;
+  q.info.dim = dim;
+  q.info.sizes = chunk_sizes(full_shape[dim], group_.size);
+  q.info.rank = group_.rank;
+  q.info.world = group_.size;
+  q.compute_dtype = options_.param_dtype.value_or(p.scalar_type());
+  q.ext = options_.extension && p.scalar_type() == torch::kFloat ? options_.extension.get() : &default_all_gather();
+  q.users = users;
+  if (options_.placements) record_placement(options_.placements->of(p), group_, options_.replicate, dim);
+  auto local = p.detach().reshape(full_shape).narrow(dim, q.info.offset(group_.rank), q.info.sizes[group_.rank]);
+  torch::Tensor shard = local.contiguous().clone();
+  // Offloaded: the shard (so its gradient and optimizer state) in pinned host
+  // memory; a model still on meta gets its values there later (materialise).
+  if (options_.offload && !shard.is_meta()) shard = shard.to(torch::kCPU).pin_memory();
+  p.set_data(shard);
+  q.grad_offset = u.grad_numel;
+  u.grad_numel += numel_of(q.info.padded_shape());
+  for (const auto& in : q.ext->pre_all_gather(p.detach(), q.info, q.compute_dtype)) {
+    Slot s{u.gather_bytes, bytes_of(in.sizes().vec(), in.scalar_type()), in.scalar_type(), in.sizes().vec()};
+    u.gather_bytes += aligned(s.bytes);
+    q.slots.push_back(s);
+  }
+  q.unsharded_offset = u.unsharded_bytes;
+  u.unsharded_bytes += aligned(unsharded_bytes_of(q));
+  u.params.push_back(q);
+}
+
+void FullyShard::size_pools() {
+  for (auto& u : units_) {
     if (u->params.empty()) continue;
-    u->reduce_dtype = options.reduce_dtype.value_or(u->params.front().compute_dtype);
+    u->reduce_dtype = options_.reduce_dtype.value_or(u->params.front().compute_dtype);
     const int64_t grad_bytes = group_.size * u->grad_numel * static_cast<int64_t>(c10::elementSize(u->reduce_dtype));
     for (auto [kind, bytes] : {std::pair{kSend, u->gather_bytes}, std::pair{kRecv, group_.size * u->gather_bytes},
                                std::pair{kGrad, grad_bytes}, std::pair{kUnsharded, u->unsharded_bytes}}) {
@@ -431,43 +478,39 @@ FullyShard::FullyShard(const std::vector<models::Root>& roots, Group& group, con
     }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }
-  if (options.param_dtype) {  // inputs in, outputs out of the compute dtype at every root
-    const auto compute = *options.param_dtype;
-    c10::ScalarType train = torch::kFloat;
-    for (auto& u : units_) {
-      if (!u->params.empty()) train = u->params.front().param.scalar_type();
-    }
-    std::vector<nn::Module*> casting;  // every root: the model, or each pipeline stage
-    for (const auto& root : roots) casting.push_back(root.module);
-    for (nn::Module* m : casting) {
-      m->add_pre_hook([compute](nn::Module&, torch::Tensor x) { return x.is_floating_point() ? x.to(compute) : x; });
-      m->add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
-        return y.is_floating_point() ? y.to(train) : y;
-      });
-    }
+}
+
+void FullyShard::cast_at(nn::Module& root) {
+  const auto compute = *options_.param_dtype;
+  c10::ScalarType train = torch::kFloat;
+  for (auto& u : units_) {
+    if (!u->params.empty()) train = u->params.front().param.scalar_type();
   }
-  for (auto& up : units_) {
-    Unit* u = up.get();
-    if (u->params.empty()) continue;
-    u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
-      if (recording_) record_forward(u);
-      unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
-      Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
-      if (next && needs_gather(*next)) start_gather(*next);
-      return x;
+  root.add_pre_hook([compute](nn::Module&, torch::Tensor x) { return x.is_floating_point() ? x.to(compute) : x; });
+  root.add_post_hook([train](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    return y.is_floating_point() ? y.to(train) : y;
+  });
+}
+
+void FullyShard::install_hooks(Unit* u) {
+  u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
+    if (recording_) record_forward(u);
+    unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
+    Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
+    if (next && needs_gather(*next)) start_gather(*next);
+    return x;
+  });
+  u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    if (!u->reshard_after_forward || !y.requires_grad()) return y;
+    reshard_storage(*u);
+    y.register_hook([this, u](torch::Tensor g) {
+      refill_storage(*u);  // runs before this unit's backward
+      Unit* prev = options_.prefetch ? prev_in_forward(u) : nullptr;  // the next unit in backward
+      if (prev && prev->freed && needs_gather(*prev)) start_gather(*prev);
+      return g;
     });
-    u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
-      if (!u->reshard_after_forward || !y.requires_grad()) return y;
-      reshard_storage(*u);
-      y.register_hook([this, u](torch::Tensor g) {
-        refill_storage(*u);  // runs before this unit's backward
-        Unit* prev = options_.prefetch ? prev_in_forward(u) : nullptr;  // the next unit in backward
-        if (prev && prev->freed && needs_gather(*prev)) start_gather(*prev);
-        return g;
-      });
-      return y;
-    });
-  }
+    return y;
+  });
 }
 
 FullyShard::~FullyShard() = default;

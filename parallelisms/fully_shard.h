@@ -147,6 +147,15 @@ class FullyShard {
   int64_t pooled_bytes() const { return pooled_bytes_; }  // every buffer the pools ever allocated
 
  private:
+  // The constructor's stages: a unit, one parameter sharded into its unit,
+  // the pools sized for the largest unit, the mixed-precision casts at a
+  // root, and a unit's gather and free hooks.
+  void add_unit(const std::string& name, nn::Module* m, bool root);
+  void shard_param(Unit& u, const std::string& name, const torch::Tensor& p, const std::vector<nn::Module*>& users);
+  void size_pools();
+  void cast_at(nn::Module& root);
+  void install_hooks(Unit* u);
+
   Group& group_;
   FullyShardOptions options_;
   bool sync_ = true;

@@ -91,63 +91,76 @@ int64_t Parallel::buffer_bytes() const {
   return (fsdp ? fsdp->pooled_bytes() : 0) + (sync ? sync->buffer_bytes() : 0);
 }
 
+namespace {
+
+// One transform being applied: the model, what earlier transforms left, and
+// the transforms after it (the pipeline traces the stage shapes with them).
+struct Applying {
+  models::Model& model;
+  Parallel& par;
+  const ParallelizeOptions& o;
+  std::vector<Transform> later;
+  void log(const std::string& line) const {
+    if (o.log) o.log(line);
+  }
+};
+
+void apply(Applying& a, const PipelineStep& s) {
+  Parallel& par = a.par;
+  PipelineOptions po = s.options;
+  po.placements = par.placements.get();
+  par.pipe = std::make_unique<Pipeline>(a.model, *s.group, po);
+  par.roots = par.pipe->roots();
+  if (a.o.example.defined() && a.o.shape_copy) par.pipe->set_shapes(trace_stages(s, a.later, a.o));
+  std::string stages;
+  for (int st : par.pipe->local_stages()) stages += (stages.empty() ? "" : ", ") + std::to_string(st);
+  a.log("applied pipeline " + over(s.group) + ": " + name_of(s.options.schedule) + ", " +
+        std::to_string(par.pipe->shape().stages()) + " stages, this rank runs stage" +
+        (par.roots.size() == 1 ? " " : "s ") + stages);
+}
+
+void apply(Applying& a, const TensorParallelStep& s) {
+  a.par.tp = apply_tensor_parallel(a.par.roots, *s.group, s.plan, *a.par.placements);
+  a.log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(a.par.tp->num_modules()) + " modules");
+}
+
+void apply(Applying& a, const ActivationCheckpointingStep& s) {
+  a.par.ac = apply_activation_checkpointing(a.par.roots, s.options);
+  a.log("applied activation_checkpointing: " + std::to_string(a.par.ac->units().size()) + " units");
+}
+
+void apply(Applying& a, const FullyShardStep& s) {
+  Parallel& par = a.par;
+  FullyShardOptions fo = s.options;
+  fo.placements = par.placements.get();
+  if (s.shard_opposite) fo.shard_dim = opposite_dim(par.placements.get());
+  if (!fo.per_rank.empty()) par.per_rank = apply_per_rank(par.roots, *s.data_parallel, fo.per_rank, *par.placements);
+  par.fsdp = apply_fully_shard(par.roots, *s.group, fo);
+  a.log("applied fully_shard " + over(s.data_parallel) + ": " + std::to_string(par.fsdp->num_units()) + " units");
+}
+
+void apply(Applying& a, const ReplicateStep& s) {
+  Parallel& par = a.par;
+  if (!s.options.per_rank.empty()) {
+    par.per_rank = apply_per_rank(par.roots, *s.group, s.options.per_rank, *par.placements);
+  }
+  apply_replicate(par.roots, *s.group, s.options, *par.placements);
+  par.bucket_mb = s.options.bucket_mb;
+  std::ostringstream mb;
+  mb << par.bucket_mb;
+  a.log("applied replicate " + over(s.group) + ": gradients all-reduced in buckets of " + mb.str() + " MB");
+}
+
+}  // namespace
+
 Parallel parallelize(models::Model& model, const std::vector<Transform>& transforms, const ParallelizeOptions& o) {
   Parallel par;
   par.roots = {models::whole(model)};
   par.world = o.world;
   par.dp = o.data_parallel;
-  auto log = [&](const std::string& line) {
-    if (o.log) o.log(line);
-  };
   for (size_t i = 0; i < transforms.size(); ++i) {
-    std::visit(
-        Overloaded{
-            [&](const PipelineStep& s) {
-              PipelineOptions po = s.options;
-              po.placements = par.placements.get();
-              par.pipe = std::make_unique<Pipeline>(model, *s.group, po);
-              par.roots = par.pipe->roots();
-              if (o.example.defined() && o.shape_copy) {
-                par.pipe->set_shapes(trace_stages(s, {transforms.begin() + i + 1, transforms.end()}, o));
-              }
-              std::string stages;
-              for (int st : par.pipe->local_stages()) stages += (stages.empty() ? "" : ", ") + std::to_string(st);
-              log("applied pipeline " + over(s.group) + ": " + name_of(s.options.schedule) + ", " +
-                  std::to_string(par.pipe->shape().stages()) + " stages, this rank runs stage" +
-                  (par.roots.size() == 1 ? " " : "s ") + stages);
-            },
-            [&](const TensorParallelStep& s) {
-              par.tp = apply_tensor_parallel(par.roots, *s.group, s.plan, *par.placements);
-              log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(par.tp->num_modules()) +
-                  " modules");
-            },
-            [&](const ActivationCheckpointingStep& s) {
-              par.ac = apply_activation_checkpointing(par.roots, s.options);
-              log("applied activation_checkpointing: " + std::to_string(par.ac->units().size()) + " units");
-            },
-            [&](const FullyShardStep& s) {
-              FullyShardOptions fo = s.options;
-              fo.placements = par.placements.get();
-              if (s.shard_opposite) fo.shard_dim = opposite_dim(par.placements.get());
-              if (!fo.per_rank.empty()) {
-                par.per_rank = apply_per_rank(par.roots, *s.data_parallel, fo.per_rank, *par.placements);
-              }
-              par.fsdp = apply_fully_shard(par.roots, *s.group, fo);
-              log("applied fully_shard " + over(s.data_parallel) + ": " + std::to_string(par.fsdp->num_units()) +
-                  " units");
-            },
-            [&](const ReplicateStep& s) {
-              if (!s.options.per_rank.empty()) {
-                par.per_rank = apply_per_rank(par.roots, *s.group, s.options.per_rank, *par.placements);
-              }
-              apply_replicate(par.roots, *s.group, s.options, *par.placements);
-              par.bucket_mb = s.options.bucket_mb;
-              std::ostringstream mb;
-              mb << par.bucket_mb;
-              log("applied replicate " + over(s.group) + ": gradients all-reduced in buckets of " + mb.str() + " MB");
-            },
-        },
-        transforms[i]);
+    Applying a{model, par, o, {transforms.begin() + static_cast<std::ptrdiff_t>(i) + 1, transforms.end()}};
+    std::visit([&](const auto& step) { apply(a, step); }, transforms[i]);
     par.any = par.any || !std::holds_alternative<ActivationCheckpointingStep>(transforms[i]);
   }
   // Activation checkpointing alone changes how a unit computes, not where:

@@ -206,9 +206,10 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(const std::vector<models::
     }
   }
   for (auto& [name, p] : models::root_parameters(roots)) tp_dim(*tp, p);  // the rest: replicated over tp
-  tp->modules_ = 0;
-  for (const auto& r : plan) {
-    for (auto& [name, m] : modules) tp->modules_ += models::fqn_matches(r.pattern, name) ? 1 : 0;
+  for (auto& [name, m] : modules) {
+    bool styled = false;
+    for (const auto& r : plan) styled = styled || models::fqn_matches(r.pattern, name);
+    tp->modules_ += styled ? 1 : 0;
   }
   return tp;
 }

@@ -49,7 +49,7 @@ class TensorParallel {
   // The shard layout of a parameter, or nullptr when it is replicated.
   const TpShard* shard_of(const torch::Tensor& p) const;
 
-  // How many modules the plan's rules styled on this rank.
+  // How many modules a rule of the plan styled on this rank.
   int64_t num_modules() const { return modules_; }
 
   // Internal state the hooks share.

@@ -2,7 +2,7 @@
 // uneven-size support (torch.chunk semantics, padded buffers), autograd-aware
 // variants, and a counter of calls and bytes per group so tests can assert
 // communication and benchmarks can report volume against theory. On a group
-// without a process group (a dry run, runner/trainer.h) a collective moves
+// without a process group (a dry run, runner/estimate/dry_run.h) a collective moves
 // nothing but allocates what it would and counts its bytes, so a dry run's
 // counters and memory match a real run's.
 #pragma once

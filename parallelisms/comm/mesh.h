@@ -61,7 +61,7 @@ struct MeshOptions {
   std::string host = "127.0.0.1";              // address Gloo binds to; "" = this host's name
   std::chrono::milliseconds timeout{300000};   // every collective and rendezvous
   bool connect = true;                         // false: groups without process groups (planning only)
-  CudaRuntime* cuda = nullptr;                 // nccl: makes the NCCL groups (parallelisms/cuda_runtime.h)
+  CudaRuntime* cuda = nullptr;                 // nccl: makes the NCCL groups (parallelisms/comm/cuda_runtime.h)
   int device = 0;                              // nccl: this rank's GPU
   std::shared_ptr<const Delays> delays;        // given to every group (debug.delay)
 };

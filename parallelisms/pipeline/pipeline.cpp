@@ -196,89 +196,106 @@ bool Pipeline::holds(const torch::Tensor& p) const {
   return std::find(r.begin(), r.end(), group_.rank) != r.end();
 }
 
-double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
-                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
-  const int S = shape_.stages();
-  const int me = group_.rank;
-  TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == S, "the pipeline's stage shapes were never set");
-  const auto t0 = std::chrono::steady_clock::now();
-  timeline_.clear();
+// One run()'s state: every (stage, microbatch) slot, the sends in flight,
+// the functions that give inputs and losses, and the loss so far.
+struct Pipeline::Run {
+  const std::function<torch::Tensor(int)>& input_of;
+  const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of;
+  double loss_factor;
   std::map<std::pair<int, int>, Slot> slots;
   std::vector<Handle> sends;  // waited for at the end; receives block where they stand
-  // The tensor backward starts from and its gradient.
-  auto root_of = [&](int s, int mb, Slot& slot) -> std::pair<torch::Tensor, torch::Tensor> {
-    if (s == S - 1) return {slot.output * loss_factor, torch::Tensor()};
-    if (shape_.rank_of(s + 1) == me) return {slot.output, slots[{s + 1, mb}].input_grad};
-    return {slot.output, slot.grad_out};
-  };
   double loss_sum = 0;
+};
+
+// The tensor backward starts from for (stage s, microbatch mb) and its gradient.
+std::pair<torch::Tensor, torch::Tensor> Pipeline::backward_root(Run& run, int s, int mb) {
+  Slot& slot = run.slots[{s, mb}];
+  if (s == shape_.stages() - 1) return {slot.output * run.loss_factor, torch::Tensor()};
+  if (shape_.rank_of(s + 1) == group_.rank) return {slot.output, run.slots[{s + 1, mb}].input_grad};
+  return {slot.output, slot.grad_out};
+}
+
+// A forward action: the stage's input (the batch's, handed over from this
+// rank's previous stage, or received), its forward and, on the last stage,
+// the microbatch's loss.
+void Pipeline::forward(int s, int mb, Run& run) {
+  Slot& slot = run.slots[{s, mb}];
+  if (s == 0) {
+    slot.input = run.input_of(mb);
+  } else if (shape_.rank_of(s - 1) == group_.rank) {
+    auto x = run.slots[{s - 1, mb}].output.detach();
+    slot.input = is_float(x) ? x.requires_grad_() : x;
+  }
+  torch::Tensor out;
+  {
+    nn::DeferWeightGrads defer(deferred_ ? &slot.weight_grads : nullptr);
+    out = stage_forward(s, slot.input);
+  }
+  if (s == shape_.stages() - 1) {
+    out = run.loss_of(mb, out);
+    losses_[mb] = out.is_meta() ? 0.0 : out.item<double>();  // a dry run has no values
+    run.loss_sum += losses_[mb];
+  }
+  slot.output = out;
+}
+
+void Pipeline::act(const Action& a, Run& run) {
+  const int s = a.stage, mb = a.microbatch;
+  Slot& slot = run.slots[{s, mb}];
+  auto& sends = run.sends;
+  switch (a.op) {
+    case Op::kRecvActivation: {
+      auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
+      recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
+      slot.input = is_float(buf) ? buf.requires_grad_() : buf;
+      break;
+    }
+    case Op::kRecvGradient: {
+      auto buf = torch::empty(shapes_.output[s], slot.output.options().requires_grad(false));
+      recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
+      slot.grad_out = buf;
+      break;
+    }
+    case Op::kForward:
+      forward(s, mb, run);
+      break;
+    case Op::kSendActivation:
+      sends.push_back(send(group_, slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb), true));
+      break;
+    case Op::kBackward:
+    case Op::kBackwardInput: {
+      // Under a zero-bubble schedule (I), the stage's one backward gives the
+      // input gradient and every parameter gradient except the Linear weights
+      // and biases, whose layers only record their output gradients (deferred
+      // mode, see forward); W computes those.
+      auto [root, grad] = backward_root(run, s, mb);
+      torch::autograd::backward({root}, {grad});
+      if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
+      slot.output = torch::Tensor();
+      break;
+    }
+    case Op::kBackwardWeight:
+      // The deferred Linear gradients from what I kept: no second traversal of the stage.
+      slot.weight_grads.backward();
+      break;
+    case Op::kSendGradient:
+      sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
+      break;
+  }
+}
+
+double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
+                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
+  TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == shape_.stages(),
+                        "the pipeline's stage shapes were never set");
+  const auto t0 = std::chrono::steady_clock::now();
+  timeline_.clear();
   losses_.assign(shape_.microbatches, 0.0);
-  for (const Action& a : actions_[me]) {
-    const int s = a.stage, mb = a.microbatch;
-    Slot& slot = slots[{s, mb}];
+  Run run{input_of, loss_of, loss_factor, {}, {}, 0};
+  for (const Action& a : actions_[group_.rank]) {
     const double start = now_ms(t0);
     try {
-    switch (a.op) {
-      case Op::kRecvActivation: {
-        auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
-        recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
-        slot.input = is_float(buf) ? buf.requires_grad_() : buf;
-        break;
-      }
-      case Op::kRecvGradient: {
-        auto buf = torch::empty(shapes_.output[s], slot.output.options().requires_grad(false));
-        recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
-        slot.grad_out = buf;
-        break;
-      }
-      case Op::kForward: {
-        if (s == 0) {
-          slot.input = input_of(mb);
-        } else if (shape_.rank_of(s - 1) == me) {
-          auto x = slots[{s - 1, mb}].output.detach();
-          slot.input = is_float(x) ? x.requires_grad_() : x;
-        }
-        torch::Tensor out;
-        {
-          nn::DeferWeightGrads defer(deferred_ ? &slot.weight_grads : nullptr);
-          out = stage_forward(s, slot.input);
-        }
-        if (s == S - 1) {
-          out = loss_of(mb, out);
-          losses_[mb] = out.is_meta() ? 0.0 : out.item<double>();  // a dry run has no values
-          loss_sum += losses_[mb];
-        }
-        slot.output = out;
-        break;
-      }
-      case Op::kSendActivation:
-        sends.push_back(send(group_, slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb), true));
-        break;
-      case Op::kBackward: {
-        auto [root, grad] = root_of(s, mb, slot);
-        torch::autograd::backward({root}, {grad});
-        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
-        slot.output = torch::Tensor();
-        break;
-      }
-      case Op::kBackwardInput: {
-        // The stage's one backward: the input gradient and every parameter
-        // gradient except the Linear weights and biases, whose layers only
-        // record their output gradients (deferred mode, see forward).
-        auto [root, grad] = root_of(s, mb, slot);
-        torch::autograd::backward({root}, {grad});
-        if (s > 0 && slot.input.requires_grad()) slot.input_grad = slot.input.grad();
-        slot.output = torch::Tensor();
-        break;
-      }
-      case Op::kBackwardWeight:
-        // The deferred Linear gradients from what I kept: no second traversal of the stage.
-        slot.weight_grads.backward();
-        break;
-      case Op::kSendGradient:
-        sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
-        break;
-    }
+      act(a, run);
     } catch (const c10::Error& e) {  // name the action: a schedule runs many
       TORCH_CHECK(false, "pipeline action ", a.str(), ": ", e.what_without_backtrace());
     }
@@ -286,12 +303,12 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
       timeline_.push_back({a.str(), start, now_ms(t0)});
     }
   }
-  for (auto& h : sends) h.wait();
-  for (const auto& [key, slot] : slots) {
+  for (auto& h : run.sends) h.wait();
+  for (const auto& [key, slot] : run.slots) {
     TORCH_INTERNAL_ASSERT(slot.weight_grads.empty(), "stage ", key.first, " microbatch ", key.second,
                           " kept deferred weight gradients that no W action used");
   }
-  return loss_sum;
+  return run.loss_sum;
 }
 
 }  // namespace composer::parallel

@@ -96,6 +96,10 @@ class Pipeline {
 
  private:
   struct Slot;  // per (stage, microbatch) state
+  struct Run;   // one run()'s slots, sends and loss
+  void act(const Action& a, Run& run);
+  void forward(int s, int mb, Run& run);
+  std::pair<torch::Tensor, torch::Tensor> backward_root(Run& run, int s, int mb);
   torch::Tensor stage_forward(int stage, torch::Tensor x);
   int tag(Op op, int stage, int mb) const;
   bool local(int stage) const { return options_.every_stage || shape_.rank_of(stage) == group_.rank; }

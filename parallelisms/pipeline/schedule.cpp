@@ -275,158 +275,181 @@ double Simulation::bubble() const {
   return 1.0 - static_cast<double>(compute_slots) / (static_cast<double>(start.size()) * makespan);
 }
 
-Simulation simulate(const std::vector<RankActions>& lists, const PipelineShape& s) {
-  Simulation sim;
-  const int S = s.stages(), M = s.microbatches;
-  const int R = static_cast<int>(lists.size());
-  // End slot of each compute kind per (stage, mb); -1 = not run.
-  std::map<std::tuple<int, int, int>, int64_t> done;  // (op, stage, mb) -> end slot
-  std::map<std::tuple<int, int, int>, int64_t> sent;  // (send op, stage, mb) -> slot
-  auto key = [](Op op, int st, int mb) { return std::make_tuple(static_cast<int>(op), st, mb); };
-  auto end_of = [&](Op op, int st, int mb) -> int64_t {
-    auto it = done.find(key(op, st, mb));
-    return it == done.end() ? -1 : it->second;
-  };
-  auto grad_end = [&](int st, int mb) {  // the input gradient of (st, mb), by B or I
-    int64_t b = end_of(Op::kBackward, st, mb), i = end_of(Op::kBackwardInput, st, mb);
-    return std::max(b, i);
-  };
-  for (int r = 0; r < R; ++r) {
-    for (const Action& a : lists[r]) {
-      if (a.stage < 0 || a.stage >= S || a.microbatch < 0 || a.microbatch >= M) {
-        sim.error = "rank " + std::to_string(r) + ": " + a.str() + " is outside the stages or microbatches";
-        return sim;
-      }
-      if (s.rank_of(a.stage) != r) {
-        sim.error = "rank " + std::to_string(r) + " runs " + a.str() + " of a stage it does not hold";
-        return sim;
-      }
-    }
-  }
-  std::vector<size_t> pc(R, 0);
-  std::vector<int64_t> clock(R, 0);
-  sim.start.assign(R, {});
-  for (int r = 0; r < R; ++r) sim.start[r].assign(lists[r].size(), -1);
-  // Local arrivals: what each rank has received, at which slot.
-  std::set<std::tuple<int, int, int>> received;
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < R; ++r) {
-      while (pc[r] < lists[r].size()) {
-        const Action& a = lists[r][pc[r]];
-        const bool local_prev = a.stage > 0 && s.rank_of(a.stage - 1) == r;
-        const bool local_next = a.stage + 1 < S && s.rank_of(a.stage + 1) == r;
-        int64_t ready = clock[r];
-        bool blocked = false;
-        std::string missing;
-        switch (a.op) {
-          case Op::kRecvActivation: {
-            auto it = sent.find(key(Op::kSendActivation, a.stage - 1, a.microbatch));
-            if (it == sent.end()) blocked = true;
-            else {
-              clock[r] = std::max(clock[r], it->second);
-              received.insert(key(Op::kRecvActivation, a.stage, a.microbatch));
-            }
-            break;
-          }
-          case Op::kRecvGradient: {
-            auto it = sent.find(key(Op::kSendGradient, a.stage + 1, a.microbatch));
-            if (it == sent.end()) blocked = true;
-            else {
-              clock[r] = std::max(clock[r], it->second);
-              received.insert(key(Op::kRecvGradient, a.stage, a.microbatch));
-            }
-            break;
-          }
-          case Op::kSendActivation:
-            if (end_of(Op::kForward, a.stage, a.microbatch) < 0) missing = "its forward";
-            else sent[key(Op::kSendActivation, a.stage, a.microbatch)] = clock[r];
-            break;
-          case Op::kSendGradient:
-            if (grad_end(a.stage, a.microbatch) < 0) missing = "its input gradient";
-            else sent[key(Op::kSendGradient, a.stage, a.microbatch)] = clock[r];
-            break;
-          case Op::kForward:
-            if (a.stage > 0) {
-              if (local_prev) {
-                int64_t e = end_of(Op::kForward, a.stage - 1, a.microbatch);
-                if (e < 0) missing = "F" + std::to_string(a.stage - 1) + " earlier on this rank";
-                ready = std::max(ready, e);
-              } else if (!received.count(key(Op::kRecvActivation, a.stage, a.microbatch))) {
-                missing = "a receive of stage " + std::to_string(a.stage - 1) + "'s activation";
-              }
-            }
-            break;
-          case Op::kBackward:
-          case Op::kBackwardInput:
-            if (end_of(Op::kForward, a.stage, a.microbatch) < 0) missing = "its forward";
-            if (a.stage + 1 < S) {
-              if (local_next) {
-                int64_t e = grad_end(a.stage + 1, a.microbatch);
-                if (e < 0) missing = "stage " + std::to_string(a.stage + 1) + "'s input gradient earlier on this rank";
-                ready = std::max(ready, e);
-              } else if (!received.count(key(Op::kRecvGradient, a.stage, a.microbatch))) {
-                missing = "a receive of stage " + std::to_string(a.stage + 1) + "'s gradient";
-              }
-            }
-            break;
-          case Op::kBackwardWeight:
-            if (end_of(Op::kBackwardInput, a.stage, a.microbatch) < 0) missing = "its input gradient (I)";
-            break;
+namespace {
+
+// The state of a simulation: which compute actions ended at which slot, which
+// sends were made and received, and each rank's next action and clock.
+class Simulator {
+ public:
+  Simulator(const std::vector<RankActions>& lists, const PipelineShape& s)
+      : lists_(lists), s_(s), R_(static_cast<int>(lists.size())), pc_(R_, 0), clock_(R_, 0) {}
+
+  Simulation run() {
+    if ((sim_.error = misplaced()).empty()) {
+      sim_.start.assign(R_, {});
+      for (int r = 0; r < R_; ++r) sim_.start[r].assign(lists_[r].size(), -1);
+      for (bool progress = true; progress && sim_.error.empty();) {
+        progress = false;
+        for (int r = 0; r < R_ && sim_.error.empty(); ++r) {
+          while (pc_[r] < lists_[r].size() && advance(r)) progress = true;
         }
-        if (!missing.empty()) {
-          sim.error = "rank " + std::to_string(r) + " runs " + a.str() + " before " + missing;
-          return sim;
+      }
+      if (sim_.error.empty()) sim_.error = incomplete();
+    }
+    if (!sim_.error.empty()) return sim_;
+    for (int r = 0; r < R_; ++r) sim_.makespan = std::max(sim_.makespan, clock_[r]);
+    sim_.ok = true;
+    return sim_;
+  }
+
+ private:
+  using Key = std::tuple<int, int, int>;  // (op, stage, microbatch)
+  static Key key(Op op, int st, int mb) { return std::make_tuple(static_cast<int>(op), st, mb); }
+  int64_t end_of(Op op, int st, int mb) const {  // the slot a compute action ended, -1: not run
+    auto it = done_.find(key(op, st, mb));
+    return it == done_.end() ? -1 : it->second;
+  }
+  int64_t grad_end(int st, int mb) const {  // the input gradient of (st, mb), by B or I
+    return std::max(end_of(Op::kBackward, st, mb), end_of(Op::kBackwardInput, st, mb));
+  }
+
+  // An action outside the shape or on a rank that does not hold its stage.
+  std::string misplaced() const {
+    for (int r = 0; r < R_; ++r) {
+      for (const Action& a : lists_[r]) {
+        if (a.stage < 0 || a.stage >= s_.stages() || a.microbatch < 0 || a.microbatch >= s_.microbatches) {
+          return "rank " + std::to_string(r) + ": " + a.str() + " is outside the stages or microbatches";
         }
-        if (blocked) break;  // waits for a send on another rank
-        if (is_compute(a.op)) {
-          if (done.count(key(a.op, a.stage, a.microbatch))) {
-            sim.error = "rank " + std::to_string(r) + " runs " + a.str() + " twice";
-            return sim;
-          }
-          sim.start[r][pc[r]] = ready;
-          clock[r] = ready + 1;
-          done[key(a.op, a.stage, a.microbatch)] = clock[r];
-          ++sim.compute_slots;
-        }
-        ++pc[r];
-        progress = true;
+        if (s_.rank_of(a.stage) != r) return "rank " + std::to_string(r) + " runs " + a.str() + " of a stage it does not hold";
       }
     }
+    return "";
   }
-  for (int r = 0; r < R; ++r) {
-    if (pc[r] < lists[r].size()) {
-      sim.error = "deadlock: rank " + std::to_string(r) + " waits at " + lists[r][pc[r]].str() +
-                  " for a send that never comes";
-      return sim;
+
+  // A receive: false while its send has not been made.
+  bool receive(int r, const Action& a, Op send_op, int from_stage) {
+    auto it = sent_.find(key(send_op, from_stage, a.microbatch));
+    if (it == sent_.end()) return false;
+    clock_[r] = std::max(clock_[r], it->second);
+    received_.insert(key(a.op, a.stage, a.microbatch));
+    return true;
+  }
+
+  // What a compute or send action needs that has not happened ("" when
+  // nothing), raising `ready` to the slot its local inputs end.
+  std::string missing(int r, const Action& a, int64_t& ready) {
+    const int S = s_.stages();
+    switch (a.op) {
+      case Op::kSendActivation:
+        if (end_of(Op::kForward, a.stage, a.microbatch) < 0) return "its forward";
+        sent_[key(a.op, a.stage, a.microbatch)] = clock_[r];
+        return "";
+      case Op::kSendGradient:
+        if (grad_end(a.stage, a.microbatch) < 0) return "its input gradient";
+        sent_[key(a.op, a.stage, a.microbatch)] = clock_[r];
+        return "";
+      case Op::kForward:
+        if (a.stage == 0) return "";
+        if (s_.rank_of(a.stage - 1) == r) {
+          const int64_t e = end_of(Op::kForward, a.stage - 1, a.microbatch);
+          ready = std::max(ready, e);
+          return e < 0 ? "F" + std::to_string(a.stage - 1) + " earlier on this rank" : "";
+        }
+        return received_.count(key(Op::kRecvActivation, a.stage, a.microbatch))
+                   ? "" : "a receive of stage " + std::to_string(a.stage - 1) + "'s activation";
+      case Op::kBackward:
+      case Op::kBackwardInput: {
+        std::string why = end_of(Op::kForward, a.stage, a.microbatch) < 0 ? "its forward" : "";
+        if (a.stage + 1 >= S) return why;
+        if (s_.rank_of(a.stage + 1) == r) {
+          const int64_t e = grad_end(a.stage + 1, a.microbatch);
+          ready = std::max(ready, e);
+          return e < 0 ? "stage " + std::to_string(a.stage + 1) + "'s input gradient earlier on this rank" : why;
+        }
+        return received_.count(key(Op::kRecvGradient, a.stage, a.microbatch))
+                   ? why : "a receive of stage " + std::to_string(a.stage + 1) + "'s gradient";
+      }
+      case Op::kBackwardWeight:
+        return end_of(Op::kBackwardInput, a.stage, a.microbatch) < 0 ? "its input gradient (I)" : "";
+      default:
+        return "";
     }
   }
-  // Every send received, every stage and microbatch computed once each way.
-  for (const auto& [k, slot] : sent) {
-    const auto [op, st, mb] = k;
-    const bool fwd = op == static_cast<int>(Op::kSendActivation);
-    if (!received.count(key(fwd ? Op::kRecvActivation : Op::kRecvGradient, fwd ? st + 1 : st - 1, mb))) {
-      sim.error = std::string("a send of ") + (fwd ? "activation" : "gradient") + " of stage " + std::to_string(st) +
-                  " microbatch " + std::to_string(mb) + " is never received";
-      return sim;
-    }
-  }
-  for (int st = 0; st < S; ++st) {
-    for (int mb = 0; mb < M; ++mb) {
-      const bool fwd = end_of(Op::kForward, st, mb) >= 0;
-      const bool full = end_of(Op::kBackward, st, mb) >= 0;
-      const bool split = end_of(Op::kBackwardInput, st, mb) >= 0 && end_of(Op::kBackwardWeight, st, mb) >= 0;
-      if (!fwd || (!full && !split)) {
-        sim.error = "stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " is not run both ways";
-        return sim;
+
+  // Runs rank r's next action; false when it waits for another rank's send
+  // or the schedule is invalid (sim_.error).
+  bool advance(int r) {
+    const Action& a = lists_[r][pc_[r]];
+    if (a.op == Op::kRecvActivation) {
+      if (!receive(r, a, Op::kSendActivation, a.stage - 1)) return false;
+    } else if (a.op == Op::kRecvGradient) {
+      if (!receive(r, a, Op::kSendGradient, a.stage + 1)) return false;
+    } else {
+      int64_t ready = clock_[r];
+      const std::string why = missing(r, a, ready);
+      if (!why.empty()) {
+        sim_.error = "rank " + std::to_string(r) + " runs " + a.str() + " before " + why;
+        return false;
+      }
+      if (is_compute(a.op)) {
+        if (done_.count(key(a.op, a.stage, a.microbatch))) {
+          sim_.error = "rank " + std::to_string(r) + " runs " + a.str() + " twice";
+          return false;
+        }
+        sim_.start[r][pc_[r]] = ready;
+        clock_[r] = ready + 1;
+        done_[key(a.op, a.stage, a.microbatch)] = clock_[r];
+        ++sim_.compute_slots;
       }
     }
+    ++pc_[r];
+    return true;
   }
-  for (int r = 0; r < R; ++r) sim.makespan = std::max(sim.makespan, clock[r]);
-  sim.ok = true;
-  return sim;
-}
+
+  // A rank left waiting, a send never received, or a (stage, microbatch) not
+  // run both ways.
+  std::string incomplete() const {
+    for (int r = 0; r < R_; ++r) {
+      if (pc_[r] < lists_[r].size()) {
+        return "deadlock: rank " + std::to_string(r) + " waits at " + lists_[r][pc_[r]].str() +
+               " for a send that never comes";
+      }
+    }
+    for (const auto& [k, slot] : sent_) {
+      const auto [op, st, mb] = k;
+      const bool fwd = op == static_cast<int>(Op::kSendActivation);
+      if (!received_.count(key(fwd ? Op::kRecvActivation : Op::kRecvGradient, fwd ? st + 1 : st - 1, mb))) {
+        return std::string("a send of ") + (fwd ? "activation" : "gradient") + " of stage " + std::to_string(st) +
+               " microbatch " + std::to_string(mb) + " is never received";
+      }
+    }
+    for (int st = 0; st < s_.stages(); ++st) {
+      for (int mb = 0; mb < s_.microbatches; ++mb) {
+        const bool fwd = end_of(Op::kForward, st, mb) >= 0;
+        const bool full = end_of(Op::kBackward, st, mb) >= 0;
+        const bool split = end_of(Op::kBackwardInput, st, mb) >= 0 && end_of(Op::kBackwardWeight, st, mb) >= 0;
+        if (!fwd || (!full && !split)) {
+          return "stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " is not run both ways";
+        }
+      }
+    }
+    return "";
+  }
+
+  const std::vector<RankActions>& lists_;
+  const PipelineShape& s_;
+  const int R_;
+  Simulation sim_;
+  std::map<Key, int64_t> done_;  // compute (op, stage, mb) -> end slot
+  std::map<Key, int64_t> sent_;  // (send op, stage, mb) -> slot
+  std::set<Key> received_;       // (recv op, stage, mb) a rank has received
+  std::vector<size_t> pc_;       // each rank's next action
+  std::vector<int64_t> clock_;   // each rank's next free slot
+};
+
+}  // namespace
+
+Simulation simulate(const std::vector<RankActions>& lists, const PipelineShape& s) { return Simulator(lists, s).run(); }
 
 double bubble_formula(ScheduleKind kind, const PipelineShape& s) {
   const double p = s.pp, v = s.virtual_stages, m = s.microbatches;

@@ -44,6 +44,83 @@ std::string header_bytes(const std::vector<SafetensorsWriter::Entry>& entries,
   return out + h;
 }
 
+// The length of the JSON header of the safetensors file `bytes`; refuses one longer than the file.
+uint64_t header_length(const std::string& bytes, const std::string& path) {
+  if (bytes.size() < 8) {
+    throw FileError(path, "not a safetensors file: " + std::to_string(bytes.size()) +
+                              " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  if (header_len > kMaxHeader || header_len > bytes.size() - 8) {
+    throw FileError(path, "safetensors header claims " + std::to_string(header_len) + " bytes but the file has " +
+                              std::to_string(bytes.size() - 8) +
+                              " after the length; the file is truncated or not safetensors");
+  }
+  return header_len;
+}
+
+// The JSON header of the safetensors file `bytes`, which must be an object.
+nlohmann::json parse_header(const std::string& bytes, uint64_t header_len, const std::string& path) {
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(8, header_len));
+  } catch (const nlohmann::json::exception& e) {
+    throw FileError(path, std::string("safetensors header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw FileError(path, "safetensors header must be a JSON object");
+  return header;
+}
+
+// The dtype a header entry's `dtype` names; null when it names none safetensors files here may hold.
+const DTypeName* dtype_named(const nlohmann::json& dt) {
+  const DTypeName* d = nullptr;
+  for (const auto& cand : kDTypes) {
+    if (dt.is_string() && dt.get<std::string>() == cand.name) d = &cand;
+  }
+  return d;
+}
+
+// Tensor `name` from its header `entry` and the file's data section (`data_len` bytes at `data`); refuses an entry
+// whose dtype, shape and offsets do not agree or lie outside the data section.
+torch::Tensor tensor_of_entry(const std::string& name, const nlohmann::json& entry, const char* data, uint64_t data_len,
+                              const std::string& path) {
+  auto bad = [&](const std::string& why) { return FileError(path, "tensor '" + name + "': " + why); };
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
+    throw bad("header entry needs dtype, shape and data_offsets");
+  }
+  const auto& dt = entry["dtype"];
+  const DTypeName* d = dtype_named(dt);
+  if (!d) throw bad("unsupported dtype " + dt.dump());
+  std::vector<int64_t> shape;
+  uint64_t numel = 1;
+  if (!entry["shape"].is_array()) throw bad("shape must be a list of sizes");
+  for (const auto& s : entry["shape"]) {
+    if (!s.is_number_unsigned()) throw bad("shape has a negative or non-integer size");
+    shape.push_back(s.get<int64_t>());
+    if (__builtin_mul_overflow(numel, s.get<uint64_t>(), &numel) || numel > data_len) {
+      if (s.get<uint64_t>() != 0) throw bad("shape is larger than the file's data section");
+    }
+  }
+  const auto& off = entry["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    throw bad("data_offsets must be [begin, end]");
+  }
+  uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+  uint64_t elem = c10::elementSize(d->type);
+  if (end < begin || end > data_len) {
+    throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] lie outside the " +
+              std::to_string(data_len) + "-byte data section; the file is truncated or its header lies");
+  }
+  if (end - begin != numel * elem) {
+    throw bad("shape and dtype need " + std::to_string(numel * elem) + " bytes but data_offsets give " +
+              std::to_string(end - begin));
+  }
+  auto t = torch::empty(shape, torch::dtype(d->type));
+  if (numel) std::memcpy(t.data_ptr(), data + begin, end - begin);
+  return t;
+}
+
 }  // namespace
 
 const char* safetensors_dtype(torch::ScalarType t) {
@@ -61,67 +138,14 @@ torch::ScalarType scalar_type_of_name(const std::string& name, const std::string
 }
 
 NamedTensors parse_safetensors(const std::string& bytes, const std::string& path) {
-  if (bytes.size() < 8) {
-    throw FileError(path, "not a safetensors file: " + std::to_string(bytes.size()) +
-                              " bytes, shorter than the 8-byte header length");
-  }
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
-  if (header_len > kMaxHeader || header_len > bytes.size() - 8) {
-    throw FileError(path, "safetensors header claims " + std::to_string(header_len) + " bytes but the file has " +
-                              std::to_string(bytes.size() - 8) + " after the length; the file is truncated or not safetensors");
-  }
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.substr(8, header_len));
-  } catch (const nlohmann::json::exception& e) {
-    throw FileError(path, std::string("safetensors header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) throw FileError(path, "safetensors header must be a JSON object");
+  const uint64_t header_len = header_length(bytes, path);
+  const nlohmann::json header = parse_header(bytes, header_len, path);
   const uint64_t data_start = 8 + header_len, data_len = bytes.size() - data_start;
   NamedTensors out;
   for (const auto& item : header.items()) {
     const std::string& name = item.key();
-    const auto& entry = item.value();
     if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) { return FileError(path, "tensor '" + name + "': " + why); };
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets")) {
-      throw bad("header entry needs dtype, shape and data_offsets");
-    }
-    const auto& dt = entry["dtype"];
-    const DTypeName* d = nullptr;
-    for (const auto& cand : kDTypes) {
-      if (dt.is_string() && dt.get<std::string>() == cand.name) d = &cand;
-    }
-    if (!d) throw bad("unsupported dtype " + dt.dump());
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
-    if (!entry["shape"].is_array()) throw bad("shape must be a list of sizes");
-    for (const auto& s : entry["shape"]) {
-      if (!s.is_number_unsigned()) throw bad("shape has a negative or non-integer size");
-      shape.push_back(s.get<int64_t>());
-      if (__builtin_mul_overflow(numel, s.get<uint64_t>(), &numel) || numel > data_len) {
-        if (s.get<uint64_t>() != 0) throw bad("shape is larger than the file's data section");
-      }
-    }
-    const auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      throw bad("data_offsets must be [begin, end]");
-    }
-    uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    uint64_t elem = c10::elementSize(d->type);
-    if (end < begin || end > data_len) {
-      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] lie outside the " +
-                std::to_string(data_len) + "-byte data section; the file is truncated or its header lies");
-    }
-    if (end - begin != numel * elem) {
-      throw bad("shape and dtype need " + std::to_string(numel * elem) + " bytes but data_offsets give " +
-                std::to_string(end - begin));
-    }
-    auto t = torch::empty(shape, torch::dtype(d->type));
-    if (numel) std::memcpy(t.data_ptr(), bytes.data() + data_start + begin, end - begin);
-    out.emplace_back(name, t);
+    out.emplace_back(name, tensor_of_entry(name, item.value(), bytes.data() + data_start, data_len, path));
   }
   return out;
 }

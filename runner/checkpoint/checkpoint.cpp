@@ -178,6 +178,105 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
   return out;
 }
 
+// This rank's checkpoint file: the pieces it owns and its RNG state, with their places and block hashes as metadata.
+std::string rank_file_bytes(const std::vector<HeldParam>& params, Optimizer& opt, int rank) {
+  std::set<std::string> known;
+  NamedTensors mine;
+  nlohmann::json offsets = nlohmann::json::object(), global = nlohmann::json::object();
+  nlohmann::json hashes = nlohmann::json::object();  // per tensor, of each hash block of its bytes
+  auto add = [&](const std::string& key, const torch::Tensor& t) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    hashes[key] = block_hashes(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+    mine.emplace_back(key, c);
+  };
+  for (auto& p : pieces_of(params, opt, rank, false, 0, known)) {
+    if (!p.owner) continue;
+    add(p.key, p.local);
+    offsets[p.key] = p.box.offset;
+    global[p.key] = p.global;
+  }
+  add("rng", at::detail::getDefaultCPUGenerator().get_state());
+  return serialize_safetensors(mine, {{"format", "composer-checkpoint-rank"},
+                                      {"offsets", offsets.dump()},
+                                      {"global_shapes", global.dump()},
+                                      {"fnv1a64", hashes.dump()}});
+}
+
+// What every rank reports of its file to rank 0 after writing it.
+struct FileStats {
+  torch::Tensor hashes;  // [world]: each rank file's hash
+  torch::Tensor stats;   // [2, world]: bytes, seconds
+};
+
+// Every rank's file hash, size and write time reach rank 0; the collective
+// is also the barrier after which every file is on disk.
+FileStats gather_file_stats(parallel::Group* world_group, int64_t world, int rank, const std::string& bytes,
+                            std::chrono::steady_clock::time_point start) {
+  FileStats s;
+  s.hashes = torch::zeros({world}, torch::kLong);
+  s.stats = torch::zeros({2, world}, torch::kDouble);
+  s.hashes[rank] = static_cast<int64_t>(fnv1a64(bytes.data(), bytes.size()));
+  s.stats[0][rank] = static_cast<double>(bytes.size());
+  s.stats[1][rank] = seconds_since(start);
+  if (world_group) {
+    parallel::all_reduce(*world_group, s.hashes);
+    parallel::all_reduce(*world_group, s.stats);
+  }
+  return s;
+}
+
+// The files and tensors sections of a step's index.json.
+struct Listing {
+  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
+};
+
+// Lists the rank files in `folder` for index.json, from their headers as written and the hashes every rank sent.
+Listing list_rank_files(const std::string& folder, int64_t world, const torch::Tensor& file_hashes) {
+  Listing l;
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string name = rank_file(r);
+    const std::string text = header_text(folder + "/" + name);
+    const nlohmann::json header = nlohmann::json::parse(text);
+    const auto meta = header.value("__metadata__", nlohmann::json::object());
+    const auto offs = nlohmann::json::parse(meta.value("offsets", std::string("{}")));
+    const auto shapes = nlohmann::json::parse(meta.value("global_shapes", std::string("{}")));
+    const auto blocks = nlohmann::json::parse(meta.value("fnv1a64", std::string("{}")));
+    l.files.push_back({{"name", name},
+                       {"fnv1a64", hex64(static_cast<uint64_t>(file_hashes[r].item<int64_t>()))},
+                       {"header_fnv1a64", hex64(fnv1a64(text.data(), text.size()))},
+                       {"rng_fnv1a64", blocks.at("rng")}});
+    for (const auto& item : header.items()) {
+      if (item.key() == "__metadata__" || item.key() == "rng") continue;
+      auto& entry = l.tensors[item.key()];
+      entry["dtype"] = item.value()["dtype"];
+      entry["shape"] = shapes.at(item.key());
+      entry["chunks"].push_back({{"file", name},
+                                 {"offset", offs.at(item.key())},
+                                 {"size", item.value()["shape"]},
+                                 {"fnv1a64", blocks.at(item.key())}});
+    }
+  }
+  return l;
+}
+
+// The index.json of the checkpoint of `step`, whose rank files `listing` lists.
+nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world, int64_t optimizer_steps,
+                          const Listing& listing) {
+  const nlohmann::json resolved = to_json(c);
+  return {{"format", "composer-checkpoint"},
+          {"version", 2},
+          {"step", step},
+          {"samples_seen", step * c.train.global_batch},
+          {"world_size", world},
+          {"config_hash", config_hash(c)},
+          {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
+          {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", optimizer_steps}}},
+          {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
+          {"hash_block_bytes", kHashBlockBytes},
+          {"files", listing.files},
+          {"tensors", listing.tensors}};
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
@@ -217,88 +316,22 @@ void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Opti
   const auto start = std::chrono::steady_clock::now();
   const std::string folder = (fs::path(dir_) / step_folder(step)).string();
   fs::create_directories(folder);
-  std::set<std::string> known;
-  NamedTensors mine;
-  nlohmann::json offsets = nlohmann::json::object(), global = nlohmann::json::object();
-  nlohmann::json hashes = nlohmann::json::object();  // per tensor, of each hash block of its bytes
-  auto add = [&](const std::string& key, const torch::Tensor& t) {
-    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-    hashes[key] = block_hashes(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-    mine.emplace_back(key, c);
-  };
-  for (auto& p : pieces_of(params, opt, rank_, false, 0, known)) {
-    if (!p.owner) continue;
-    add(p.key, p.local);
-    offsets[p.key] = p.box.offset;
-    global[p.key] = p.global;
-  }
-  add("rng", at::detail::getDefaultCPUGenerator().get_state());
-  const std::string bytes = serialize_safetensors(mine, {{"format", "composer-checkpoint-rank"},
-                                                         {"offsets", offsets.dump()},
-                                                         {"global_shapes", global.dump()},
-                                                         {"fnv1a64", hashes.dump()}});
-  mine.clear();
+  const std::string bytes = rank_file_bytes(params, opt, rank_);
   write_synced(folder + "/" + rank_file(rank_), bytes);
   const DebugConfig& d = c_.debug;
   if (d.fail_at == FailAt::kBeforeIndex && d.fail_rank == rank_ && d.fail_step == step) {
     fail_on_purpose(d, rank_, "after writing " + rank_file(rank_) + " of step " + std::to_string(step) +
                                   ", before its index.json");
   }
-  // Every rank's file hash, size and write time reach rank 0; the collective
-  // is also the barrier after which every file is on disk.
   const int64_t world = world_ ? world_->size : 1;
-  auto file_hashes = torch::zeros({world}, torch::kLong);
-  auto stats = torch::zeros({2, world}, torch::kDouble);  // bytes, seconds
-  file_hashes[rank_] = static_cast<int64_t>(fnv1a64(bytes.data(), bytes.size()));
-  stats[0][rank_] = static_cast<double>(bytes.size());
-  stats[1][rank_] = seconds_since(start);
-  if (world_) {
-    parallel::all_reduce(*world_, file_hashes);
-    parallel::all_reduce(*world_, stats);
-  }
+  const FileStats reported = gather_file_stats(world_, world, rank_, bytes, start);
   if (rank_ != 0) return;
 
-  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
-  for (int64_t r = 0; r < world; ++r) {
-    const std::string name = rank_file(r);
-    const std::string text = header_text(folder + "/" + name);
-    const nlohmann::json header = nlohmann::json::parse(text);
-    const auto meta = header.value("__metadata__", nlohmann::json::object());
-    const auto offs = nlohmann::json::parse(meta.value("offsets", std::string("{}")));
-    const auto shapes = nlohmann::json::parse(meta.value("global_shapes", std::string("{}")));
-    const auto blocks = nlohmann::json::parse(meta.value("fnv1a64", std::string("{}")));
-    files.push_back({{"name", name},
-                     {"fnv1a64", hex64(static_cast<uint64_t>(file_hashes[r].item<int64_t>()))},
-                     {"header_fnv1a64", hex64(fnv1a64(text.data(), text.size()))},
-                     {"rng_fnv1a64", blocks.at("rng")}});
-    for (const auto& item : header.items()) {
-      if (item.key() == "__metadata__" || item.key() == "rng") continue;
-      auto& entry = tensors[item.key()];
-      entry["dtype"] = item.value()["dtype"];
-      entry["shape"] = shapes.at(item.key());
-      entry["chunks"].push_back({{"file", name},
-                                 {"offset", offs.at(item.key())},
-                                 {"size", item.value()["shape"]},
-                                 {"fnv1a64", blocks.at(item.key())}});
-    }
-  }
-  const nlohmann::json resolved = to_json(c_);
-  nlohmann::json index = {
-      {"format", "composer-checkpoint"},
-      {"version", 2},
-      {"step", step},
-      {"samples_seen", step * c_.train.global_batch},
-      {"world_size", world},
-      {"config_hash", config_hash(c_)},
-      {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
-      {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", opt.steps()}}},
-      {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
-      {"hash_block_bytes", kHashBlockBytes},
-      {"files", files},
-      {"tensors", tensors}};
+  const Listing listing = list_rank_files(folder, world, reported.hashes);
+  const nlohmann::json index = index_json(c_, step, world, opt.steps(), listing);
   const std::string index_text = index.dump(1);
   write_synced(folder + "/" + kIndex, index_text);
-  log_save(folder, index, stats, static_cast<double>(index_text.size()));
+  log_save(folder, index, reported.stats, static_cast<double>(index_text.size()));
   prune(step);
 }
 

@@ -42,17 +42,32 @@ void place(torch::Tensor& full, const parallel::Box& box, const torch::Tensor& p
   dst.copy_(piece.view(box.size));
 }
 
-}  // namespace
+constexpr int64_t kRowWidth = 1 + 2 * kMaxDims;  // of a row in the list a rank sends to rank 0
 
-void write_final_weights(models::Model& model, const parallel::Placements* placements, parallel::Group* world, int rank,
-                         const std::string& path) {
-  torch::NoGradGuard no_grad;
-  const auto params = nn::unique_named_parameters(model);
-  auto spec_of = [&](const torch::Tensor& p) { return placements ? placements->find(p) : nullptr; };
-  // Each rank's pieces as rows [param index, offset x kMaxDims, size x kMaxDims], sent to rank 0 first.
+// Who sends which box of each tensor to rank 0, in rank order.
+using Sources = std::vector<std::vector<std::pair<int, parallel::Box>>>;
+
+// The parameters write_final_weights gathers, and where each rank's pieces of them lie.
+struct FinalWeights {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  const parallel::Placements* placements = nullptr;
+
+  const parallel::ShardSpec* spec_of(const torch::Tensor& p) const {
+    return placements ? placements->find(p) : nullptr;
+  }
+  // This rank's piece of parameter i, shaped as its box.
+  torch::Tensor piece_of(size_t i) const {
+    const auto* spec = spec_of(params[i].second);
+    return params[i].second.detach().reshape(box_of(params[i].second, spec).size).contiguous();
+  }
+};
+
+// This rank's pieces as rows [param index, offset x kMaxDims, size x kMaxDims]: what it tells rank 0 it sends.
+std::vector<int64_t> piece_rows(const FinalWeights& w, int rank) {
+  const auto& params = w.params;
   std::vector<int64_t> rows;
   for (size_t i = 0; i < params.size(); ++i) {
-    const auto* spec = spec_of(params[i].second);
+    const auto* spec = w.spec_of(params[i].second);
     if (!owns(spec, rank)) continue;
     const parallel::Box b = box_of(params[i].second, spec);
     TORCH_INTERNAL_ASSERT(static_cast<int64_t>(b.size.size()) <= kMaxDims, params[i].first, " has over 8 dims");
@@ -60,41 +75,50 @@ void write_final_weights(models::Model& model, const parallel::Placements* place
     for (int64_t d = 0; d < kMaxDims; ++d) rows.push_back(d < static_cast<int64_t>(b.offset.size()) ? b.offset[d] : 0);
     for (int64_t d = 0; d < kMaxDims; ++d) rows.push_back(d < static_cast<int64_t>(b.size.size()) ? b.size[d] : 0);
   }
-  const int64_t width = 1 + 2 * kMaxDims, world_size = world ? world->size : 1;
-  auto piece_of = [&](size_t i) {
-    const auto* spec = spec_of(params[i].second);
-    return params[i].second.detach().reshape(box_of(params[i].second, spec).size).contiguous();
-  };
-  if (rank != 0) {
-    auto n = torch::tensor({static_cast<int64_t>(rows.size()) / width}, torch::kLong);
-    parallel::send(*world, n, 0);
-    if (rows.empty()) return;
-    parallel::send(*world, torch::tensor(rows, torch::kLong), 0);
-    for (size_t k = 0; k < rows.size(); k += width) parallel::send(*world, piece_of(static_cast<size_t>(rows[k])), 0);
-    return;
+  return rows;
+}
+
+// A rank other than 0 sends rank 0 its row count, then its rows and its pieces in their order.
+void send_pieces(const FinalWeights& w, parallel::Group& world, const std::vector<int64_t>& rows) {
+  auto n = torch::tensor({static_cast<int64_t>(rows.size()) / kRowWidth}, torch::kLong);
+  parallel::send(world, n, 0);
+  if (rows.empty()) return;
+  parallel::send(world, torch::tensor(rows, torch::kLong), 0);
+  for (size_t k = 0; k < rows.size(); k += kRowWidth) {
+    parallel::send(world, w.piece_of(static_cast<size_t>(rows[k])), 0);
   }
-  // Rank 0: who sends which box of each tensor, in rank order.
-  std::vector<std::vector<std::pair<int, parallel::Box>>> sources(params.size());
+}
+
+// Rank 0: every rank's rows (its own `rows`, the others' received in rank order), as the sources of each tensor.
+Sources gather_sources(const FinalWeights& w, parallel::Group* world, int64_t world_size,
+                       const std::vector<int64_t>& rows) {
+  Sources sources(w.params.size());
   for (int r = 0; r < world_size; ++r) {
     torch::Tensor t = torch::tensor(rows, torch::kLong);
     if (r != 0) {
       auto n = torch::zeros({1}, torch::kLong);
       parallel::recv(*world, n, r);
-      t = torch::empty({n.item<int64_t>() * width}, torch::kLong);
+      t = torch::empty({n.item<int64_t>() * kRowWidth}, torch::kLong);
       if (t.numel()) parallel::recv(*world, t, r);
     }
     const int64_t* v = t.data_ptr<int64_t>();
-    for (int64_t k = 0; k < t.numel(); k += width) {
-      const auto& p = params.at(static_cast<size_t>(v[k])).second;
-      const size_t dims = box_of(p, spec_of(p)).size.size();
+    for (int64_t k = 0; k < t.numel(); k += kRowWidth) {
+      const auto& p = w.params.at(static_cast<size_t>(v[k])).second;
+      const size_t dims = box_of(p, w.spec_of(p)).size.size();
       parallel::Box b{std::vector<int64_t>(v + k + 1, v + k + 1 + dims),
                       std::vector<int64_t>(v + k + 1 + kMaxDims, v + k + 1 + kMaxDims + dims)};
       sources[static_cast<size_t>(v[k])].emplace_back(r, std::move(b));
     }
   }
+  return sources;
+}
+
+// Rank 0: writes each tensor to `path` once its pieces (its own, the others' received from `sources`) fill it.
+void write_assembled(const FinalWeights& w, parallel::Group* world, const Sources& sources, const std::string& path) {
+  const auto& params = w.params;
   std::vector<SafetensorsWriter::Entry> entries;
   for (const auto& [name, p] : params) {
-    const auto* spec = spec_of(p);
+    const auto* spec = w.spec_of(p);
     entries.push_back({name, spec ? spec->dtype : p.scalar_type(), global_shape(p, spec)});
   }
   SafetensorsWriter out(path, entries, {{"format", "pt"}});
@@ -104,7 +128,7 @@ void write_final_weights(models::Model& model, const parallel::Placements* place
     for (const auto& [r, box] : sources[i]) {
       torch::Tensor piece;
       if (r == 0) {
-        piece = piece_of(i);
+        piece = w.piece_of(i);
       } else {
         piece = torch::empty(box.size, torch::dtype(entries[i].dtype));
         parallel::recv(*world, piece, r);
@@ -117,6 +141,144 @@ void write_final_weights(models::Model& model, const parallel::Placements* place
     out.write(full);
   }
   out.finish();
+}
+
+// One tensor `composer export` writes: a PyTorch name, the checkpoint key that holds it, and its shape.
+struct Item {
+  std::string name, key;
+  std::vector<int64_t> shape;
+};
+
+// Refuses a checkpoint that another config saved.
+void check_saved_by(const CheckpointReader& reader, const ExperimentConfig& c, const std::string& checkpoint) {
+  if (reader.index().config_hash != config_hash(c)) {
+    throw UserError("--checkpoint " + checkpoint +
+                    " was saved by a config with another seed, model, train or data "
+                    "section than --config " +
+                    c.file + " (hash " + reader.index().config_hash + ", this config's " + config_hash(c) +
+                    "); export it with the config that saved it");
+  }
+}
+
+// The model's PyTorch names (tied weights under each), and the checkpoint key that holds each tensor.
+std::vector<Item> model_items(const ExperimentConfig& c) {
+  std::vector<Item> items;
+  nn::ShapeOnly shapes;  // names and shapes only
+  models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+  std::map<const c10::TensorImpl*, std::string> key_of;
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) key_of.emplace(p.unsafeGetTensorImpl(), name);
+  for (const auto& p : model->named_parameters(/*recurse=*/true)) {
+    items.push_back({p.key(), key_of.at(p.value().unsafeGetTensorImpl()), p.value().sizes().vec()});
+  }
+  for (const auto& b : model->named_buffers()) items.push_back({b.key(), b.key(), b.value().sizes().vec()});
+  return items;
+}
+
+// Each item's entry in the exported files, in the dtype the checkpoint holds it in; refuses an item it lacks.
+std::vector<SafetensorsWriter::Entry> export_entries(const std::vector<Item>& items, const CheckpointReader& reader,
+                                                     const std::string& model_name) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& it : items) {
+    auto e = reader.index().tensors.find(it.key);
+    if (e == reader.index().tensors.end()) {
+      throw FileError(reader.index_path(), "missing tensor '" + it.key + "' that model " + model_name + " needs");
+    }
+    entries.push_back({it.name, scalar_type_of_name(e->second.dtype, reader.index_path()), it.shape});
+  }
+  return entries;
+}
+
+// The bytes of the entries' data, all files together.
+uint64_t total_bytes(const std::vector<SafetensorsWriter::Entry>& entries) {
+  uint64_t total = 0;
+  for (const auto& e : entries) {
+    uint64_t n = c10::elementSize(e.dtype);
+    for (int64_t s : e.shape) n *= static_cast<uint64_t>(s);
+    total += n;
+  }
+  return total;
+}
+
+// Shards in order, each filled while the next tensor fits (a larger tensor gets one of its own).
+std::vector<std::vector<size_t>> plan_shards(const std::vector<SafetensorsWriter::Entry>& entries,
+                                             uint64_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t filled = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const uint64_t n = static_cast<uint64_t>(c10::elementSize(entries[i].dtype)) *
+                       static_cast<uint64_t>(c10::multiply_integers(entries[i].shape));
+    if (!shards.back().empty() && filled + n > max_shard_bytes) {
+      shards.emplace_back();
+      filled = 0;
+    }
+    shards.back().push_back(i);
+    filled += n;
+  }
+  return shards;
+}
+
+// The name of `out` less a .safetensors suffix: what shard files and their index are named after.
+std::string shard_stem(const fs::path& out) {
+  std::string stem = out.filename().string();
+  if (stem.size() > 12 && stem.substr(stem.size() - 12) == ".safetensors") stem.resize(stem.size() - 12);
+  return stem;
+}
+
+// The path of each of `count` shards: `out` for one, else <stem>-0000k-of-0000n.safetensors beside it.
+std::vector<std::string> shard_names(const fs::path& out, const std::string& stem, size_t count) {
+  std::vector<std::string> names;
+  for (size_t s = 0; s < count; ++s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "-%05zu-of-%05zu.safetensors", s + 1, count);
+    names.push_back(count == 1 ? out.string() : (out.parent_path() / (stem + b)).string());
+  }
+  return names;
+}
+
+// Writes every shard, each tensor read whole from the checkpoint; returns the weight map (name to shard file).
+nlohmann::ordered_json write_shards(CheckpointReader& reader, const std::vector<Item>& items,
+                                    const std::vector<SafetensorsWriter::Entry>& entries,
+                                    const std::vector<std::vector<size_t>>& shards,
+                                    const std::vector<std::string>& names) {
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<SafetensorsWriter::Entry> mine;
+    for (size_t i : shards[s]) mine.push_back(entries[i]);
+    SafetensorsWriter w(names[s], mine, {{"format", "pt"}});
+    for (size_t i : shards[s]) {
+      torch::Tensor t = torch::empty(entries[i].shape, torch::dtype(entries[i].dtype));
+      const std::vector<int64_t> box = entries[i].shape.empty() ? std::vector<int64_t>{1} : entries[i].shape;
+      reader.read_box(items[i].key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
+      w.write(t);
+      weight_map[entries[i].name] = fs::path(names[s]).filename().string();
+    }
+    w.finish();
+  }
+  return weight_map;
+}
+
+// Writes the index of a sharded export (Hugging Face's model.safetensors.index.json).
+void write_shard_index(const std::string& index_path, uint64_t total, const nlohmann::ordered_json& weight_map) {
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  std::ofstream f(index_path);
+  f << index.dump(2) << "\n";
+  if (!f) throw RuntimeFailure("cannot write " + index_path);
+}
+
+}  // namespace
+
+void write_final_weights(models::Model& model, const parallel::Placements* placements, parallel::Group* world, int rank,
+                         const std::string& path) {
+  torch::NoGradGuard no_grad;
+  const FinalWeights w{nn::unique_named_parameters(model), placements};
+  // Each rank's pieces as rows [param index, offset x kMaxDims, size x kMaxDims], sent to rank 0 first.
+  const std::vector<int64_t> rows = piece_rows(w, rank);
+  if (rank != 0) {
+    send_pieces(w, *world, rows);
+    return;
+  }
+  const int64_t world_size = world ? world->size : 1;
+  write_assembled(w, world, gather_sources(w, world, world_size, rows), path);
 }
 
 uint64_t parse_byte_size(const std::string& text, const std::string& option) {
@@ -146,78 +308,16 @@ std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const Expo
                     "folder that has one");
   }
   CheckpointReader reader(o.checkpoint);
-  if (reader.index().config_hash != config_hash(c)) {
-    throw UserError("--checkpoint " + o.checkpoint +
-                    " was saved by a config with another seed, model, train or data "
-                    "section than --config " +
-                    c.file + " (hash " + reader.index().config_hash + ", this config's " + config_hash(c) +
-                    "); export it with the config that saved it");
-  }
-  // The model's PyTorch names (tied weights under each), and the checkpoint key that holds each tensor.
-  struct Item {
-    std::string name, key;
-    std::vector<int64_t> shape;
-  };
-  std::vector<Item> items;
-  {
-    nn::ShapeOnly shapes;  // names and shapes only
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-    std::map<const c10::TensorImpl*, std::string> key_of;
-    for (auto& [name, p] : nn::unique_named_parameters(*model)) key_of.emplace(p.unsafeGetTensorImpl(), name);
-    for (const auto& p : model->named_parameters(/*recurse=*/true)) {
-      items.push_back({p.key(), key_of.at(p.value().unsafeGetTensorImpl()), p.value().sizes().vec()});
-    }
-    for (const auto& b : model->named_buffers()) items.push_back({b.key(), b.key(), b.value().sizes().vec()});
-  }
-  std::vector<SafetensorsWriter::Entry> entries;
-  uint64_t total = 0;
-  for (const auto& it : items) {
-    auto e = reader.index().tensors.find(it.key);
-    if (e == reader.index().tensors.end()) {
-      throw FileError(reader.index_path(), "missing tensor '" + it.key + "' that model " + c.model.name + " needs");
-    }
-    entries.push_back({it.name, scalar_type_of_name(e->second.dtype, reader.index_path()), it.shape});
-    uint64_t n = c10::elementSize(entries.back().dtype);
-    for (int64_t s : it.shape) n *= static_cast<uint64_t>(s);
-    total += n;
-  }
-  // Shards in order, each filled while the next tensor fits (a larger tensor gets one of its own).
-  std::vector<std::vector<size_t>> shards(1);
-  uint64_t filled = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const uint64_t n = static_cast<uint64_t>(c10::elementSize(entries[i].dtype)) *
-                       static_cast<uint64_t>(c10::multiply_integers(entries[i].shape));
-    if (!shards.back().empty() && filled + n > o.max_shard_bytes) {
-      shards.emplace_back();
-      filled = 0;
-    }
-    shards.back().push_back(i);
-    filled += n;
-  }
+  check_saved_by(reader, c, o.checkpoint);
+  const std::vector<Item> items = model_items(c);
+  const std::vector<SafetensorsWriter::Entry> entries = export_entries(items, reader, c.model.name);
+  const uint64_t total = total_bytes(entries);
+  const std::vector<std::vector<size_t>> shards = plan_shards(entries, o.max_shard_bytes);
   const fs::path out(o.out);
-  std::string stem = out.filename().string();
-  if (stem.size() > 12 && stem.substr(stem.size() - 12) == ".safetensors") stem.resize(stem.size() - 12);
-  std::vector<std::string> names;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    char b[64];
-    std::snprintf(b, sizeof b, "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    names.push_back(shards.size() == 1 ? out.string() : (out.parent_path() / (stem + b)).string());
-  }
+  const std::string stem = shard_stem(out);
+  const std::vector<std::string> names = shard_names(out, stem, shards.size());
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    std::vector<SafetensorsWriter::Entry> mine;
-    for (size_t i : shards[s]) mine.push_back(entries[i]);
-    SafetensorsWriter w(names[s], mine, {{"format", "pt"}});
-    for (size_t i : shards[s]) {
-      torch::Tensor t = torch::empty(entries[i].shape, torch::dtype(entries[i].dtype));
-      const std::vector<int64_t> box = entries[i].shape.empty() ? std::vector<int64_t>{1} : entries[i].shape;
-      reader.read_box(items[i].key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
-      w.write(t);
-      weight_map[entries[i].name] = fs::path(names[s]).filename().string();
-    }
-    w.finish();
-  }
+  const nlohmann::ordered_json weight_map = write_shards(reader, items, entries, shards, names);
   char line[300];
   std::snprintf(line, sizeof line, "exported step %lld of %s: %zu tensors, %.3f MB",
                 static_cast<long long>(reader.index().step), o.checkpoint.c_str(), entries.size(), total / 1e6);
@@ -227,10 +327,7 @@ std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const Expo
     return report;
   }
   const std::string index_path = (out.parent_path() / (stem + ".safetensors.index.json")).string();
-  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  std::ofstream f(index_path);
-  f << index.dump(2) << "\n";
-  if (!f) throw RuntimeFailure("cannot write " + index_path);
+  write_shard_index(index_path, total, weight_map);
   report.push_back("wrote " + std::to_string(shards.size()) + " shards of at most " +
                    std::to_string(o.max_shard_bytes) + " bytes and " + index_path);
   return report;

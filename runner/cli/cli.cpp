@@ -7,7 +7,7 @@
 
 #include "runner/checkpoint/export.h"
 #include "runner/verify/golden.h"
-#include "runner/estimate/dry_run.h"
+#include "runner/cli/plan_report.h"
 #include "runner/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -16,14 +16,15 @@ namespace composer {
 namespace {
 
 const char kUsage[] =
-    "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR]\n"
+    "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR] [--json]\n"
     "       composer export --config FILE --checkpoint DIR --out FILE [--max-shard-size 5GB]\n"
     "\n"
     "commands:\n"
     "  run     train the experiment (default)\n"
     "  check   train and compare with the golden file; exit 1 on mismatch\n"
     "  golden  train on one device and write the golden file (check.golden)\n"
-    "  plan    validate the config, print it resolved and summarise the plan\n"
+    "  plan    validate the config and summarise the plan: placements, memory and communication\n"
+    "          per rank (--json: the resolved config and every figure, for tools)\n"
     "  export  write a checkpoint's weights as one safetensors file for PyTorch (in shards with a\n"
     "          model.safetensors.index.json above --max-shard-size); runs in this process\n"
     "\n"
@@ -90,6 +91,7 @@ CliOptions parse_cli(int argc, char** argv) {
       "node-rank", po::value<int>(&o.node.node_rank), "this node's index, 0 .. nnodes-1 (default 0)")(
       "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
       "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
+      "json", po::bool_switch(&o.json), "plan: print the resolved config and the plan's figures as one JSON object")(
       "command", po::value<std::string>(), "run, check, golden, plan or export");
   po::positional_options_description pos;
   pos.add("command", 1);
@@ -128,6 +130,7 @@ CliOptions parse_cli(int argc, char** argv) {
   if (exporting && (o.checkpoint.empty() || o.out.empty())) {
     throw UserError("composer export needs --checkpoint DIR (a step-N folder) and --out FILE; see composer --help");
   }
+  if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
   if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty())) {
     throw UserError("--checkpoint and --max-shard-size belong to composer export; to resume a run, set "
                     "checkpoint.resume (--set checkpoint.resume=DIR)");
@@ -138,15 +141,11 @@ CliOptions parse_cli(int argc, char** argv) {
 int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
   switch (o.command) {
     case Command::kPlan:
-      std::cout << to_json(c).dump(2) << "\n";
-      for (const auto& line : p.summary) std::cout << "plan: " << line << "\n";
-      for (const auto& line : p.warnings) std::cout << "warning: " << line << "\n";
-      for (const auto& line : describe_placements(c, p)) std::cout << "placement: " << line << "\n";
-      for (const auto& e : estimate_memory(c, p)) {
-        std::cout << "memory: rank " << e.rank << ": " << e.str() << "\n";
-        std::cout << "comm: rank " << e.rank << " per step: " << e.comm_str() << "\n";
+      if (o.json) {
+        std::cout << plan_json(c, p).dump(2) << "\n";
+      } else {
+        print_plan(std::cout, c, p);
       }
-      std::cout << "config hash " << config_hash(c) << "\n";
       return 0;
     case Command::kRun: {
       std::string dir = prepare_out_dir(o, c);

@@ -24,6 +24,7 @@ struct CliOptions {
   NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
   std::vector<std::string> argv;  // the invocation, to start ranks with
   std::string command_line;       // the whole invocation, for golden headers
+  bool json = false;              // --json (plan): one JSON object for tools
   bool exit_now = false;          // --help or --version was printed
 };
 

@@ -38,6 +38,59 @@ void check_unique_keys(const YAML::Node& node, const std::string& path,
   }
 }
 
+// The value of `--set path=value`, parsed as YAML; refuses a key given twice in it.
+YAML::Node parse_override_value(const std::string& text, const std::string& path, const std::string& value) {
+  YAML::Node value_node;
+  try {
+    value_node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
+  }
+  check_unique_keys(
+      value_node, path,
+      [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
+      [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
+  return value_node;
+}
+
+// Takes `cur` one step (`token`, a key with perhaps an [index]) down a --set path, creating a missing mapping on the
+// way, or on the last step sets what it names to `value`; `walked` grows by the step, for errors.
+void set_path_step(YAML::Node& cur, const std::string& token, bool last, const YAML::Node& value, std::string& walked,
+                   const std::string& text) {
+  std::string key = token;
+  long index = -1;
+  auto br = key.find('[');
+  if (br != std::string::npos) {
+    index = std::strtol(key.c_str() + br + 1, nullptr, 10);
+    key = key.substr(0, br);
+  }
+  walked += (walked.empty() ? "" : ".") + key;
+  if (key.empty() || (!cur.IsMap() && !cur.IsNull())) {
+    throw UserError("--set " + text + ": '" + walked + "' is not a mapping");
+  }
+  if (index < 0) {
+    if (!last && (!cur[key].IsDefined() || cur[key].IsNull())) cur[key] = YAML::Node(YAML::NodeType::Map);
+    if (last) {
+      cur[key] = value;
+    } else {
+      YAML::Node next = cur[key];
+      cur.reset(next);
+    }
+    return;
+  }
+  YAML::Node seq = cur[key];
+  if (!seq.IsSequence() || index >= static_cast<long>(seq.size())) {
+    throw UserError("--set " + text + ": " + walked + " has no entry [" + std::to_string(index) + "]");
+  }
+  walked += "[" + std::to_string(index) + "]";
+  if (last) {
+    seq[index] = value;
+  } else {
+    YAML::Node next = seq[index];
+    cur.reset(next);
+  }
+}
+
 }  // namespace
 
 void check_unique_keys(const YAML::Node& doc, const std::string& file) {
@@ -55,16 +108,7 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
     throw UserError("--set " + text + ": expected path=value, e.g. --set train.steps=20");
   }
   std::string path = text.substr(0, eq), value = text.substr(eq + 1);
-  YAML::Node value_node;
-  try {
-    value_node = YAML::Load(value);
-  } catch (const YAML::Exception& e) {
-    throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
-  }
-  check_unique_keys(
-      value_node, path,
-      [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
-      [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
+  YAML::Node value_node = parse_override_value(text, path, value);
   for (const auto& [earlier_path, earlier] : ctx.overrides) {
     if (earlier_path == path) {
       throw UserError("--set " + text + ": " + earlier_path + " is already set by --set " + earlier +
@@ -78,39 +122,7 @@ void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx)
   std::vector<std::string> tokens;
   while (std::getline(ss, token, '.')) tokens.push_back(token);
   for (size_t t = 0; t < tokens.size(); ++t) {
-    std::string key = tokens[t];
-    long index = -1;
-    auto br = key.find('[');
-    if (br != std::string::npos) {
-      index = std::strtol(key.c_str() + br + 1, nullptr, 10);
-      key = key.substr(0, br);
-    }
-    walked += (walked.empty() ? "" : ".") + key;
-    if (key.empty() || (!cur.IsMap() && !cur.IsNull())) {
-      throw UserError("--set " + text + ": '" + walked + "' is not a mapping");
-    }
-    bool last = t + 1 == tokens.size();
-    if (index < 0) {
-      if (!last && (!cur[key].IsDefined() || cur[key].IsNull())) cur[key] = YAML::Node(YAML::NodeType::Map);
-      if (last) {
-        cur[key] = value_node;
-      } else {
-        YAML::Node next = cur[key];
-        cur.reset(next);
-      }
-      continue;
-    }
-    YAML::Node seq = cur[key];
-    if (!seq.IsSequence() || index >= static_cast<long>(seq.size())) {
-      throw UserError("--set " + text + ": " + walked + " has no entry [" + std::to_string(index) + "]");
-    }
-    walked += "[" + std::to_string(index) + "]";
-    if (last) {
-      seq[index] = value_node;
-    } else {
-      YAML::Node next = seq[index];
-      cur.reset(next);
-    }
+    set_path_step(cur, tokens[t], t + 1 == tokens.size(), value_node, walked, text);
   }
   ctx.overrides.emplace_back(path, text);
 }

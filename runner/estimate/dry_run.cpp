@@ -28,12 +28,11 @@ RankContext planning_rank(const ExperimentConfig& c, const Plan& plan, int r) {
 
 }  // namespace
 
-std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit) {
+std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const Plan& plan) {
   if (plan.transforms.empty()) return {};
-  // The first rank of every pipeline stage: together they hold every parameter.
-  const std::vector<int> ranks = stage_first_ranks(c, plan);
+  const std::vector<int> ranks = stage_first_ranks(c, plan);  // together they hold every parameter
   std::vector<std::string> names;
-  std::map<std::string, std::string> lines;
+  std::map<std::string, PlacementRow> rows;
   for (int r : ranks) {
     RankContext ctx = planning_rank(c, plan, r);
     nn::ShapeOnly shapes;  // names and placements only
@@ -43,18 +42,15 @@ std::vector<std::string> describe_placements(const ExperimentConfig& c, const Pl
     for (auto& [name, p] : nn::unique_named_parameters(*model)) {
       if (r == ranks.front()) names.push_back(name);
       const parallel::ShardSpec* spec = par.placements->find(p);
-      if (!spec || !spec->held() || lines.count(name)) continue;
-      lines[name] = name + " " + spec->str() + "; gradient: " + parallel::grad_plan(*spec).str();
+      if (!spec || !spec->held() || rows.count(name)) continue;
+      const std::string s = spec->str();  // "[16, 8] tp:S(0) ..."
+      const size_t cut = s.find("] ");
+      rows[name] = {name, s.substr(0, cut + 1), cut == std::string::npos ? "" : s.substr(cut + 2),
+                    parallel::grad_plan(*spec).str()};
     }
   }
-  std::vector<std::string> out;
-  for (const auto& n : names) {
-    if (out.size() == limit) {
-      out.push_back("... and " + std::to_string(names.size() - limit) + " more parameters");
-      break;
-    }
-    out.push_back(lines.count(n) ? lines[n] : n + " (no placement)");
-  }
+  std::vector<PlacementRow> out;
+  for (const auto& n : names) out.push_back(rows.count(n) ? rows[n] : PlacementRow{n, "", "(no placement)", ""});
   return out;
 }
 

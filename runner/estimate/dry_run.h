@@ -27,10 +27,17 @@ using MetaBatch = std::function<Batch(const DataPlan&, int64_t n)>;
 // run's counters measure, predicted.
 DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch);
 
-// Each parameter's global shape, placement per mesh dim and the reductions
-// its gradient needs, as the transforms record them (one line each; a
-// summary past `limit` lines). Builds the model once per pipeline stage and
-// applies the plan on a mesh without process groups: no rank starts.
-std::vector<std::string> describe_placements(const ExperimentConfig& c, const Plan& plan, size_t limit = 64);
+// One parameter's placement as the transforms record it.
+struct PlacementRow {
+  std::string name;       // the parameter's FQN
+  std::string shape;      // its global shape, "[16, 8]"
+  std::string placement;  // per mesh dim, in the order the transforms applied: "tp:S(0) dp:S(0)/P(avg)"
+  std::string gradient;   // the reductions its gradient needs: "reduce-scatter dp, all-reduce tp (sum)"
+};
+
+// Every parameter's row, in the model's order. Builds the model once per
+// pipeline stage and applies the plan on a mesh without process groups: no
+// rank starts.
+std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const Plan& plan);
 
 }  // namespace composer

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -96,8 +97,8 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<st
   _exit(3);
 }
 
-// Whether a TCP port can be listened on (any address), checked before the
-// store binds it so that a taken port is one clear error, not library logs.
+// Why the job failed: the first failing rank, the exit code the launcher
+// returns and the message it prints.
 struct Cause {
   int rank = -1;
   int exit_code = 0;  // what the launcher returns
@@ -153,6 +154,140 @@ int exit_code_of(int status) {
   return 128 + WTERMSIG(status);
 }
 
+// Refuses a node layout the mesh's ranks cannot be spread over.
+void check_node_options(int world_size, const NodeOptions& node) {
+  if (node.nnodes < 1 || world_size % node.nnodes != 0) {
+    throw UserError("--nnodes " + std::to_string(node.nnodes) + " does not divide the mesh's " +
+                    std::to_string(world_size) + " ranks; use a divisor of " + std::to_string(world_size));
+  }
+  if (node.node_rank < 0 || node.node_rank >= node.nnodes) {
+    throw UserError("--node-rank " + std::to_string(node.node_rank) + " must be below --nnodes " +
+                    std::to_string(node.nnodes));
+  }
+  if (node.nnodes > 1 && node.master_port == 0) {
+    throw UserError("--nnodes " + std::to_string(node.nnodes) + " needs --master-port so the nodes can meet");
+  }
+}
+
+// What the launcher tells every rank it starts on this node about the job.
+struct JobLayout {
+  int world_size = 0;
+  int local = 0;  // ranks on this node
+  int node_rank = 0;
+  std::string master_addr;
+  int port = 0;  // where the rendezvous store listens
+  std::string error_dir;
+  bool file_store = false;  // the ranks meet through a file store in error_dir
+};
+
+// The environment of the rank with `local_rank` on this node, as rank_env_from_environment reads it.
+std::vector<std::pair<std::string, std::string>> rank_environment(const JobLayout& job, int rank, int local_rank) {
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", std::to_string(rank)},             {"WORLD_SIZE", std::to_string(job.world_size)},
+      {"LOCAL_RANK", std::to_string(local_rank)}, {"LOCAL_WORLD_SIZE", std::to_string(job.local)},
+      {"MASTER_ADDR", job.master_addr},           {"MASTER_PORT", std::to_string(job.port)},
+      {"COMPOSER_LAUNCHED", "1"},                 {"GLOG_minloglevel", "2"},
+      {"COMPOSER_ERROR_DIR", job.error_dir}};
+  if (job.file_store) env.emplace_back("COMPOSER_STORE_FILE", job.error_dir + "/store");
+  // OpenBLAS sizes its thread pool when it loads, from the environment: give
+  // each rank its share of the cores, or its spinning threads fight the
+  // other ranks for them (the trainer sets LibTorch's threads the same way).
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, cores / job.local)));
+  }
+  return env;
+}
+
+// Starts this node's ranks, each writing into non-blocking pipes the launcher reads.
+std::vector<Child> spawn_ranks(const JobLayout& job, const std::vector<std::string>& argv) {
+  std::vector<Child> kids(job.local);
+  for (int i = 0; i < job.local; ++i) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw RuntimeFailure("cannot create pipes for the ranks");
+    Child& c = kids[i];
+    c.rank = job.node_rank * job.local + i;
+    c.pid = spawn(argv, rank_environment(job, c.rank, i), out, err);
+    close(out[1]);
+    close(err[1]);
+    c.out_fd = out[0];
+    c.err_fd = err[0];
+    fcntl(c.out_fd, F_SETFL, O_NONBLOCK);
+    fcntl(c.err_fd, F_SETFL, O_NONBLOCK);
+  }
+  return kids;
+}
+
+// Waits a little for output from any rank, so that the supervising loop does not spin.
+void wait_for_output(const std::vector<Child>& kids) {
+  std::vector<pollfd> fds;
+  for (const auto& c : kids) {
+    if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0});
+    if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0});
+  }
+  if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+  else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// Forwards the rank's pending output and, when it has just exited, records how; returns whether it just exited.
+bool tend(Child& c, int world_size) {
+  const std::string prefix = "[rank " + std::to_string(c.rank) + "/" + std::to_string(world_size) + "] ";
+  if (c.out_fd >= 0 && !pump(c.out_fd, c.out_buf, std::cout, prefix)) { close(c.out_fd); c.out_fd = -1; }
+  if (c.err_fd >= 0 && !pump(c.err_fd, c.err_buf, std::cerr, prefix)) { close(c.err_fd); c.err_fd = -1; }
+  if (c.done) return false;
+  int status = 0;
+  if (waitpid(c.pid, &status, WNOHANG) != c.pid) return false;
+  c.done = true;
+  c.code = exit_code_of(status);
+  c.died_ns = monotonic_ns();
+  if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
+  return true;
+}
+
+// Sends `sig` to every rank still running, remembering it as the launcher's.
+void signal_running(std::vector<Child>& kids, int sig) {
+  for (auto& c : kids) {
+    if (!c.done) kill(c.pid, c.sent = sig);
+  }
+}
+
+// Forwards the ranks' output until all have exited and their pipes are drained. Once one exits non-zero or the
+// launcher is interrupted, the others get SIGTERM, and SIGKILL after kGrace.
+void supervise(std::vector<Child>& kids, int world_size) {
+  bool failed = false;  // a rank exited non-zero: stop the others
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::now();
+  size_t running = kids.size();
+  auto piped = [](const Child& c) { return c.out_fd >= 0 || c.err_fd >= 0; };
+  while (running > 0 || std::any_of(kids.begin(), kids.end(), piped)) {
+    wait_for_output(kids);
+    for (auto& c : kids) {
+      if (!tend(c, world_size)) continue;
+      --running;
+      if (c.code != 0) failed = true;
+    }
+    if ((failed || g_interrupted) && !stopping) {
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + kGrace;
+      signal_running(kids, SIGTERM);
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) signal_running(kids, SIGKILL);
+  }
+}
+
+// The launcher's exit code once every rank has exited, after reporting the cause of a failure or interruption.
+int report_outcome(const std::vector<Child>& kids, const std::string& error_dir) {
+  const Cause cause = failure_cause(kids, error_dir, g_interrupted);
+  if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
+  if (g_interrupted && cause.rank < 0) {
+    std::cerr << "interrupted; stopped all ranks\n";
+    return 130;
+  }
+  if (cause.rank < 0) return 0;
+  std::cerr << cause.message << "\n";
+  return cause.exit_code;
+}
+
 }  // namespace
 
 std::optional<RankEnv> rank_env_from_environment() {
@@ -174,113 +309,32 @@ std::optional<RankEnv> rank_env_from_environment() {
 }
 
 int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv) {
-  if (node.nnodes < 1 || world_size % node.nnodes != 0) {
-    throw UserError("--nnodes " + std::to_string(node.nnodes) + " does not divide the mesh's " +
-                    std::to_string(world_size) + " ranks; use a divisor of " + std::to_string(world_size));
-  }
-  if (node.node_rank < 0 || node.node_rank >= node.nnodes) {
-    throw UserError("--node-rank " + std::to_string(node.node_rank) + " must be below --nnodes " +
-                    std::to_string(node.nnodes));
-  }
-  if (node.nnodes > 1 && node.master_port == 0) {
-    throw UserError("--nnodes " + std::to_string(node.nnodes) + " needs --master-port so the nodes can meet");
-  }
-  const int local = world_size / node.nnodes;
+  check_node_options(world_size, node);
+  JobLayout job;
+  job.world_size = world_size;
+  job.local = world_size / node.nnodes;
+  job.node_rank = node.node_rank;
+  job.master_addr = node.master_addr;
 
   // Ranks record the time they failed here, so the report names the first.
   // A single-node job without --master-port also meets here, through a file
   // store: it opens no socket beyond Gloo's on loopback.
   char dir_template[] = "/tmp/composer-errors-XXXXXX";
-  const std::string error_dir = mkdtemp(dir_template) ? dir_template : "";
-  const bool file_store = node.nnodes == 1 && node.master_port == 0 && !error_dir.empty();
+  job.error_dir = mkdtemp(dir_template) ? dir_template : "";
+  job.file_store = node.nnodes == 1 && node.master_port == 0 && !job.error_dir.empty();
 
   // Else node 0 hosts the rendezvous store for the whole job.
   c10::intrusive_ptr<c10d::Store> store;
-  int port = node.master_port;
-  if (node.node_rank == 0 && !file_store) {
-    store = host_rendezvous(node.master_addr, node.master_port, c10d::Store::kDefaultTimeout, &port);
+  job.port = node.master_port;
+  if (node.node_rank == 0 && !job.file_store) {
+    store = host_rendezvous(node.master_addr, node.master_port, c10d::Store::kDefaultTimeout, &job.port);
   }
 
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
-  std::vector<Child> kids(local);
-  for (int i = 0; i < local; ++i) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) throw RuntimeFailure("cannot create pipes for the ranks");
-    Child& c = kids[i];
-    c.rank = node.node_rank * local + i;
-    std::vector<std::pair<std::string, std::string>> env = {
-        {"RANK", std::to_string(c.rank)},          {"WORLD_SIZE", std::to_string(world_size)},
-        {"LOCAL_RANK", std::to_string(i)},         {"LOCAL_WORLD_SIZE", std::to_string(local)},
-        {"MASTER_ADDR", node.master_addr},         {"MASTER_PORT", std::to_string(port)},
-        {"COMPOSER_LAUNCHED", "1"},                {"GLOG_minloglevel", "2"},
-        {"COMPOSER_ERROR_DIR", error_dir}};
-    if (file_store) env.emplace_back("COMPOSER_STORE_FILE", error_dir + "/store");
-    // OpenBLAS sizes its thread pool when it loads, from the environment: give
-    // each rank its share of the cores, or its spinning threads fight the
-    // other ranks for them (the trainer sets LibTorch's threads the same way).
-    if (!std::getenv("OPENBLAS_NUM_THREADS")) {
-      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(std::max(1, cores / local)));
-    }
-    c.pid = spawn(argv, env, out, err);
-    close(out[1]);
-    close(err[1]);
-    c.out_fd = out[0];
-    c.err_fd = err[0];
-    fcntl(c.out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(c.err_fd, F_SETFL, O_NONBLOCK);
-  }
-
-  bool failed = false;  // a rank exited non-zero: stop the others
-  bool stopping = false;
-  auto stop_deadline = std::chrono::steady_clock::now();
-  size_t running = kids.size();
-  while (running > 0 || std::any_of(kids.begin(), kids.end(), [](const Child& c) { return c.out_fd >= 0 || c.err_fd >= 0; })) {
-    std::vector<pollfd> fds;
-    for (auto& c : kids) {
-      if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0});
-      if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0});
-    }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (auto& c : kids) {
-      const std::string prefix = "[rank " + std::to_string(c.rank) + "/" + std::to_string(world_size) + "] ";
-      if (c.out_fd >= 0 && !pump(c.out_fd, c.out_buf, std::cout, prefix)) { close(c.out_fd); c.out_fd = -1; }
-      if (c.err_fd >= 0 && !pump(c.err_fd, c.err_buf, std::cerr, prefix)) { close(c.err_fd); c.err_fd = -1; }
-      if (c.done) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.done = true;
-        c.code = exit_code_of(status);
-        c.died_ns = monotonic_ns();
-        if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
-        --running;
-        if (c.code != 0) failed = true;
-      }
-    }
-    if ((failed || g_interrupted) && !stopping) {
-      stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + kGrace;
-      for (auto& c : kids) {
-        if (!c.done) kill(c.pid, c.sent = SIGTERM);
-      }
-    }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
-      for (auto& c : kids) {
-        if (!c.done) kill(c.pid, c.sent = SIGKILL);
-      }
-    }
-  }
-  const Cause cause = failure_cause(kids, error_dir, g_interrupted);
-  if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
-  if (g_interrupted && cause.rank < 0) {
-    std::cerr << "interrupted; stopped all ranks\n";
-    return 130;
-  }
-  if (cause.rank < 0) return 0;
-  std::cerr << cause.message << "\n";
-  return cause.exit_code;
+  std::vector<Child> kids = spawn_ranks(job, argv);
+  supervise(kids, world_size);
+  return report_outcome(kids, job.error_dir);
 }
 
 }  // namespace composer

@@ -85,6 +85,83 @@ class InitFile {
   std::unordered_map<const c10::TensorImpl*, std::string> key_;
 };
 
+// A model's parameters, the recorded initialisations that set them, and where their values go.
+struct Materialising {
+  // Refuses an initialisation of no parameter, and a parameter without one.
+  Materialising(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& o)
+      : steps(steps), o(o), params(nn::unique_named_parameters(model)), last(params.size(), -1), shapes(params.size()) {
+    for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].second.unsafeGetTensorImpl(), i);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      auto it = index.find(steps[s].param);
+      TORCH_INTERNAL_ASSERT(it != index.end(), "an initialisation was recorded for no parameter of ", model.type());
+      last[it->second] = static_cast<int64_t>(s);
+      shapes[it->second] = steps[s].shape;
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      TORCH_CHECK(last[i] >= 0, "parameter ", params[i].first, " of ", model.type(),
+                  " was given no initial values (models set them through nn::new_param or nn::init_param)");
+    }
+  }
+
+  // Parameter i gets `value` (the rank's piece, on the CPU) where it lives.
+  void place(size_t i, torch::Tensor value) const {
+    const torch::Tensor& p = params[i].second;
+    const c10::Device device = o.device_of ? o.device_of(p) : c10::Device(c10::kCPU);
+    value = value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous);
+    if (!device.is_cpu()) value = value.to(device);
+    else if (o.pin_host) value = value.pin_memory();
+    take_values(p, value);
+  }
+
+  // Whether parameter i is one of the rank's own (per-rank) parameters.
+  bool own(size_t i) const { return o.own && o.own->count(params[i].second.unsafeGetTensorImpl()); }
+
+  // Every draw runs, so the generator stream is a single-device build's; a
+  // value a later step overwrites is dropped at once. `use` gets each
+  // parameter's last initialisation.
+  void replay(const std::function<void(size_t, torch::Tensor)>& use) const {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const size_t i = index.at(steps[s].param);
+      torch::Tensor full = torch::empty(steps[s].shape, torch::kFloat);
+      steps[s].fill(full);
+      if (last[i] == static_cast<int64_t>(s)) use(i, full);
+    }
+  }
+
+  const std::vector<nn::DeferInit::Step>& steps;
+  const MaterialiseOptions& o;
+  const std::vector<std::pair<std::string, torch::Tensor>> params;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  std::vector<int64_t> last;  // each parameter's last initialisation sets its values
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+// The file write_init names, ready for every parameter's full float32 value; null when it names none.
+std::unique_ptr<SafetensorsWriter> init_writer(const Materialising& m) {
+  if (m.o.write_init.empty()) return nullptr;
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (size_t i = 0; i < m.params.size(); ++i) entries.push_back({m.params[i].first, torch::kFloat, m.shapes[i]});
+  return std::make_unique<SafetensorsWriter>(m.o.write_init, entries,
+                                             std::map<std::string, std::string>{{"format", "pt"}});
+}
+
+// Per-rank parameters with their own seed: this rank's draw of the whole
+// model's initialisation under it, of which only they are kept (as a
+// whole build under that seed gives them); the generator is left as it was.
+std::map<size_t, torch::Tensor> draw_own_values(const Materialising& m) {
+  std::map<size_t, torch::Tensor> own_values;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const auto state = gen.get_state();
+  torch::manual_seed(static_cast<uint64_t>(m.o.own_seed));
+  m.replay([&](size_t i, torch::Tensor full) {
+    if (!m.own(i)) return;
+    own_values[i] = full;
+    m.place(i, full.to(m.o.dtype));
+  });
+  gen.set_state(state);
+  return own_values;
+}
+
 }  // namespace
 
 bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>& steps) {
@@ -101,72 +178,19 @@ bool fully_recorded(models::Model& model, const std::vector<nn::DeferInit::Step>
 
 void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& steps, const MaterialiseOptions& o) {
   torch::NoGradGuard no_grad;
-  const auto params = nn::unique_named_parameters(model);
-  std::unordered_map<const c10::TensorImpl*, size_t> index;
-  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].second.unsafeGetTensorImpl(), i);
-  std::vector<int64_t> last(params.size(), -1);  // each parameter's last initialisation sets its values
-  std::vector<std::vector<int64_t>> shapes(params.size());
-  for (size_t s = 0; s < steps.size(); ++s) {
-    auto it = index.find(steps[s].param);
-    TORCH_INTERNAL_ASSERT(it != index.end(), "an initialisation was recorded for no parameter of ", model.type());
-    last[it->second] = static_cast<int64_t>(s);
-    shapes[it->second] = steps[s].shape;
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(last[i] >= 0, "parameter ", params[i].first, " of ", model.type(),
-                " was given no initial values (models set them through nn::new_param or nn::init_param)");
-  }
+  const Materialising m(model, steps, o);
   std::unique_ptr<InitFile> file;
   if (!o.init_from.empty()) file = std::make_unique<InitFile>(o.init_from, model);
-  std::unique_ptr<SafetensorsWriter> init;
-  if (!o.write_init.empty()) {
-    std::vector<SafetensorsWriter::Entry> entries;
-    for (size_t i = 0; i < params.size(); ++i) entries.push_back({params[i].first, torch::kFloat, shapes[i]});
-    init = std::make_unique<SafetensorsWriter>(o.write_init, entries, std::map<std::string, std::string>{{"format", "pt"}});
-  }
-  // Parameter i gets `value` (the rank's piece, on the CPU) where it lives.
-  auto place = [&](size_t i, torch::Tensor value) {
-    const torch::Tensor& p = params[i].second;
-    const c10::Device device = o.device_of ? o.device_of(p) : c10::Device(c10::kCPU);
-    value = value.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous);
-    if (!device.is_cpu()) value = value.to(device);
-    else if (o.pin_host) value = value.pin_memory();
-    take_values(p, value);
-  };
-  auto own = [&](size_t i) { return o.own && o.own->count(params[i].second.unsafeGetTensorImpl()); };
-  // Every draw runs, so the generator stream is a single-device build's; a
-  // value a later step overwrites is dropped at once. `use` gets each
-  // parameter's last initialisation.
-  auto replay = [&](const std::function<void(size_t, torch::Tensor)>& use) {
-    for (size_t s = 0; s < steps.size(); ++s) {
-      const size_t i = index.at(steps[s].param);
-      torch::Tensor full = torch::empty(steps[s].shape, torch::kFloat);
-      steps[s].fill(full);
-      if (last[i] == static_cast<int64_t>(s)) use(i, full);
-    }
-  };
-  // Per-rank parameters with their own seed: this rank's draw of the whole
-  // model's initialisation under it, of which only they are kept (as a
-  // whole build under that seed gives them); the generator is left as it was.
+  std::unique_ptr<SafetensorsWriter> init = init_writer(m);
   const bool seeded = o.own && o.own_seed >= 0;
   std::map<size_t, torch::Tensor> own_values;
-  if (seeded) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const auto state = gen.get_state();
-    torch::manual_seed(static_cast<uint64_t>(o.own_seed));
-    replay([&](size_t i, torch::Tensor full) {
-      if (!own(i)) return;
-      own_values[i] = full;
-      place(i, full.to(o.dtype));
-    });
-    gen.set_state(state);
-  }
-  replay([&](size_t i, torch::Tensor full) {
-    if (file) full = file->read(params[i].second, shapes[i]);  // under init_from, its values replace the drawn ones
-    if (init) init->write(i, seeded && own(i) ? own_values.at(i) : full);
-    const torch::Tensor& p = params[i].second;
-    if (own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
-      if (!seeded) place(i, full.to(o.dtype));
+  if (seeded) own_values = draw_own_values(m);
+  m.replay([&](size_t i, torch::Tensor full) {
+    if (file) full = file->read(m.params[i].second, m.shapes[i]);  // under init_from, its values replace the drawn ones
+    if (init) init->write(i, seeded && m.own(i) ? own_values.at(i) : full);
+    const torch::Tensor& p = m.params[i].second;
+    if (m.own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
+      if (!seeded) m.place(i, full.to(o.dtype));
       return;
     }
     const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
@@ -175,7 +199,7 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
       return;
     }
     torch::Tensor value = full.to(o.dtype);
-    place(i, spec ? parallel::local_piece(*spec, value) : value);
+    m.place(i, spec ? parallel::local_piece(*spec, value) : value);
   });
   if (init) init->finish();
 }

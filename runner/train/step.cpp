@@ -108,50 +108,56 @@ MemoryTerms memory_terms(const parallel::Parallel& par, const std::vector<torch:
   return m;
 }
 
-void run_step(StepState& s, StepRecord& r) {
-  const auto& c = s.c;
-  const auto& t = c.train;
-  const Plan& plan = s.plan;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// The pipeline schedule over this rank's batch; returns its loss share.
+// The schedule interleaves microbatches: every reduction waits for the step's
+// end (finish_grad_sync), one per unit or bucket.
+double pipelined(StepState& s, StepRecord& r) {
   parallel::Parallel& par = s.par;
-  std::vector<torch::Tensor>& params = s.params;
-  const int64_t step = r.step, batch_begin = s.batch_begin, mb = plan.local_microbatch;
-  const double grad_scale = s.grad_scale;
-  const parallel::Delays& delays = s.delays;
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
-  double local_loss = 0;
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-  if (par.pipe) {
-    auto phase = Clock::now();
-    Batch b = s.batch(step, batch_begin, batch_begin + plan.local_batch);
-    // The schedule interleaves microbatches: every reduction waits for the
-    // step's end (finish_grad_sync), one per unit or bucket.
-    par.set_requires_sync(false);
-    local_loss = pipeline_step(*par.pipe, c, plan, b, grad_scale, delays);
-    par.reshard();
-    r.backward_ms = ms_since(phase);  // forward and backward interleave
-    r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
-    r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
-  }
-  for (int64_t m = 0; m < (par.pipe ? 0 : t.microbatches); ++m) {
+  const auto phase = Clock::now();
+  Batch b = s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch);
+  par.set_requires_sync(false);
+  const double loss = pipeline_step(*par.pipe, s.c, s.plan, b, s.grad_scale, s.delays);
+  par.reshard();
+  r.backward_ms = ms_since(phase);  // forward and backward interleave
+  r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
+  r.pipeline_bubble_formula = parallel::bubble_formula(par.pipe->kind(), par.pipe->shape());
+  return loss;
+}
+
+// Every microbatch's forward and backward (gradient accumulation); the last
+// one's backward starts the reductions. Returns the loss share.
+double accumulated(StepState& s, StepRecord& r) {
+  const auto& t = s.c.train;
+  parallel::Parallel& par = s.par;
+  const int64_t mb = s.plan.local_microbatch;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < t.microbatches; ++m) {
     par.set_requires_sync(m + 1 == t.microbatches);
-    const int64_t begin = batch_begin + m * mb;
-    Batch b = s.batch(step, begin, begin + mb);
+    const int64_t begin = s.batch_begin + m * mb;
+    Batch b = s.batch(r.step, begin, begin + mb);
     auto phase = Clock::now();
     auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch);
     r.forward_ms += ms_since(phase);
-    delays.at(parallel::DelayPoint::kAfterLoss);
+    s.delays.at(parallel::DelayPoint::kAfterLoss);
     phase = Clock::now();
-    (grad_scale == 1.0 ? loss : loss * grad_scale).backward();
-    local_loss += value_of(loss);
+    (s.grad_scale == 1.0 ? loss : loss * s.grad_scale).backward();
+    loss_sum += value_of(loss);
     par.reshard();
     r.backward_ms += ms_since(phase);
   }
-  auto phase = Clock::now();
-  par.finish_grad_sync();
-  r.backward_ms += ms_since(phase);
+  return loss_sum;
+}
+
+// The global-batch loss from every rank's share into r.loss (and, under a
+// pipeline, each microbatch's loss, which the last stage's ranks have).
+void gather_loss(parallel::Parallel& par, double local_loss, StepRecord& r) {
   r.loss = local_loss;
-  if (par.pipe) {  // the last stage's rank has them: the loss, then each microbatch's
+  if (par.pipe) {
     std::vector<double> v{local_loss};
     for (double x : par.pipe->microbatch_losses()) v.push_back(x);
     auto l = torch::tensor(v, torch::dtype(torch::kDouble).device(par.device));
@@ -164,11 +170,22 @@ void run_step(StepState& s, StepRecord& r) {
     parallel::all_reduce(*par.dp, l);
     r.loss = value_of(l);
   }
+}
 
-  delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
+}  // namespace
+
+void run_step(StepState& s, StepRecord& r) {
+  parallel::Parallel& par = s.par;
+  for (auto& p : s.params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
+  const double local_loss = par.pipe ? pipelined(s, r) : accumulated(s, r);
+  auto phase = Clock::now();
+  par.finish_grad_sync();
+  r.backward_ms += ms_since(phase);
+  gather_loss(par, local_loss, r);
+  s.delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
   phase = Clock::now();
-  r.grad_norm = global_grad_norm(params, par);
-  if (t.grad_clip > 0) clip_grads(params, r.grad_norm, t.grad_clip);
+  r.grad_norm = global_grad_norm(s.params, par);
+  if (s.c.train.grad_clip > 0) clip_grads(s.params, r.grad_norm, s.c.train.grad_clip);
   s.optimizer.step();
   r.optimizer_ms = ms_since(phase);
 }

@@ -160,6 +160,67 @@ std::string plan_policy(const ExperimentConfig& c) {
   return have;
 }
 
+// An integer field, read only when it is one (nlohmann converts a float by a
+// cast, undefined when it does not fit).
+int64_t integer_field(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+    throw FileError(path, "malformed golden file: " + what + " must be an integer, got " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
+// Reads a golden file's header fields into g.header; refuses another format version.
+void parse_golden_header(const nlohmann::json& j, const std::string& path, Golden& g) {
+  if (integer_field(j.at("format_version"), "format_version", path) != kGoldenFormat) {
+    throw FileError(path, "golden format_version " + j["format_version"].dump() + " is not " +
+                              std::to_string(kGoldenFormat) + "; regenerate it");
+  }
+  for (auto key : {"format_version", "generator", "name", "command", "config_hash", "libtorch_version", "dtype"}) {
+    g.header[key] = j.at(key);
+  }
+  // A golden trained under a mixed-precision policy (tools/reference --param-dtype or
+  // --all-gather) names it.
+  for (auto key : {"param_dtype", "reduce_dtype", "all_gather"}) {
+    if (j.contains(key)) g.header[key] = j.at(key).get<std::string>();
+  }
+}
+
+// One entry of a golden file's steps.
+StepRecord parse_golden_step(const nlohmann::json& s, const std::string& path) {
+  StepRecord r;
+  r.step = integer_field(s.at("step"), "step", path);
+  r.loss = s.at("loss").get<double>();
+  r.grad_norm = s.at("grad_norm").get<double>();
+  r.lr = s.at("lr").get<double>();
+  return r;
+}
+
+// One entry of a golden file's params; refuses a shape that overflows or values that do not match it.
+GoldenParam parse_golden_param(const nlohmann::json& p, const std::string& path) {
+  GoldenParam gp;
+  gp.name = p.at("name").get<std::string>();
+  if (!p.at("shape").is_array()) throw FileError(path, "malformed golden file: " + gp.name + "'s shape is not a list");
+  int64_t numel = 1;
+  for (const auto& s : p.at("shape")) {
+    const int64_t size = integer_field(s, gp.name + "'s shape", path);
+    if (size < 0 || __builtin_mul_overflow(numel, size, &numel)) {
+      throw FileError(path, "malformed golden file: " + gp.name + " has shape " + p.at("shape").dump());
+    }
+    gp.shape.push_back(size);
+  }
+  gp.l2 = p.at("l2").get<double>();
+  gp.sampled = p.at("sampled").get<bool>();
+  std::string raw = base64_decode(p.at("float64_base64").get<std::string>());
+  int64_t expect = gp.sampled ? kGoldenSamples : numel;
+  if (raw.size() != static_cast<size_t>(expect) * sizeof(double)) {
+    throw FileError(path, "parameter " + gp.name + " holds " + std::to_string(raw.size() / 8) +
+                              " values but its shape needs " + std::to_string(expect));
+  }
+  gp.values = torch::empty({expect}, torch::kDouble);
+  std::memcpy(gp.values.data_ptr(), raw.data(), raw.size());
+  return gp;
+}
+
 }  // namespace
 
 std::string base64_encode(const std::string& in) {
@@ -259,60 +320,11 @@ Golden read_golden(const std::string& path) {
 
 Golden parse_golden(const std::string& text, const std::string& path) {
   Golden g;
-  // An integer field, read only when it is one (nlohmann converts a float by a
-  // cast, undefined when it does not fit).
-  auto integer = [&](const nlohmann::json& v, const std::string& what) -> int64_t {
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
-      throw FileError(path, "malformed golden file: " + what + " must be an integer, got " + v.dump());
-    }
-    return v.get<int64_t>();
-  };
   try {
     nlohmann::json j = nlohmann::json::parse(text);
-    if (integer(j.at("format_version"), "format_version") != kGoldenFormat) {
-      throw FileError(path, "golden format_version " + j["format_version"].dump() + " is not " +
-                                std::to_string(kGoldenFormat) + "; regenerate it");
-    }
-    for (auto key : {"format_version", "generator", "name", "command", "config_hash", "libtorch_version", "dtype"}) {
-      g.header[key] = j.at(key);
-    }
-    // A golden trained under a mixed-precision policy (tools/reference --param-dtype or
-    // --all-gather) names it.
-    for (auto key : {"param_dtype", "reduce_dtype", "all_gather"}) {
-      if (j.contains(key)) g.header[key] = j.at(key).get<std::string>();
-    }
-    for (const auto& s : j.at("steps")) {
-      StepRecord r;
-      r.step = integer(s.at("step"), "step");
-      r.loss = s.at("loss").get<double>();
-      r.grad_norm = s.at("grad_norm").get<double>();
-      r.lr = s.at("lr").get<double>();
-      g.steps.push_back(r);
-    }
-    for (const auto& p : j.at("params")) {
-      GoldenParam gp;
-      gp.name = p.at("name").get<std::string>();
-      if (!p.at("shape").is_array()) throw FileError(path, "malformed golden file: " + gp.name + "'s shape is not a list");
-      int64_t numel = 1;
-      for (const auto& s : p.at("shape")) {
-        const int64_t size = integer(s, gp.name + "'s shape");
-        if (size < 0 || __builtin_mul_overflow(numel, size, &numel)) {
-          throw FileError(path, "malformed golden file: " + gp.name + " has shape " + p.at("shape").dump());
-        }
-        gp.shape.push_back(size);
-      }
-      gp.l2 = p.at("l2").get<double>();
-      gp.sampled = p.at("sampled").get<bool>();
-      std::string raw = base64_decode(p.at("float64_base64").get<std::string>());
-      int64_t expect = gp.sampled ? kGoldenSamples : numel;
-      if (raw.size() != static_cast<size_t>(expect) * sizeof(double)) {
-        throw FileError(path, "parameter " + gp.name + " holds " + std::to_string(raw.size() / 8) +
-                                  " values but its shape needs " + std::to_string(expect));
-      }
-      gp.values = torch::empty({expect}, torch::kDouble);
-      std::memcpy(gp.values.data_ptr(), raw.data(), raw.size());
-      g.params.push_back(gp);
-    }
+    parse_golden_header(j, path, g);
+    for (const auto& s : j.at("steps")) g.steps.push_back(parse_golden_step(s, path));
+    for (const auto& p : j.at("params")) g.params.push_back(parse_golden_param(p, path));
   } catch (const nlohmann::json::exception& e) {
     throw FileError(path, std::string("malformed golden file: ") + e.what());
   } catch (const std::invalid_argument& e) {

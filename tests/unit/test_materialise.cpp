@@ -1,4 +1,4 @@
-// Building only what a rank holds (runner/materialise.h): a model built under
+// Building only what a rank holds (runner/train/materialise.h): a model built under
 // nn::DeferInit and materialised gets exactly a single-device build's values
 // (and leaves the generator where that build leaves it), keeps only this
 // rank's piece, and never holds much more than that piece plus one tensor.

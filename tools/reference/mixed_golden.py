@@ -29,10 +29,10 @@ LOSS_MOVES = 5   # the least step-to-step loss change, in loss_rtol
 
 
 def resolved(composer, config, sets=()):
-    """`composer plan`'s resolved config (the JSON object it prints before the plan summary)."""
-    args = [composer, "plan", "--config", config] + [a for s in sets for a in ("--set", s)]
+    """The resolved config (`composer plan --json`'s "config")."""
+    args = [composer, "plan", "--json", "--config", config] + [a for s in sets for a in ("--set", s)]
     out = subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+    return json.loads(out)["config"]
 
 
 def policy_args(cfg):

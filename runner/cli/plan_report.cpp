@@ -1,0 +1,162 @@
+#include "runner/cli/plan_report.h"
+
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runner/estimate/dry_run.h"
+#include "runner/estimate/estimate.h"
+
+namespace composer {
+namespace {
+
+// The name with each all-digit segment (a layer's index) as '*'.
+std::string name_pattern(const std::string& name) {
+  std::string out, segment;
+  auto flush = [&] {
+    const bool digits = !segment.empty() && segment.find_first_not_of("0123456789") == std::string::npos;
+    out += digits ? "*" : segment;
+    segment.clear();
+  };
+  for (char ch : name) {
+    if (ch == '.') {
+      flush();
+      out += '.';
+    } else {
+      segment += ch;
+    }
+  }
+  flush();
+  return out;
+}
+
+// "0-3, 6" for ranks 0, 1, 2, 3, 6.
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string comm_line(const CommBytes& comm) {
+  std::string out;
+  for (const auto& [group, kinds] : comm) {
+    for (const auto& [kind, bytes] : kinds) {
+      if (bytes) out += (out.empty() ? "" : ", ") + group + " " + kind + " " + format_bytes(bytes);
+    }
+  }
+  return out.empty() ? "none" : out;
+}
+
+// Parameters with the same name pattern, shape, placement and gradient, in
+// the order they first appear.
+struct PlacementGroup {
+  PlacementRow row;  // name: the pattern
+  int count = 0;
+};
+
+std::vector<PlacementGroup> group_placements(const std::vector<PlacementRow>& rows) {
+  std::vector<PlacementGroup> out;
+  std::map<std::string, size_t> index;
+  for (const auto& r : rows) {
+    const std::string pattern = name_pattern(r.name);
+    const std::string key = pattern + "|" + r.shape + "|" + r.placement + "|" + r.gradient;
+    auto [it, fresh] = index.emplace(key, out.size());
+    if (fresh) out.push_back({{pattern, r.shape, r.placement, r.gradient}, 0});
+    ++out[it->second].count;
+  }
+  return out;
+}
+
+void print_placements(std::ostream& os, const std::vector<PlacementRow>& rows) {
+  const auto groups = group_placements(rows);
+  os << "placements: " << rows.size() << " parameters in " << groups.size()
+     << " groups (* stands for any index; --json lists each parameter)\n";
+  size_t wn = 0, ws = 0, wp = 0;
+  auto label = [](const PlacementGroup& g) { return g.row.name + (g.count > 1 ? " x" + std::to_string(g.count) : ""); };
+  for (const auto& g : groups) {
+    wn = std::max(wn, label(g).size());
+    ws = std::max(ws, g.row.shape.size());
+    wp = std::max(wp, g.row.placement.size());
+  }
+  for (const auto& g : groups) {
+    os << "  " << std::left << std::setw(static_cast<int>(wn)) << label(g) << "  " << std::setw(static_cast<int>(ws))
+       << g.row.shape << "  " << std::setw(static_cast<int>(wp)) << g.row.placement << "  gradient: "
+       << (g.row.gradient.empty() ? "none" : g.row.gradient) << "\n";
+  }
+}
+
+// Each rank's estimate, ranks with the same figures on one row.
+void print_estimates(std::ostream& os, const std::vector<MemoryEstimate>& estimates) {
+  std::vector<std::pair<std::vector<int>, const MemoryEstimate*>> rows;
+  for (const auto& e : estimates) {
+    bool merged = false;
+    for (auto& [ranks, first] : rows) {
+      if (e.str() == first->str() && e.comm_str() == first->comm_str()) {
+        ranks.push_back(e.rank);
+        merged = true;
+        break;
+      }
+    }
+    if (!merged) rows.push_back({{e.rank}, &e});
+  }
+  os << "memory per rank (estimate):\n";
+  const char* heads[] = {"ranks", "params", "grads", "optimizer", "buffers", "activations", "data", "peak"};
+  std::vector<std::vector<std::string>> table;
+  for (const auto& [ranks, e] : rows) {
+    table.push_back({ranks_str(ranks), format_bytes(e->params), format_bytes(e->grads), format_bytes(e->optimizer),
+                     format_bytes(e->buffers), format_bytes(e->activations), format_bytes(e->data),
+                     format_bytes(e->peak())});
+  }
+  std::vector<size_t> w(8);
+  for (size_t i = 0; i < 8; ++i) {
+    w[i] = std::string(heads[i]).size();
+    for (const auto& r : table) w[i] = std::max(w[i], r[i].size());
+  }
+  for (size_t i = 0; i < 8; ++i) os << (i ? "  " : "  ") << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << heads[i];
+  os << "\n";
+  for (const auto& r : table) {
+    for (size_t i = 0; i < 8; ++i) os << "  " << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << r[i];
+    os << "\n";
+  }
+  os << std::left << "communication per rank and step (estimate):\n";
+  for (const auto& [ranks, e] : rows) os << "  ranks " << ranks_str(ranks) << ": " << comm_line(e->comm) << "\n";
+}
+
+}  // namespace
+
+void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
+  for (const auto& line : p.summary) os << "plan: " << line << "\n";
+  for (const auto& line : p.warnings) os << "warning: " << line << "\n";
+  const auto rows = describe_placements(c, p);
+  if (!rows.empty()) print_placements(os, rows);
+  print_estimates(os, estimate_memory(c, p));
+  os << "config hash " << config_hash(c) << "; the resolved config and every figure in full: composer plan --json\n";
+}
+
+nlohmann::json plan_json(const ExperimentConfig& c, const Plan& p) {
+  nlohmann::json j;
+  j["config"] = to_json(c);
+  j["config_hash"] = config_hash(c);
+  j["summary"] = p.summary;
+  j["warnings"] = p.warnings;
+  j["placements"] = nlohmann::json::array();
+  for (const auto& r : describe_placements(c, p)) {
+    j["placements"].push_back({{"name", r.name}, {"shape", r.shape}, {"placement", r.placement}, {"gradient", r.gradient}});
+  }
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& e : estimate_memory(c, p)) {
+    j["ranks"].push_back({{"rank", e.rank}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
+                          {"buffers", e.buffers}, {"activations", e.activations}, {"data", e.data},
+                          {"peak", e.peak()}, {"comm", e.comm}});
+  }
+  return j;
+}
+
+}  // namespace composer
