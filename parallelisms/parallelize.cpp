@@ -5,13 +5,6 @@
 namespace composer::parallel {
 namespace {
 
-template <class... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
-
 // "over dp (2 ranks)"
 std::string over(const Group* g) {
   return g ? "over " + g->name + " (" + std::to_string(g->size) + " rank" + (g->size == 1 ? "" : "s") + ")" : "";
@@ -45,9 +38,11 @@ StageShapes trace_stages(const PipelineStep& cut, const std::vector<Transform>& 
   Placements scratch;
   std::vector<std::unique_ptr<TensorParallel>> keep;
   for (const auto& t : later) {
-    if (const auto* tp = std::get_if<TensorParallelStep>(&t)) {
-      keep.push_back(apply_tensor_parallel(twin.roots(), *tp->group, tp->plan, scratch));
-    }
+    std::visit(Overloaded{[&](const TensorParallelStep& tp) {
+                            keep.push_back(apply_tensor_parallel(twin.roots(), *tp.group, tp.plan, scratch));
+                          },
+                          [](const auto&) {}},  // the others change no activation's shape or dtype at a stage's edge
+               t);
   }
   return twin.trace(o.example.to(torch::kMeta));
 }
@@ -95,6 +90,7 @@ namespace {
 
 // One transform being applied: the model, what earlier transforms left, and
 // the transforms after it (the pipeline traces the stage shapes with them).
+// Each apply() returns whether the transform spreads the model over ranks.
 struct Applying {
   models::Model& model;
   Parallel& par;
@@ -105,7 +101,7 @@ struct Applying {
   }
 };
 
-void apply(Applying& a, const PipelineStep& s) {
+bool apply(Applying& a, const PipelineStep& s) {
   Parallel& par = a.par;
   PipelineOptions po = s.options;
   po.placements = par.placements.get();
@@ -117,19 +113,22 @@ void apply(Applying& a, const PipelineStep& s) {
   a.log("applied pipeline " + over(s.group) + ": " + name_of(s.options.schedule) + ", " +
         std::to_string(par.pipe->shape().stages()) + " stages, this rank runs stage" +
         (par.roots.size() == 1 ? " " : "s ") + stages);
+  return true;
 }
 
-void apply(Applying& a, const TensorParallelStep& s) {
+bool apply(Applying& a, const TensorParallelStep& s) {
   a.par.tp = apply_tensor_parallel(a.par.roots, *s.group, s.plan, *a.par.placements);
   a.log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(a.par.tp->num_modules()) + " modules");
+  return true;
 }
 
-void apply(Applying& a, const ActivationCheckpointingStep& s) {
+bool apply(Applying& a, const ActivationCheckpointingStep& s) {
   a.par.ac = apply_activation_checkpointing(a.par.roots, s.options);
   a.log("applied activation_checkpointing: " + std::to_string(a.par.ac->units().size()) + " units");
+  return false;  // how a unit computes, not where
 }
 
-void apply(Applying& a, const FullyShardStep& s) {
+bool apply(Applying& a, const FullyShardStep& s) {
   Parallel& par = a.par;
   FullyShardOptions fo = s.options;
   fo.placements = par.placements.get();
@@ -137,9 +136,10 @@ void apply(Applying& a, const FullyShardStep& s) {
   if (!fo.per_rank.empty()) par.per_rank = apply_per_rank(par.roots, *s.data_parallel, fo.per_rank, *par.placements);
   par.fsdp = apply_fully_shard(par.roots, *s.group, fo);
   a.log("applied fully_shard " + over(s.data_parallel) + ": " + std::to_string(par.fsdp->num_units()) + " units");
+  return true;
 }
 
-void apply(Applying& a, const ReplicateStep& s) {
+bool apply(Applying& a, const ReplicateStep& s) {
   Parallel& par = a.par;
   if (!s.options.per_rank.empty()) {
     par.per_rank = apply_per_rank(par.roots, *s.group, s.options.per_rank, *par.placements);
@@ -149,6 +149,7 @@ void apply(Applying& a, const ReplicateStep& s) {
   std::ostringstream mb;
   mb << par.bucket_mb;
   a.log("applied replicate " + over(s.group) + ": gradients all-reduced in buckets of " + mb.str() + " MB");
+  return true;
 }
 
 }  // namespace
@@ -160,8 +161,8 @@ Parallel parallelize(models::Model& model, const std::vector<Transform>& transfo
   par.dp = o.data_parallel;
   for (size_t i = 0; i < transforms.size(); ++i) {
     Applying a{model, par, o, {transforms.begin() + static_cast<std::ptrdiff_t>(i) + 1, transforms.end()}};
-    std::visit([&](const auto& step) { apply(a, step); }, transforms[i]);
-    par.any = par.any || !std::holds_alternative<ActivationCheckpointingStep>(transforms[i]);
+    const bool spreads = std::visit([&](const auto& step) { return apply(a, step); }, transforms[i]);
+    par.any = par.any || spreads;
   }
   // Activation checkpointing alone changes how a unit computes, not where:
   // nothing is spread over ranks and nothing needs synchronising.

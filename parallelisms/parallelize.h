@@ -61,6 +61,15 @@ using Transform = std::variant<PipelineStep, TensorParallelStep, ActivationCheck
 // "fully_shard", "pipeline", ...
 const char* name_of(const Transform& t);
 
+// std::visit over a Transform (or a transform's config) with one lambda per alternative.
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+
 struct ParallelizeOptions {
   Group* world = nullptr;          // every rank: the gradient norm
   Group* data_parallel = nullptr;  // every data-parallel dim: the loss

@@ -11,18 +11,14 @@
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/per_rank.h"
 #include "parallelisms/pipeline/pipeline.h"
+#include "parallelisms/parallelize.h"
 #include "parallelisms/tensor_parallel.h"
 #include "models/select.h"
 
 namespace composer {
 namespace {
 
-template <class... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
+using parallel::Overloaded;
 
 // Composition order: the pipeline cuts the model into stages first, and
 // each stage is then a root for the rest; tensor parallel shards the math,

@@ -14,12 +14,7 @@
 namespace composer {
 namespace {
 
-template <class... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
+using parallel::Overloaded;
 
 void write_json(const std::string& path, const nlohmann::json& j) {
   std::ofstream out(path);

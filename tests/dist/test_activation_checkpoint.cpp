@@ -83,7 +83,9 @@ TEST(ActivationCheckpoint, UnderTensorParallelTheRecomputeRerunsTheForwardCollec
       g.counter->reset();
       y.pow(2).sum().backward();
       backward_reduces.push_back(g.counter->get("all_reduce").calls);
-      if (ac) EXPECT_EQ(ac->recomputes(), 3);
+      if (ac) {
+        EXPECT_EQ(ac->recomputes(), 3);
+      }
       grads.emplace_back();
       for (auto& [n, p] : nn::unique_named_parameters(*m)) grads.back().push_back(p.grad().clone());
     }

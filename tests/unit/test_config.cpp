@@ -1,6 +1,8 @@
 // Config parsing: defaults, strictness, error positions, overrides, hashing.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
 
@@ -399,6 +401,42 @@ TEST(Delays, SleepOnlyOnTheirRanksAndCountTheSleeps) {
   EXPECT_EQ(rank1.slept(), 1);
   EXPECT_EQ(rank1.slept_ms(), 1);
   EXPECT_TRUE(parallel::Delays({}, 0).empty());
+}
+
+TEST(Planner, APipelineComesFirst) {
+  // The pipeline cuts the model into stages; every other transform applies to
+  // each stage, so the YAML lists it first.
+  auto c = parse_config("name: t\nmodel: {name: mlp_module_layers}\nmesh: {shape: [2, 2], names: [pp, tp]}\n"
+                        "train: {global_batch: 8}\nparallelize:\n  - tensor_parallel: {mesh_dim: tp}\n"
+                        "  - pipeline: {mesh_dim: pp, schedule: gpipe}\n",
+                        "x.yaml");
+  try {
+    make_plan(c, 4);
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.yaml:7:5: parallelize[1]: pipeline comes after tensor_parallel; transforms "
+                                         "apply in the order parallelize lists them, which must be pipeline"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Planner, LeavesTheRandomStateAlone) {
+  // Planning builds the model shape-only, once: no value is drawn, so a
+  // run's initial values do not depend on whether it was planned first.
+  const char* plans[] = {
+      "mesh: {shape: [2, 2, 2], names: [pp, dp, tp]}\ntrain: {global_batch: 16}\nparallelize:\n"
+      "  - pipeline: {mesh_dim: pp, schedule: 1f1b}\n  - tensor_parallel: {mesh_dim: tp}\n"
+      "  - fully_shard: {mesh_dim: dp, units: ['layers.*']}\n",
+      "mesh: {shape: [2], names: [dp]}\ntrain: {global_batch: 8}\nparallelize:\n"
+      "  - fully_shard: {mesh_dim: dp, per_rank: [layers.0], per_rank_seed: 5}\n"};
+  for (const char* plan : plans) {
+    auto c = parse_config(std::string("name: t\nseed: 3\nmodel: {name: mlp_module_layers}\n") + plan, "x.yaml");
+    torch::manual_seed(123);
+    const torch::Tensor before = at::detail::getDefaultCPUGenerator().get_state();
+    make_plan(c, c.mesh.world_size());
+    EXPECT_TRUE(before.equal(at::detail::getDefaultCPUGenerator().get_state())) << plan;
+  }
 }
 
 }  // namespace
