@@ -59,83 +59,112 @@ RankActions one_f_one_b(int rank, const PipelineShape& s) {
 // each slot a rank runs the first ready of: an input gradient (it is on the
 // critical path), a forward (while fewer than `limit` microbatches await their
 // backward on this rank), a deferred weight gradient.
-std::vector<RankActions> zero_bubble_schedule(const PipelineShape& s) {
-  const int S = s.stages(), M = s.microbatches;
-  // finish time of F and I per (stage, mb); -1 = not yet
-  std::vector<std::vector<int64_t>> f_end(S, std::vector<int64_t>(M, -1)), i_end = f_end;
-  std::vector<RankActions> out(s.pp);
-  std::vector<int> in_flight(s.pp, 0);
-  std::vector<int> next_f(s.pp, 0);  // loop placement: the next forward in interleaved order
-  std::vector<std::vector<Action>> pending_w(s.pp);
-  int64_t remaining = static_cast<int64_t>(S) * M * 3;
-  for (int64_t t = 0; remaining > 0; ++t) {
-    std::vector<Action> chosen(s.pp, Action{Op::kForward, -1, -1});
-    for (int r = 0; r < s.pp; ++r) {
-      const auto stages = s.stages_of(r);
-      // In flight at most: Megatron's interleaved warm-up plus one; V: 2 pp.
-      const int limit = s.v_placement ? 2 * s.pp : (s.pp - r - 1) * 2 + (s.virtual_stages - 1) * s.pp + 1;
-      std::optional<Action> pick;
-      // Input gradients: the deepest stage first, then the oldest microbatch.
-      for (auto it = stages.rbegin(); it != stages.rend() && !pick; ++it) {
+class ZeroBubble {
+ public:
+  explicit ZeroBubble(const PipelineShape& s)
+      : s_(s), f_end_(s.stages(), std::vector<int64_t>(s.microbatches, -1)), i_end_(f_end_), out_(s.pp),
+        in_flight_(s.pp, 0), next_f_(s.pp, 0), pending_w_(s.pp) {}
+
+  std::vector<RankActions> schedule() {
+    int64_t remaining = static_cast<int64_t>(s_.stages()) * s_.microbatches * 3;
+    for (int64_t t = 0; remaining > 0; ++t) {
+      std::vector<Action> chosen(s_.pp, Action{Op::kForward, -1, -1});
+      for (int r = 0; r < s_.pp; ++r) {
+        if (auto pick = choose(r, t)) chosen[r] = *pick;
+      }
+      bool any = false;
+      for (const Action& a : chosen) any = any || a.stage >= 0;
+      if (!any && !waiting(t)) break;  // stuck: the simulator reports the incomplete lists
+      for (int r = 0; r < s_.pp; ++r) {
+        if (chosen[r].stage < 0) continue;
+        record(r, chosen[r], t);
+        --remaining;
+      }
+    }
+    return out_;
+  }
+
+ private:
+  bool done(const std::vector<std::vector<int64_t>>& end, int st, int mb, int64_t t) const {
+    return end[st][mb] >= 0 && end[st][mb] <= t;
+  }
+
+  // What rank r runs in slot t: an input gradient, the deepest stage first,
+  // then the oldest microbatch; else a forward; else the oldest deferred W.
+  std::optional<Action> choose(int r, int64_t t) {
+    const auto stages = s_.stages_of(r);
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+      for (int mb = 0; mb < s_.microbatches; ++mb) {
         const int st = *it;
-        for (int mb = 0; mb < M && !pick; ++mb) {
-          if (i_end[st][mb] >= 0 || f_end[st][mb] < 0 || f_end[st][mb] > t) continue;
-          if (st + 1 < S && (i_end[st + 1][mb] < 0 || i_end[st + 1][mb] > t)) continue;
-          pick = Action{Op::kBackwardInput, st, mb};
-        }
+        if (i_end_[st][mb] >= 0 || !done(f_end_, st, mb, t)) continue;
+        if (st + 1 < s_.stages() && !done(i_end_, st + 1, mb, t)) continue;
+        return Action{Op::kBackwardInput, st, mb};
       }
-      if (!pick && in_flight[r] < limit) {
-        if (!s.v_placement) {  // forwards in Megatron's interleaved order
-          if (next_f[r] < M * s.virtual_stages) {
-            Action f = interleaved_forward(next_f[r], r, s);
-            if (f.stage == 0 || (f_end[f.stage - 1][f.microbatch] >= 0 && f_end[f.stage - 1][f.microbatch] <= t)) {
-              pick = f;
-            }
-          }
-        } else {  // V: the deeper stage, then the oldest microbatch
-          for (auto it = stages.rbegin(); it != stages.rend() && !pick; ++it) {
-            for (int mb = 0; mb < M && !pick; ++mb) {
-              const int st = *it;
-              if (f_end[st][mb] >= 0) continue;
-              if (st > 0 && (f_end[st - 1][mb] < 0 || f_end[st - 1][mb] > t)) continue;
-              pick = Action{Op::kForward, st, mb};
-            }
-          }
-        }
-      }
-      if (!pick && !pending_w[r].empty()) {
-        pick = pending_w[r].front();
-        pending_w[r].erase(pending_w[r].begin());
-      }
-      if (pick) chosen[r] = *pick;
     }
-    bool any = false;
-    for (const Action& a : chosen) any = any || a.stage >= 0;
-    if (!any) {
-      bool waiting = false;  // a result that lands in a later slot
-      for (int st = 0; st < S; ++st) {
-        for (int mb = 0; mb < M; ++mb) waiting = waiting || f_end[st][mb] > t || i_end[st][mb] > t;
-      }
-      if (!waiting) break;  // stuck: the simulator reports the incomplete lists
+    // In flight at most: Megatron's interleaved warm-up plus one; V: 2 pp.
+    const int limit = s_.v_placement ? 2 * s_.pp : (s_.pp - r - 1) * 2 + (s_.virtual_stages - 1) * s_.pp + 1;
+    if (in_flight_[r] < limit) {
+      if (auto f = s_.v_placement ? v_forward(stages, t) : interleaved(r, t)) return f;
     }
-    for (int r = 0; r < s.pp; ++r) {
-      const Action a = chosen[r];
-      if (a.stage < 0) continue;
-      out[r].push_back(a);
-      --remaining;
-      if (a.op == Op::kForward) {
-        f_end[a.stage][a.microbatch] = t + 1;
-        ++in_flight[r];
-        ++next_f[r];
-      } else if (a.op == Op::kBackwardInput) {
-        i_end[a.stage][a.microbatch] = t + 1;
-        --in_flight[r];
-        pending_w[r].push_back({Op::kBackwardWeight, a.stage, a.microbatch});
+    if (pending_w_[r].empty()) return std::nullopt;
+    const Action w = pending_w_[r].front();
+    pending_w_[r].erase(pending_w_[r].begin());
+    return w;
+  }
+
+  // Loop placement: the next forward in Megatron's interleaved order, once its input is there.
+  std::optional<Action> interleaved(int r, int64_t t) const {
+    if (next_f_[r] >= s_.microbatches * s_.virtual_stages) return std::nullopt;
+    const Action f = interleaved_forward(next_f_[r], r, s_);
+    if (f.stage == 0 || done(f_end_, f.stage - 1, f.microbatch, t)) return f;
+    return std::nullopt;
+  }
+
+  // V placement: the deeper stage, then the oldest microbatch.
+  std::optional<Action> v_forward(const std::vector<int>& stages, int64_t t) const {
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+      for (int mb = 0; mb < s_.microbatches; ++mb) {
+        const int st = *it;
+        if (f_end_[st][mb] >= 0) continue;
+        if (st > 0 && !done(f_end_, st - 1, mb, t)) continue;
+        return Action{Op::kForward, st, mb};
       }
+    }
+    return std::nullopt;
+  }
+
+  // Whether a result lands in a later slot than t.
+  bool waiting(int64_t t) const {
+    for (int st = 0; st < s_.stages(); ++st) {
+      for (int mb = 0; mb < s_.microbatches; ++mb) {
+        if (f_end_[st][mb] > t || i_end_[st][mb] > t) return true;
+      }
+    }
+    return false;
+  }
+
+  void record(int r, const Action& a, int64_t t) {
+    out_[r].push_back(a);
+    if (a.op == Op::kForward) {
+      f_end_[a.stage][a.microbatch] = t + 1;
+      ++in_flight_[r];
+      ++next_f_[r];
+    } else if (a.op == Op::kBackwardInput) {
+      i_end_[a.stage][a.microbatch] = t + 1;
+      --in_flight_[r];
+      pending_w_[r].push_back({Op::kBackwardWeight, a.stage, a.microbatch});
     }
   }
-  return out;
-}
+
+  const PipelineShape& s_;
+  std::vector<std::vector<int64_t>> f_end_, i_end_;  // finish slot of F and I per (stage, mb); -1: not yet
+  std::vector<RankActions> out_;
+  std::vector<int> in_flight_;  // microbatches awaiting their input gradient, per rank
+  std::vector<int> next_f_;     // loop placement: each rank's next forward in interleaved order
+  std::vector<std::vector<Action>> pending_w_;
+};
+
+std::vector<RankActions> zero_bubble_schedule(const PipelineShape& s) { return ZeroBubble(s).schedule(); }
 
 }  // namespace
 
