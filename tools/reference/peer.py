@@ -18,7 +18,7 @@ schedules). It writes a golden file in composer's format for
 
     .venv/bin/python tools/reference/peer.py --run-dir runs/x --golden /tmp/x.peer.json
 
-Conventions, as composer's (README: Ranks and launching, pipeline): the
+Conventions, as composer's (docs/launching.md, docs/composition.md#pipeline): the
 data-parallel ranks (every mesh dim a replicate or fully_shard names) take
 contiguous slices of each step's global batch; the logged loss is the global
 batch's loss, whose gradient PyTorch's averaging over the data-parallel ranks
