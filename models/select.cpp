@@ -40,9 +40,8 @@ NamedModules select_modules(const NamedModules& modules, const std::vector<std::
   NamedModules out;
   std::vector<std::string> containers;
   for (const auto& [name, m] : modules) {
-    const bool child_of_container =
-        !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
-        name.find('.', containers.back().size() + 1) == std::string::npos;
+    const bool child_of_container = !containers.empty() && name.rfind(containers.back() + ".", 0) == 0 &&
+                                    name.find('.', containers.back().size() + 1) == std::string::npos;
     if (name.empty() || !(matches_any(patterns, name) || child_of_container)) continue;
     if (dynamic_cast<nn::ModuleList*>(m)) {
       containers.push_back(name);

@@ -26,8 +26,8 @@ NamedModules select_modules(nn::Module& root, const std::vector<std::string>& pa
 // one pipeline stage of it) and the modules its forward computes with, by
 // their FQNs in the model, the root itself first (named "").
 struct Root {
-  std::string name;                // "" for the whole model, "stage 2" for a stage
-  nn::Module* module = nullptr;    // pre- and post-forward hooks of the root go here
+  std::string name;              // "" for the whole model, "stage 2" for a stage
+  nn::Module* module = nullptr;  // pre- and post-forward hooks of the root go here
   NamedModules modules;
 };
 

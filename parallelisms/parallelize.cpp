@@ -50,12 +50,12 @@ StageShapes trace_stages(const PipelineStep& cut, const std::vector<Transform>& 
 }  // namespace
 
 const char* name_of(const Transform& t) {
-  return std::visit(Overloaded{[](const PipelineStep&) { return "pipeline"; },
-                               [](const TensorParallelStep&) { return "tensor_parallel"; },
-                               [](const ActivationCheckpointingStep&) { return "activation_checkpointing"; },
-                               [](const FullyShardStep&) { return "fully_shard"; },
-                               [](const ReplicateStep&) { return "replicate"; }},
-                    t);
+  return std::visit(
+      Overloaded{[](const PipelineStep&) { return "pipeline"; },
+                 [](const TensorParallelStep&) { return "tensor_parallel"; },
+                 [](const ActivationCheckpointingStep&) { return "activation_checkpointing"; },
+                 [](const FullyShardStep&) { return "fully_shard"; }, [](const ReplicateStep&) { return "replicate"; }},
+      t);
 }
 
 std::vector<torch::Tensor> Parallel::held_params() const {
@@ -82,9 +82,7 @@ void Parallel::derive_grad_sync() {
   if (any) sync = std::make_unique<GradSync>(held_params(), *placements, GradSyncOptions{bucket_mb});
 }
 
-int64_t Parallel::buffer_bytes() const {
-  return (fsdp ? fsdp->pooled_bytes() : 0) + (sync ? sync->buffer_bytes() : 0);
-}
+int64_t Parallel::buffer_bytes() const { return (fsdp ? fsdp->pooled_bytes() : 0) + (sync ? sync->buffer_bytes() : 0); }
 
 namespace {
 

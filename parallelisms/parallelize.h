@@ -50,13 +50,14 @@ struct FullyShardStep {
   Group* group = nullptr;          // the dim it shards over (HSDP: the second of its two)
   Group* data_parallel = nullptr;  // every dim it spans: per-rank parameters differ over it
   FullyShardOptions options;
-  bool shard_opposite = false;     // shard each parameter on the dim an earlier Shard placement does not
+  bool shard_opposite = false;  // shard each parameter on the dim an earlier Shard placement does not
 };
 struct ReplicateStep {
   Group* group = nullptr;  // every dim it spans
   ReplicateOptions options;
 };
-using Transform = std::variant<PipelineStep, TensorParallelStep, ActivationCheckpointingStep, FullyShardStep, ReplicateStep>;
+using Transform =
+    std::variant<PipelineStep, TensorParallelStep, ActivationCheckpointingStep, FullyShardStep, ReplicateStep>;
 
 // "fully_shard", "pipeline", ...
 const char* name_of(const Transform& t);
@@ -68,7 +69,6 @@ struct Overloaded : Fs... {
 };
 template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
-
 
 struct ParallelizeOptions {
   Group* world = nullptr;          // every rank: the gradient norm
@@ -85,8 +85,8 @@ struct ParallelizeOptions {
 // and the gradient synchronisation derived from them: what a training step
 // calls, without knowing which transforms there are.
 struct Parallel {
-  bool any = false;        // a transform that spreads the model over ranks (else single-device training)
-  Group* dp = nullptr;     // every data-parallel rank (all replicate and shard dims flattened)
+  bool any = false;     // a transform that spreads the model over ranks (else single-device training)
+  Group* dp = nullptr;  // every data-parallel rank (all replicate and shard dims flattened)
   Group* world = nullptr;
   std::unique_ptr<Placements> placements = std::make_unique<Placements>();
   std::vector<models::Root> roots;  // what the transforms applied to: the model, or this rank's stages
@@ -95,8 +95,8 @@ struct Parallel {
   std::unique_ptr<ActivationCheckpoint> ac;
   std::unique_ptr<FullyShard> fsdp;
   std::unique_ptr<GradSync> sync;
-  ParamSet per_rank;               // parameters each data-parallel rank keeps its own
-  c10::Device device = c10::kCPU;  // where small step tensors go: meta in a dry run
+  ParamSet per_rank;                               // parameters each data-parallel rank keeps its own
+  c10::Device device = c10::kCPU;                  // where small step tensors go: meta in a dry run
   double bucket_mb = GradSyncOptions{}.bucket_mb;  // replicate's, when it is applied
 
   // The gradient synchronisation every reduction the placements call for

@@ -87,8 +87,8 @@ void print_placements(std::ostream& os, const std::vector<PlacementRow>& rows) {
   }
   for (const auto& g : groups) {
     os << "  " << std::left << std::setw(static_cast<int>(wn)) << label(g) << "  " << std::setw(static_cast<int>(ws))
-       << g.row.shape << "  " << std::setw(static_cast<int>(wp)) << g.row.placement << "  gradient: "
-       << (g.row.gradient.empty() ? "none" : g.row.gradient) << "\n";
+       << g.row.shape << "  " << std::setw(static_cast<int>(wp)) << g.row.placement
+       << "  gradient: " << (g.row.gradient.empty() ? "none" : g.row.gradient) << "\n";
   }
 }
 
@@ -119,10 +119,12 @@ void print_estimates(std::ostream& os, const std::vector<MemoryEstimate>& estima
     w[i] = std::string(heads[i]).size();
     for (const auto& r : table) w[i] = std::max(w[i], r[i].size());
   }
-  for (size_t i = 0; i < 8; ++i) os << (i ? "  " : "  ") << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << heads[i];
+  for (size_t i = 0; i < 8; ++i)
+    os << (i ? "  " : "  ") << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << heads[i];
   os << "\n";
   for (const auto& r : table) {
-    for (size_t i = 0; i < 8; ++i) os << "  " << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << r[i];
+    for (size_t i = 0; i < 8; ++i)
+      os << "  " << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << r[i];
     os << "\n";
   }
   os << std::left << "communication per rank and step (estimate):\n";
@@ -148,13 +150,20 @@ nlohmann::json plan_json(const ExperimentConfig& c, const Plan& p) {
   j["warnings"] = p.warnings;
   j["placements"] = nlohmann::json::array();
   for (const auto& r : describe_placements(c, p)) {
-    j["placements"].push_back({{"name", r.name}, {"shape", r.shape}, {"placement", r.placement}, {"gradient", r.gradient}});
+    j["placements"].push_back(
+        {{"name", r.name}, {"shape", r.shape}, {"placement", r.placement}, {"gradient", r.gradient}});
   }
   j["ranks"] = nlohmann::json::array();
   for (const auto& e : estimate_memory(c, p)) {
-    j["ranks"].push_back({{"rank", e.rank}, {"params", e.params}, {"grads", e.grads}, {"optimizer", e.optimizer},
-                          {"buffers", e.buffers}, {"activations", e.activations}, {"data", e.data},
-                          {"peak", e.peak()}, {"comm", e.comm}});
+    j["ranks"].push_back({{"rank", e.rank},
+                          {"params", e.params},
+                          {"grads", e.grads},
+                          {"optimizer", e.optimizer},
+                          {"buffers", e.buffers},
+                          {"activations", e.activations},
+                          {"data", e.data},
+                          {"peak", e.peak()},
+                          {"comm", e.comm}});
   }
   return j;
 }

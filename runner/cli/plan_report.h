@@ -4,7 +4,6 @@
 // the same facts in full.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <ostream>
 
 #include "runner/config/config.h"

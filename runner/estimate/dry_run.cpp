@@ -71,9 +71,16 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   std::vector<torch::Tensor> params = par.held_params();
   auto optimizer = make_optimizer(c.train.optimizer, params);
   static const parallel::Delays kNoDelays({}, 0);
-  StepState state{c, plan, *model, par, params, *optimizer,
+  StepState state{c,
+                  plan,
+                  *model,
+                  par,
+                  params,
+                  *optimizer,
                   [&](int64_t, int64_t begin, int64_t end) { return meta_batch(data, end - begin); },
-                  (par.dp ? par.dp->rank : 0) * plan.local_batch, static_cast<double>(plan.dp_size), kNoDelays};
+                  (par.dp ? par.dp->rank : 0) * plan.local_batch,
+                  static_cast<double>(plan.dp_size),
+                  kNoDelays};
   const int64_t before = count.live(), buffers_before = par.buffer_bytes();
   for (int64_t step = 1; step <= steps; ++step) {
     reset_counters(ctx);

@@ -17,7 +17,7 @@ namespace composer {
 struct DryRun {
   std::vector<int64_t> step_peaks;  // the most tensor bytes alive at once in each step
   MemoryTerms terms;
-  CommBytes comm;                   // of the last step
+  CommBytes comm;  // of the last step
 };
 
 // A batch of `n` samples with the data plan's shapes, on the meta device.

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "runner/base/errors.h"

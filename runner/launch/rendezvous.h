@@ -1,10 +1,9 @@
 // The rendezvous store every rank of a job meets at (c10d's TCPStore), hosted
 // by the launcher of a local job or by rank 0 under an external launcher.
 #pragma once
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace composer {
 

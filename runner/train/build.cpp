@@ -99,34 +99,34 @@ int rank_threads(const TrainConfig& t, int64_t local_ranks) {
 std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankContext& rank) {
   std::vector<parallel::Transform> out;
   for (const auto& t : plan.transforms) {
-    out.push_back(std::visit(
-        Overloaded{
-            [&](const PipelineConfig& p) -> parallel::Transform {
-              parallel::PipelineStep s;
-              s.group = &rank.mesh->group(p.mesh_dim);
-              s.options.schedule = p.schedule;
-              s.options.virtual_stages = static_cast<int>(p.virtual_stages);
-              s.options.microbatches = static_cast<int>(plan.pp_microbatches);
-              s.options.split_points = p.split_points;
-              s.options.layers_per_stage = p.layers_per_stage;
-              const std::string dim = p.mesh_dim.front();
-              s.options.subgroup = [&rank, dim](const std::vector<int>& members) {
-                return &rank.mesh->subgroup(dim, members);
-              };
-              return s;
-            },
-            [&](const TensorParallelConfig& p) -> parallel::Transform {
-              return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan};
-            },
-            [&](const ActivationCheckpointingConfig& p) -> parallel::Transform {
-              return parallel::ActivationCheckpointingStep{{p.units, p.every}};
-            },
-            [&](const FullyShardConfig& p) -> parallel::Transform { return fully_shard_step(p, rank); },
-            [&](const ReplicateConfig& p) -> parallel::Transform {
-              return parallel::ReplicateStep{&rank.mesh->group(p.mesh_dim), {p.per_rank, p.bucket_mb}};
-            },
-        },
-        t.options));
+    out.push_back(
+        std::visit(Overloaded{
+                       [&](const PipelineConfig& p) -> parallel::Transform {
+                         parallel::PipelineStep s;
+                         s.group = &rank.mesh->group(p.mesh_dim);
+                         s.options.schedule = p.schedule;
+                         s.options.virtual_stages = static_cast<int>(p.virtual_stages);
+                         s.options.microbatches = static_cast<int>(plan.pp_microbatches);
+                         s.options.split_points = p.split_points;
+                         s.options.layers_per_stage = p.layers_per_stage;
+                         const std::string dim = p.mesh_dim.front();
+                         s.options.subgroup = [&rank, dim](const std::vector<int>& members) {
+                           return &rank.mesh->subgroup(dim, members);
+                         };
+                         return s;
+                       },
+                       [&](const TensorParallelConfig& p) -> parallel::Transform {
+                         return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan};
+                       },
+                       [&](const ActivationCheckpointingConfig& p) -> parallel::Transform {
+                         return parallel::ActivationCheckpointingStep{{p.units, p.every}};
+                       },
+                       [&](const FullyShardConfig& p) -> parallel::Transform { return fully_shard_step(p, rank); },
+                       [&](const ReplicateConfig& p) -> parallel::Transform {
+                         return parallel::ReplicateStep{&rank.mesh->group(p.mesh_dim), {p.per_rank, p.bucket_mb}};
+                       },
+                   },
+                   t.options));
   }
   return out;
 }
@@ -147,9 +147,8 @@ parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, c
     return copy;
   };
   if (rank.is_main()) o.log = [&rank](const std::string& line) { std::cout << rank.log_prefix << line << "\n"; };
-  return parallel::parallelize(model, plan.transforms.empty() ? std::vector<parallel::Transform>{}
-                                                              : parallel_transforms(plan, rank),
-                               o);
+  return parallel::parallelize(
+      model, plan.transforms.empty() ? std::vector<parallel::Transform>{} : parallel_transforms(plan, rank), o);
 }
 
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
