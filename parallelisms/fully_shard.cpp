@@ -6,7 +6,6 @@
 #include "parallelisms/fully_shard_units.h"
 #include "parallelisms/per_rank.h"
 
-
 namespace composer::parallel {
 
 // Where one all-gather input of a parameter sits in its unit's per-rank byte buffer.
