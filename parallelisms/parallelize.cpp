@@ -28,7 +28,8 @@ std::function<int64_t(const torch::Tensor&)> opposite_dim(const Placements* plac
 // cut the same way with every stage held and tensor-parallel like this rank
 // (every stage's owner shares this rank's tensor-parallel coordinate), the
 // only later transform that changes an activation's shape.
-StageShapes trace_stages(const PipelineStep& cut, const std::vector<Transform>& later, const ParallelizeOptions& o) {
+StageShapes trace_stages(const PipelineStep& cut, const Transform* later, const Transform* end,
+                         const ParallelizeOptions& o) {
   models::ModelPtr copy = o.shape_copy();
   copy->eval();
   PipelineOptions po = cut.options;
@@ -37,12 +38,12 @@ StageShapes trace_stages(const PipelineStep& cut, const std::vector<Transform>& 
   Pipeline twin(*copy, *cut.group, po);
   Placements scratch;
   std::vector<std::unique_ptr<TensorParallel>> keep;
-  for (const auto& t : later) {
+  for (const Transform* t = later; t != end; ++t) {
     std::visit(Overloaded{[&](const TensorParallelStep& tp) {
                             keep.push_back(apply_tensor_parallel(twin.roots(), *tp.group, tp.plan, scratch));
                           },
                           [](const auto&) {}},  // the others change no activation's shape or dtype at a stage's edge
-               t);
+               *t);
   }
   return twin.trace(o.example.to(torch::kMeta));
 }
@@ -93,7 +94,8 @@ struct Applying {
   models::Model& model;
   Parallel& par;
   const ParallelizeOptions& o;
-  std::vector<Transform> later;
+  const Transform* later;  // the transforms after this one, up to `end`
+  const Transform* end;
   void log(const std::string& line) const {
     if (o.log) o.log(line);
   }
@@ -105,7 +107,7 @@ bool apply(Applying& a, const PipelineStep& s) {
   po.placements = par.placements.get();
   par.pipe = std::make_unique<Pipeline>(a.model, *s.group, po);
   par.roots = par.pipe->roots();
-  if (a.o.example.defined() && a.o.shape_copy) par.pipe->set_shapes(trace_stages(s, a.later, a.o));
+  if (a.o.example.defined() && a.o.shape_copy) par.pipe->set_shapes(trace_stages(s, a.later, a.end, a.o));
   std::string stages;
   for (int st : par.pipe->local_stages()) stages += (stages.empty() ? "" : ", ") + std::to_string(st);
   a.log("applied pipeline " + over(s.group) + ": " + name_of(s.options.schedule) + ", " +
@@ -158,7 +160,7 @@ Parallel parallelize(models::Model& model, const std::vector<Transform>& transfo
   par.world = o.world;
   par.dp = o.data_parallel;
   for (size_t i = 0; i < transforms.size(); ++i) {
-    Applying a{model, par, o, {transforms.begin() + static_cast<std::ptrdiff_t>(i) + 1, transforms.end()}};
+    Applying a{model, par, o, transforms.data() + i + 1, transforms.data() + transforms.size()};
     const bool spreads = std::visit([&](const auto& step) { return apply(a, step); }, transforms[i]);
     par.any = par.any || spreads;
   }

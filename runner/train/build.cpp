@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -15,12 +16,6 @@ namespace composer {
 namespace {
 
 using parallel::Overloaded;
-
-void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) throw RuntimeFailure("cannot write " + path);
-}
 
 // per_rank_seed: the seed of this rank's own initial values of its per-rank
 // parameters, the seed plus the rank's index over the data-parallel ranks
@@ -206,6 +201,13 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   }
   out.par.derive_grad_sync();
   return out;
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw RuntimeFailure("cannot write " + path);
 }
 
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data) {

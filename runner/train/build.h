@@ -52,4 +52,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
 // the PyTorch reference reads to reproduce a run.
 nlohmann::json resolved_json(const ExperimentConfig& c, const DataPlan& data);
 
+// Writes `j` to `path` (indented), creating its folder; a RuntimeFailure when it cannot.
+void write_json(const std::string& path, const nlohmann::json& j);
+
 }  // namespace composer

@@ -16,13 +16,6 @@
 namespace composer {
 namespace {
 
-void write_json(const std::string& path, const nlohmann::json& j) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) throw RuntimeFailure("cannot write " + path);
-}
-
 // A batch on the rank's device (the data is read on the CPU).
 Batch on_device(Batch b, c10::Device device) {
   if (device.is_cpu()) return b;
