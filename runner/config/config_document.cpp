@@ -9,33 +9,63 @@
 namespace composer {
 namespace {
 
+// The most YAML nodes a config may hold once its aliases are followed. Anchors
+// and aliases (&name, *name) share a node, so a few hundred bytes that nest
+// them ("billion laughs") stand for billions of nodes; the largest real config
+// has a few hundred.
+constexpr size_t kMaxConfigNodes = 100000;
+// The deepest nesting a config may have; an alias inside the node it names
+// (`a: &a [*a]`) nests forever.
+constexpr size_t kMaxConfigDepth = 64;
+
+struct KeyWalk {
+  std::function<SourceRef(const YAML::Node&, const std::string&)> ref_at;
+  std::function<std::string(const YAML::Node&)> place;
+  size_t nodes = 0;
+  size_t depth = 0;
+};
+
 // YAML forbids a key twice in one mapping, but yaml-cpp keeps both and reads
-// one of them: an error naming both places instead. `where(first, second)`
-// names them (file lines, or the --set override).
-void check_unique_keys(const YAML::Node& node, const std::string& path,
-                       const std::function<SourceRef(const YAML::Node&, const std::string&)>& ref_at,
-                       const std::function<std::string(const YAML::Node&)>& place) {
+// one of them: an error naming both places instead. `walk.place(first)` names a
+// place (file lines, or the --set override). Refuses a document that expands past
+// kMaxConfigNodes, at the first node past the bound.
+void check_unique_keys(const YAML::Node& node, const std::string& path, KeyWalk& walk) {
+  if (++walk.nodes > kMaxConfigNodes) {
+    throw ConfigError(walk.ref_at(node, path.empty() ? "(document)" : path),
+                      "the config expands to more than " + std::to_string(kMaxConfigNodes) +
+                          " YAML nodes once its aliases (*name) are followed; write the values out, or alias "
+                          "fewer nested anchors (&name)");
+  }
+  if (walk.depth >= kMaxConfigDepth) {
+    throw ConfigError(walk.ref_at(node, path),
+                      "the config nests deeper than " + std::to_string(kMaxConfigDepth) +
+                          " levels (an alias inside the anchor it names, `a: &a [*a]`, nests forever); write the "
+                          "values out");
+  }
+  ++walk.depth;
   if (node.IsMap()) {
     std::map<std::string, YAML::Node> seen;
     for (const auto& kv : node) {
       if (!kv.first.IsScalar()) {
-        throw ConfigError(ref_at(kv.first, path.empty() ? "(key)" : path + ".(key)"),
+        throw ConfigError(walk.ref_at(kv.first, path.empty() ? "(key)" : path + ".(key)"),
                           "a key must be a plain name, not a mapping, a list or empty; write `name: value`");
       }
       const std::string key = kv.first.Scalar();
       const std::string child = path.empty() ? key : path + "." + key;
       auto [it, fresh] = seen.emplace(key, kv.first);
       if (!fresh) {
-        throw ConfigError(ref_at(kv.first, child), "duplicate key '" + key + "': first " + place(it->second) +
-                                                       ", again " + place(kv.first) + "; keep one of them");
+        throw ConfigError(walk.ref_at(kv.first, child), "duplicate key '" + key + "': first " +
+                                                            walk.place(it->second) + ", again " +
+                                                            walk.place(kv.first) + "; keep one of them");
       }
-      check_unique_keys(kv.second, child, ref_at, place);
+      check_unique_keys(kv.second, child, walk);
     }
   } else if (node.IsSequence()) {
     for (size_t i = 0; i < node.size(); ++i) {
-      check_unique_keys(node[i], path + "[" + std::to_string(i) + "]", ref_at, place);
+      check_unique_keys(node[i], path + "[" + std::to_string(i) + "]", walk);
     }
   }
+  --walk.depth;
 }
 
 // The value of `--set path=value`, parsed as YAML; refuses a key given twice in it.
@@ -46,10 +76,9 @@ YAML::Node parse_override_value(const std::string& text, const std::string& path
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + text + ": the value is not valid YAML: " + e.msg);
   }
-  check_unique_keys(
-      value_node, path,
-      [&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
-      [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; });
+  KeyWalk walk{[&](const YAML::Node&, const std::string& p) { return SourceRef{"", 0, 0, p, text}; },
+               [](const YAML::Node& n) { return "at column " + std::to_string(n.Mark().column + 1) + " of the value"; }};
+  check_unique_keys(value_node, path, walk);
   return value_node;
 }
 
@@ -94,12 +123,11 @@ void set_path_step(YAML::Node& cur, const std::string& token, bool last, const Y
 }  // namespace
 
 void check_unique_keys(const YAML::Node& doc, const std::string& file) {
-  check_unique_keys(
-      doc, "",
-      [&](const YAML::Node& n, const std::string& path) {
-        return SourceRef{file, n.Mark().line + 1, n.Mark().column + 1, path, ""};
-      },
-      [](const YAML::Node& n) { return "at line " + std::to_string(n.Mark().line + 1); });
+  KeyWalk walk{[&](const YAML::Node& n, const std::string& path) {
+                 return SourceRef{file, n.Mark().line + 1, n.Mark().column + 1, path, ""};
+               },
+               [](const YAML::Node& n) { return "at line " + std::to_string(n.Mark().line + 1); }};
+  check_unique_keys(doc, "", walk);
 }
 
 void apply_override(YAML::Node& root, const std::string& text, ReadContext& ctx) {
