@@ -36,7 +36,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 
 class Attention : public nn::Module {
  public:
-  explicit Attention(const LlamaArgs& a) : Module("Attention"), hd_(a.head_dim()) {
+  Attention(const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
+      : Module("Attention"), hd_(a.head_dim()), slot_(std::move(slot)) {
     wq = add("wq", std::make_shared<Linear>(a.dim, a.n_heads * hd_, false));
     wk = add("wk", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
     wv = add("wv", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
@@ -50,9 +51,21 @@ class Attention : public nn::Module {
     const int64_t b = x.size(0), s = x.size(1);
     auto q = (*wq)(x).view({b, s, -1, hd_}), k = (*wk)(x).view({b, s, -1, hd_});
     auto v = (*wv)(x).view({b, s, -1, hd_});
-    auto cos = cos_.slice(0, 0, s).to(x.device()), sin = sin_.slice(0, 0, s).to(x.device());
+    torch::Tensor cos, sin;
+    if (slot_->split) {  // this rank's slice of a longer sequence: the angles of its positions
+      auto pos = slot_->split->positions(s, cos_.device());
+      cos = cos_.index_select(0, pos).to(x.device());
+      sin = sin_.index_select(0, pos).to(x.device());
+    } else {
+      cos = cos_.slice(0, 0, s).to(x.device());
+      sin = sin_.slice(0, 0, s).to(x.device());
+    }
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
+    if (slot_->split) {  // the split repeats the key/value heads itself, after moving them
+      auto out = slot_->split->attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true);
+      return (*wo)(out.transpose(1, 2).contiguous().view({b, s, -1}));
+    }
     const int64_t n_rep = q.size(2) / k.size(2);  // grouped-query attention
     if (n_rep > 1) {
       k = k.repeat_interleave(n_rep, 2);
@@ -65,6 +78,7 @@ class Attention : public nn::Module {
 
  private:
   int64_t hd_;
+  std::shared_ptr<nn::SequenceSlot> slot_;
   torch::Tensor cos_, sin_;
 };
 
@@ -83,8 +97,9 @@ class FeedForward : public nn::Module {
 
 class TransformerBlock : public nn::Module {
  public:
-  TransformerBlock(int64_t layer_id, const LlamaArgs& a) : Module("TransformerBlock") {
-    attention = add("attention", std::make_shared<Attention>(a));
+  TransformerBlock(int64_t layer_id, const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
+      : Module("TransformerBlock") {
+    attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
     feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, a.ffn_hidden()));
     attention_norm = add("attention_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     ffn_norm = add("ffn_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
@@ -117,7 +132,7 @@ class Llama : public Model {
     auto angles = torch::outer(torch::arange(2 * a.max_seq_len).to(torch::kFloat), inv);
     auto cos = angles.cos().to(nn::buffer_options().device()), sin = angles.sin().to(nn::buffer_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
-      auto block = std::make_shared<TransformerBlock>(i, a);
+      auto block = std::make_shared<TransformerBlock>(i, a, slot_);
       block->attention->set_rope(cos, sin);
       layers->push_back(block);
     }
@@ -147,9 +162,11 @@ class Llama : public Model {
   std::shared_ptr<nn::ModuleList> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   std::shared_ptr<Linear> output;
+  nn::SequenceSlot* sequence_slot() override { return slot_.get(); }
 
  private:
   LlamaArgs args_;
+  std::shared_ptr<nn::SequenceSlot> slot_ = std::make_shared<nn::SequenceSlot>();
 };
 
 }  // namespace
@@ -190,6 +207,7 @@ std::vector<ModelSpec> llama_specs() {
                 a.f("rope_theta"), a.b("depth_init")};
     return std::make_shared<Llama>(l);
   };
+  s.cp_check = [](const ModelArgs&) {};  // rotary angles by global position, GQA heads repeated after the ring
   // torchtitan's Llama plan: vocab-parallel embedding, head-split attention
   // (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and
   // rowwise w2; with sequence parallelism, sequence-sharded norms.

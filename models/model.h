@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/module.h"
+#include "models/sequence.h"
 #include "models/tp_plan.h"
 
 namespace composer::models {
@@ -89,6 +90,9 @@ class Model : public nn::Module {
   virtual InputSpec input_spec() const = 0;
   // The model as pipeline pieces; empty when it cannot be split into stages.
   virtual std::vector<PipelinePiece> pipeline_pieces() { return {}; }
+  // Where context parallelism installs a sequence split (sequence.h); null
+  // for a model whose attention cannot be split over the sequence.
+  virtual nn::SequenceSlot* sequence_slot() { return nullptr; }
 };
 
 using ModelPtr = std::shared_ptr<Model>;
@@ -106,6 +110,9 @@ struct ModelSpec {
   // model has no built-in plan.
   std::function<TpPlan(const ModelArgs&, bool sequence_parallel)> tp_plan;
   std::function<void(const ModelArgs&, int64_t tp, bool sequence_parallel)> tp_check;
+  // What context parallelism needs of the arguments (throws ArgError). Unset:
+  // the model has no attention context parallelism can split.
+  std::function<void(const ModelArgs&)> cp_check;
 };
 
 // Rule constructors for plans.

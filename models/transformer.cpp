@@ -17,7 +17,8 @@ struct TransformerArgs {
 
 class Attention : public nn::Module {
  public:
-  explicit Attention(const TransformerArgs& a) : Module("Attention"), args_(a) {
+  Attention(const TransformerArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
+      : Module("Attention"), args_(a), slot_(std::move(slot)) {
     wq = add("wq", std::make_shared<Linear>(a.dim, a.dim, false));
     wk = add("wk", std::make_shared<Linear>(a.dim, a.dim, false));
     wv = add("wv", std::make_shared<Linear>(a.dim, a.dim, false));
@@ -28,7 +29,8 @@ class Attention : public nn::Module {
     // Under tensor parallelism wq/wk/wv produce a slice of the heads: infer the local count.
     auto split = [&](const torch::Tensor& t) { return t.view({b, s, -1, hd}).transpose(1, 2); };
     auto q = split((*wq)(x)), k = split((*wk)(x)), v = split((*wv)(x));
-    auto out = nn::attention(q, k, v, args_.use_attn_mask, args_.dropout_p, is_training());
+    auto out = slot_->split ? slot_->split->attention(q, k, v, args_.use_attn_mask)
+                            : nn::attention(q, k, v, args_.use_attn_mask, args_.dropout_p, is_training());
     out = out.transpose(1, 2).contiguous().view({b, s, -1});
     return torch::dropout((*wo)(out), args_.dropout_p, is_training());
   }
@@ -36,6 +38,7 @@ class Attention : public nn::Module {
 
  private:
   TransformerArgs args_;
+  std::shared_ptr<nn::SequenceSlot> slot_;
 };
 
 class FeedForward : public nn::Module {
@@ -55,9 +58,9 @@ class FeedForward : public nn::Module {
 
 class TransformerBlock : public nn::Module {
  public:
-  explicit TransformerBlock(const TransformerArgs& a) : Module("TransformerBlock") {
+  TransformerBlock(const TransformerArgs& a, std::shared_ptr<nn::SequenceSlot> slot) : Module("TransformerBlock") {
     attention_norm = add("attention_norm", std::make_shared<nn::LayerNorm>(a.dim));
-    attention = add("attention", std::make_shared<Attention>(a));
+    attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
     ffn_norm = add("ffn_norm", std::make_shared<nn::LayerNorm>(a.dim));
     feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, 4 * a.dim, a.dropout_p));
   }
@@ -76,27 +79,28 @@ class Transformer : public Model {
     tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
     pos_embeddings = add("pos_embeddings", std::make_shared<nn::Embedding>(a.max_seq_len, a.dim));
     layers = add("layers", std::make_shared<nn::ModuleList>());
-    for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(std::make_shared<TransformerBlock>(a));
+    for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(std::make_shared<TransformerBlock>(a, slot_));
     norm = add("norm", std::make_shared<nn::LayerNorm>(a.dim));
     output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false,
                                                     a.weight_tying ? tok_embeddings->weight : torch::Tensor()));
   }
   torch::Tensor forward(torch::Tensor tokens) override {
-    const int64_t s = tokens.size(1);
-    auto pos = torch::arange(s, tokens.options().dtype(torch::kLong));
-    auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
-    h = torch::dropout(h, args_.dropout_p, is_training());
+    auto h = embed(tokens);
     for (size_t i = 0; i < layers->size(); ++i) h = (*layers->at(i))(h);
     return (*output)((*norm)(h)).to(torch::kFloat);
   }
+  // Token plus position embeddings (the positions of this rank's tokens under a sequence split).
+  torch::Tensor embed(const torch::Tensor& tokens) {
+    auto pos = nn::positions(slot_.get(), tokens.size(1), tokens.device());
+    auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
+    return torch::dropout(h, args_.dropout_p, is_training());
+  }
+  nn::SequenceSlot* sequence_slot() override { return slot_.get(); }
   InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
   std::vector<PipelinePiece> pipeline_pieces() override {
     std::vector<PipelinePiece> out;
-    out.push_back({"tok_embeddings", {"tok_embeddings", "pos_embeddings"}, false, [this](torch::Tensor tokens) {
-                     auto pos = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
-                     auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
-                     return torch::dropout(h, args_.dropout_p, is_training());
-                   }});
+    out.push_back({"tok_embeddings", {"tok_embeddings", "pos_embeddings"}, false,
+                   [this](torch::Tensor tokens) { return embed(tokens); }});
     for (auto& piece : layer_pieces("layers", *layers)) out.push_back(std::move(piece));
     out.push_back({"norm", {"norm", "output"}, false,
                    [this](torch::Tensor h) { return (*output)((*norm)(h)).to(torch::kFloat); }});
@@ -110,6 +114,7 @@ class Transformer : public Model {
 
  private:
   TransformerArgs args_;
+  std::shared_ptr<nn::SequenceSlot> slot_ = std::make_shared<nn::SequenceSlot>();
 };
 
 }  // namespace
@@ -137,6 +142,13 @@ std::vector<ModelSpec> transformer_specs() {
     TransformerArgs t{a.i("n_layers"), a.i("vocab_size"), a.i("max_seq_len"), a.i("dim"),
                       a.i("n_heads"), a.f("dropout_p"), a.b("use_attn_mask"), a.b("weight_tying")};
     return std::make_shared<Transformer>(t);
+  };
+  // The ring attention has no attention dropout (nor could ranks draw one device's masks).
+  s.cp_check = [](const ModelArgs& a) {
+    if (a.f("dropout_p") > 0) {
+      throw ArgError("dropout_p", "context_parallel's attention applies no dropout and its ranks cannot draw one "
+                                  "device's dropout masks; set model.args.dropout_p: 0");
+    }
   };
   // docs/scenarios.md M4's Transformer.parallelize: embeddings vocab/position
   // parallel, head-split attention, colwise/rowwise feed-forward, colwise

@@ -26,8 +26,9 @@ std::function<int64_t(const torch::Tensor&)> opposite_dim(const Placements* plac
 
 // The stage shapes: the pipeline's trace on a shape-only copy of the model,
 // cut the same way with every stage held and tensor-parallel like this rank
-// (every stage's owner shares this rank's tensor-parallel coordinate), the
-// only later transform that changes an activation's shape.
+// (every stage's owner shares this rank's tensor-parallel coordinate), on this
+// rank's context-parallel slice of the sequence: the later transforms that
+// change an activation's shape.
 StageShapes trace_stages(const PipelineStep& cut, const Transform* later, const Transform* end,
                          const ParallelizeOptions& o) {
   models::ModelPtr copy = o.shape_copy();
@@ -38,14 +39,18 @@ StageShapes trace_stages(const PipelineStep& cut, const Transform* later, const 
   Pipeline twin(*copy, *cut.group, po);
   Placements scratch;
   std::vector<std::unique_ptr<TensorParallel>> keep;
+  torch::Tensor example = o.example.to(torch::kMeta);
   for (const Transform* t = later; t != end; ++t) {
     std::visit(Overloaded{[&](const TensorParallelStep& tp) {
                             keep.push_back(apply_tensor_parallel(twin.roots(), *tp.group, tp.plan, scratch));
                           },
+                          [&](const ContextParallelStep& cp) {
+                            example = ContextParallel(*cp.group, cp.options).slice(example, 1);
+                          },
                           [](const auto&) {}},  // the others change no activation's shape or dtype at a stage's edge
                *t);
   }
-  return twin.trace(o.example.to(torch::kMeta));
+  return twin.trace(example);
 }
 
 }  // namespace
@@ -54,6 +59,7 @@ const char* name_of(const Transform& t) {
   return std::visit(
       Overloaded{[](const PipelineStep&) { return "pipeline"; },
                  [](const TensorParallelStep&) { return "tensor_parallel"; },
+                 [](const ContextParallelStep&) { return "context_parallel"; },
                  [](const ActivationCheckpointingStep&) { return "activation_checkpointing"; },
                  [](const FullyShardStep&) { return "fully_shard"; }, [](const ReplicateStep&) { return "replicate"; }},
       t);
@@ -119,6 +125,13 @@ bool apply(Applying& a, const PipelineStep& s) {
 bool apply(Applying& a, const TensorParallelStep& s) {
   a.par.tp = apply_tensor_parallel(a.par.roots, *s.group, s.plan, *a.par.placements);
   a.log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(a.par.tp->num_modules()) + " modules");
+  return true;
+}
+
+bool apply(Applying& a, const ContextParallelStep& s) {
+  a.par.cp = apply_context_parallel(a.model, a.par.roots, *s.group, s.options, *a.par.placements);
+  a.log("applied context_parallel " + over(s.group) + ": " + name_of(s.options.rotate) + " attention, " +
+        (s.options.load_balance ? "load-balanced chunks" : "contiguous slices"));
   return true;
 }
 

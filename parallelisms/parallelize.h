@@ -4,6 +4,8 @@
 //   pipeline (first, when present) cuts the model into this rank's stages,
 //     and every later transform applies to each stage as a root;
 //   tensor_parallel shards the math of the roots' modules;
+//   context_parallel splits every sequence over its ranks (the model's
+//     attention then moves keys and values between them);
 //   activation_checkpointing wraps units, whose recompute re-runs the
 //     tensor-parallel collectives inside them;
 //   fully_shard or replicate shards or replicates what the rank holds; their
@@ -24,6 +26,7 @@
 #include "models/select.h"
 #include "models/tp_plan.h"
 #include "parallelisms/activation_checkpoint.h"
+#include "parallelisms/context_parallel.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/grad_sync.h"
 #include "parallelisms/per_rank.h"
@@ -43,6 +46,10 @@ struct TensorParallelStep {
   Group* group = nullptr;  // the tp dim
   models::TpPlan plan;
 };
+struct ContextParallelStep {
+  Group* group = nullptr;  // the cp dim
+  ContextParallelOptions options;
+};
 struct ActivationCheckpointingStep {
   ActivationCheckpointOptions options;
 };
@@ -56,8 +63,8 @@ struct ReplicateStep {
   Group* group = nullptr;  // every dim it spans
   ReplicateOptions options;
 };
-using Transform =
-    std::variant<PipelineStep, TensorParallelStep, ActivationCheckpointingStep, FullyShardStep, ReplicateStep>;
+using Transform = std::variant<PipelineStep, TensorParallelStep, ContextParallelStep, ActivationCheckpointingStep,
+                               FullyShardStep, ReplicateStep>;
 
 // "fully_shard", "pipeline", ...
 const char* name_of(const Transform& t);
@@ -92,6 +99,7 @@ struct Parallel {
   std::vector<models::Root> roots;  // what the transforms applied to: the model, or this rank's stages
   std::unique_ptr<Pipeline> pipe;
   std::unique_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
   std::unique_ptr<ActivationCheckpoint> ac;
   std::unique_ptr<FullyShard> fsdp;
   std::unique_ptr<GradSync> sync;
@@ -104,6 +112,9 @@ struct Parallel {
   // have their values (a model materialised from meta).
   void derive_grad_sync();
 
+  // This rank's part of a batch tensor whose dim 1 is the sequence (token
+  // ids, per-token targets): its context-parallel slice, or all of it.
+  torch::Tensor sequence_slice(const torch::Tensor& t) const { return cp ? cp->slice(t, 1) : t; }
   // The parameters this rank trains: the roots', each once.
   std::vector<torch::Tensor> held_params() const;
   // Off for the microbatches before the last: backward only accumulates.

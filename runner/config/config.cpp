@@ -46,6 +46,7 @@ const EnumName<ShardPlacement> kShardPlacements[] = {{ShardPlacement::kDim0, "di
 const EnumName<AllGather> kAllGathers[] = {
     {AllGather::kPlain, "plain"}, {AllGather::kBfloat16, "bfloat16"}, {AllGather::kSplitBfloat16, "split_bfloat16"}};
 const EnumName<Offload> kOffloads[] = {{Offload::kNone, "none"}, {Offload::kCpu, "cpu"}};
+const EnumName<Rotate> kRotates[] = {{Rotate::kRing, "ring"}, {Rotate::kAllGather, "allgather"}};
 const EnumName<Schedule> kSchedules[] = {{Schedule::kGpipe, "gpipe"},
                                          {Schedule::k1f1b, "1f1b"},
                                          {Schedule::kInterleaved1f1b, "interleaved_1f1b"},
@@ -240,6 +241,14 @@ TransformOptions read_tensor_parallel(YamlMap& m) {
   return t;
 }
 
+TransformOptions read_context_parallel(YamlMap& m) {
+  ContextParallelConfig t;
+  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
+  m.get("load_balance", t.load_balance);
+  m.get_enum("rotate", t.rotate, kRotates);
+  return t;
+}
+
 TransformOptions read_activation_checkpointing(YamlMap& m) {
   ActivationCheckpointingConfig t;
   m.get("units", t.units);
@@ -288,6 +297,7 @@ struct TransformReader {
 const TransformReader kTransformReaders[] = {
     {PipelineConfig::kKey, read_pipeline},
     {TensorParallelConfig::kKey, read_tensor_parallel},
+    {ContextParallelConfig::kKey, read_context_parallel},
     {ActivationCheckpointingConfig::kKey, read_activation_checkpointing},
     {FullyShardConfig::kKey, read_fully_shard},
     {ReplicateConfig::kKey, read_replicate},

@@ -11,6 +11,7 @@
 
 #include "models/model.h"
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/context_parallel.h"
 #include "parallelisms/pipeline/schedule.h"
 #include "runner/base/errors.h"
 
@@ -27,6 +28,7 @@ enum class TokenDType { kUint16, kUint32 };
 enum class InputKind { kAuto, kNormal, kUniform, kTokens };
 enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
 using Schedule = parallel::ScheduleKind;  // named by parallel::name_of
+using Rotate = parallel::Rotate;          // named by parallel::name_of
 // fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
 // dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
 enum class ShardPlacement { kDim0, kOppositeTp };
@@ -89,6 +91,13 @@ struct TensorParallelConfig {
   bool sequence_parallel = false;           // shard norms and residuals on the sequence dim
 };
 
+struct ContextParallelConfig {
+  static constexpr const char* kKey = "context_parallel";
+  std::vector<std::string> mesh_dim{"cp"};  // the one mesh dim whose ranks split each sequence
+  bool load_balance = true;                 // rank i holds chunks i and 2cp-1-i of 2cp (else slice i of cp)
+  Rotate rotate = Rotate::kRing;            // how keys and values reach every rank: ring or allgather
+};
+
 struct ActivationCheckpointingConfig {
   static constexpr const char* kKey = "activation_checkpointing";
   std::vector<std::string> units;  // module FQN patterns to checkpoint (required)
@@ -120,8 +129,8 @@ struct ReplicateConfig {
   SourceRef per_rank_ref;                   // where per_rank was given
 };
 
-using TransformOptions =
-    std::variant<PipelineConfig, TensorParallelConfig, ActivationCheckpointingConfig, FullyShardConfig, ReplicateConfig>;
+using TransformOptions = std::variant<PipelineConfig, TensorParallelConfig, ContextParallelConfig,
+                                      ActivationCheckpointingConfig, FullyShardConfig, ReplicateConfig>;
 
 // One entry of `parallelize`: its own options and where it was written.
 struct TransformConfig {

@@ -35,6 +35,10 @@ nlohmann::json options_json(const TensorParallelConfig& t) {
   return j;
 }
 
+nlohmann::json options_json(const ContextParallelConfig& t) {
+  return {{"mesh_dim", t.mesh_dim}, {"load_balance", t.load_balance}, {"rotate", parallel::name_of(t.rotate)}};
+}
+
 nlohmann::json options_json(const ActivationCheckpointingConfig& t) { return {{"units", t.units}, {"every", t.every}}; }
 
 nlohmann::json options_json(const FullyShardConfig& t) {

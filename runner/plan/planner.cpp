@@ -27,6 +27,7 @@ using parallel::Overloaded;
 // YAML lists them, so that is the order it must list them in.
 int order_of(const TransformConfig& t) {
   return std::visit(Overloaded{[](const PipelineConfig&) { return 0; }, [](const TensorParallelConfig&) { return 1; },
+                               [](const ContextParallelConfig&) { return 1; },
                                [](const ActivationCheckpointingConfig&) { return 2; },
                                [](const FullyShardConfig&) { return 3; }, [](const ReplicateConfig&) { return 3; }},
                     t.options);
@@ -76,7 +77,8 @@ void check_order_and_dims(const ExperimentConfig& c) {
     if (order_of(t) < last_order) {
       throw PlanError(t.ref, std::string(t.name()) + " comes after " + last_name +
                                  "; transforms apply in the order parallelize lists them, which must be pipeline "
-                                 "(it cuts the model into stages), tensor_parallel, activation_checkpointing, "
+                                 "(it cuts the model into stages), tensor_parallel and context_parallel (either "
+                                 "order), activation_checkpointing, "
                                  "fully_shard or replicate: reorder parallelize");
     }
     last_order = order_of(t);
@@ -131,6 +133,7 @@ struct Planning {
   models::Model& model;
   const TransformConfig* pipeline = nullptr;
   const TransformConfig* tensor_parallel = nullptr;
+  const TransformConfig* context_parallel = nullptr;
   const TransformConfig* fully_shard = nullptr;
   const ActivationCheckpointingConfig* checkpointing = nullptr;
   std::vector<std::string> checkpointed;  // the checkpointed unit FQNs
@@ -195,6 +198,39 @@ void plan_one(Planning& s, const TransformConfig& entry, const PipelineConfig& t
   }
 }
 
+// The sequence cuts as the transforms that split it need: into context
+// parallelism's equal chunks, and each rank's slice over sequence-parallel ranks.
+void check_sequence_split(const Planning& s) {
+  const ExperimentConfig& c = s.c;
+  const Plan& p = s.p;
+  const int64_t seq = c.data.seq_len ? c.data.seq_len : s.model.input_spec().max_seq_len;
+  const std::string seq_from = "seq_len " + std::to_string(seq) + " (data.seq_len, or the model's max_seq_len)";
+  int64_t local = seq;
+  if (s.context_parallel) {
+    const bool balance = p.context_parallel->load_balance;
+    const int64_t pieces = parallel::chunks_per_sequence(static_cast<int>(p.cp_size), balance);
+    if (seq % pieces != 0) {
+      throw PlanError(s.context_parallel->ref,
+                      "context_parallel cuts each sequence into " + std::to_string(pieces) + " equal chunks (" +
+                          (balance ? "2 x cp " + std::to_string(p.cp_size) + " with load_balance"
+                                   : "cp " + std::to_string(p.cp_size)) +
+                          "), which do not divide " + seq_from + "; choose a seq_len that " + std::to_string(pieces) +
+                          " divides");
+    }
+    local = seq / p.cp_size;
+  }
+  if (!s.tensor_parallel) return;
+  const auto& tp = std::get<TensorParallelConfig>(s.tensor_parallel->options);
+  if (tp.sequence_parallel && local % p.tp_size != 0) {
+    throw PlanError(s.tensor_parallel->ref,
+                    "sequence_parallel shards the sequence: tp degree " + std::to_string(p.tp_size) +
+                        " does not divide " + (s.context_parallel ? "each context-parallel rank's " +
+                                                                        std::to_string(local) + " tokens of " + seq_from
+                                                                  : seq_from) +
+                        "; choose a seq_len that tp" + (s.context_parallel ? " x cp" : "") + " divides");
+  }
+}
+
 // Tensor parallelism: the model's plan must exist, suit the model's modules and
 // divide what it shards (heads; the sequence under sequence parallelism).
 void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelConfig& t) {
@@ -222,15 +258,42 @@ void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelCon
   if (auto problem = parallel::check_tp_plan(s.model, p.tp_plan)) {
     throw PlanError(entry.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
   }
-  const auto in = s.model.input_spec();
-  const int64_t seq = c.data.seq_len ? c.data.seq_len : in.max_seq_len;
-  if (t.sequence_parallel && seq % p.tp_size != 0) {
-    throw PlanError(entry.ref, "sequence_parallel shards the sequence: tp degree " + std::to_string(p.tp_size) +
-                                   " does not divide seq_len " + std::to_string(seq) +
-                                   " (data.seq_len, or the model's max_seq_len); choose a seq_len that tp divides");
-  }
   s.tensor_parallel = &entry;
+  check_sequence_split(s);
   p.splits_model = true;
+}
+
+// Context parallelism: the model's attention can be split, its samples are
+// sequences that cut into equal chunks, and the loss is a mean over tokens
+// (each rank's is the mean over its tokens; averaging over cp gives the whole).
+void plan_one(Planning& s, const TransformConfig& entry, const ContextParallelConfig& t) {
+  const ExperimentConfig& c = s.c;
+  Plan& p = s.p;
+  if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "context_parallel spans exactly one mesh dim");
+  p.cp_size = dim_size(c.mesh, t.mesh_dim[0]);
+  const models::ModelSpec* spec = models::find_model(c.model.name);
+  if (!spec->cp_check || !s.model.sequence_slot()) {
+    throw PlanError(entry.ref, "model " + c.model.name + " has no attention context_parallel can split over the "
+                               "sequence; models that have: transformer, llama");
+  }
+  try {
+    spec->cp_check(c.model.args);
+  } catch (const models::ArgError& e) {
+    throw PlanError(entry.ref, e.what());
+  }
+  if (!s.model.input_spec().tokens || (c.data.inputs != InputKind::kAuto && c.data.inputs != InputKind::kTokens)) {
+    throw PlanError(entry.ref, "context_parallel splits samples along the sequence, but data.inputs is " +
+                                   std::string(name_of(c.data.inputs)) + ", not token sequences; use data.inputs: "
+                                   "tokens (or auto)");
+  }
+  if (c.train.loss.name == LossKind::kSum) {
+    throw PlanError(entry.ref, "context_parallel averages each rank's gradient over cp, which matches a mean over "
+                               "tokens, but train.loss is sum; use cross_entropy or mean");
+  }
+  p.cp_dim = t.mesh_dim[0];
+  p.context_parallel = t;
+  s.context_parallel = &entry;
+  check_sequence_split(s);
 }
 
 // Activation checkpointing: every pattern names a module and the units do not nest.
@@ -416,7 +479,10 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   } else {
     p.summary.push_back("world size " + std::to_string(world_size) + ", data parallel over [" + join(p.dp_dims) +
                         "] (" + std::to_string(p.dp_size) + " ranks, " + std::to_string(p.local_batch) +
-                        " samples each), tensor parallel degree " + std::to_string(p.tp_size));
+                        " samples each), tensor parallel degree " + std::to_string(p.tp_size) +
+                        (p.cp_size > 1 ? ", context parallel degree " + std::to_string(p.cp_size) + " (each rank " +
+                                             "holds 1/" + std::to_string(p.cp_size) + " of every sequence)"
+                                       : ""));
     for (size_t i = 0; i < c.parallelize.size(); ++i) {
       p.summary.push_back("transform " + std::to_string(i) + ": " + c.parallelize[i].name() + " over [" +
                           join(c.parallelize[i].mesh_dim()) + "]");

@@ -21,6 +21,9 @@ struct Plan {
   models::TpPlan tp_plan;                 // the model's plan, when tensor_parallel is used
   std::vector<TransformConfig> transforms;           // validated, in application order
   std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
+  int64_t cp_size = 1;                    // context-parallel degree (1 = none)
+  std::string cp_dim;                     // its mesh dim
+  std::optional<ContextParallelConfig> context_parallel;  // its options, when the plan has it
   int64_t pp_size = 1;                    // pipeline ranks (1 = no pipeline)
   int64_t pp_microbatches = 0;            // pipeline microbatches per step
   std::optional<PipelineConfig> pipeline; // the pipeline's options, when the plan has one

@@ -113,6 +113,10 @@ std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankConte
                        [&](const TensorParallelConfig& p) -> parallel::Transform {
                          return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan};
                        },
+                       [&](const ContextParallelConfig& p) -> parallel::Transform {
+                         return parallel::ContextParallelStep{&rank.mesh->group(p.mesh_dim),
+                                                              {p.load_balance, p.rotate}};
+                       },
                        [&](const ActivationCheckpointingConfig& p) -> parallel::Transform {
                          return parallel::ActivationCheckpointingStep{{p.units, p.every}};
                        },

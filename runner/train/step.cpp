@@ -27,6 +27,16 @@ double global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Para
   return std::sqrt(value_of(t));
 }
 
+// This rank's part of a batch: under context parallelism, its slice of every
+// sequence in the token ids and in targets given per token.
+Batch local_part(const parallel::Parallel& par, Batch b) {
+  if (!par.cp) return b;
+  const bool per_token = b.targets.defined() && b.targets.dim() >= 2 && b.targets.size(1) == b.inputs.size(1);
+  b.inputs = par.sequence_slice(b.inputs);
+  if (per_token) b.targets = par.sequence_slice(b.targets);
+  return b;
+}
+
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 // One pipeline step over this rank's batch. Backward runs on each microbatch
@@ -119,7 +129,7 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 double pipelined(StepState& s, StepRecord& r) {
   parallel::Parallel& par = s.par;
   const auto phase = Clock::now();
-  Batch b = s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch);
+  Batch b = local_part(par, s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch));
   par.set_requires_sync(false);
   const double loss = pipeline_step(*par.pipe, s.c, s.plan, b, s.grad_scale, s.delays);
   par.reshard();
@@ -139,7 +149,7 @@ double accumulated(StepState& s, StepRecord& r) {
   for (int64_t m = 0; m < t.microbatches; ++m) {
     par.set_requires_sync(m + 1 == t.microbatches);
     const int64_t begin = s.batch_begin + m * mb;
-    Batch b = s.batch(r.step, begin, begin + mb);
+    Batch b = local_part(par, s.batch(r.step, begin, begin + mb));
     auto phase = Clock::now();
     auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch);
     r.forward_ms += ms_since(phase);
@@ -154,22 +164,21 @@ double accumulated(StepState& s, StepRecord& r) {
 }
 
 // The global-batch loss from every rank's share into r.loss (and, under a
-// pipeline, each microbatch's loss, which the last stage's ranks have).
+// pipeline, each microbatch's loss, which the last stage's ranks have). A
+// context-parallel rank's share is the mean over its tokens: averaged over cp.
 void gather_loss(parallel::Parallel& par, double local_loss, StepRecord& r) {
   r.loss = local_loss;
+  if (!par.pipe && !par.dp && !par.cp) return;
+  std::vector<double> v{local_loss};
   if (par.pipe) {
-    std::vector<double> v{local_loss};
     for (double x : par.pipe->microbatch_losses()) v.push_back(x);
-    auto l = torch::tensor(v, torch::dtype(torch::kDouble).device(par.device));
-    parallel::all_reduce(par.pipe->group(), l);
-    if (par.dp) parallel::all_reduce(*par.dp, l);
-    r.loss = value_of(l[0]);
-    for (int64_t i = 1; i < l.size(0); ++i) r.microbatch_losses.push_back(value_of(l[i]));
-  } else if (par.dp) {
-    auto l = torch::tensor({r.loss}, torch::dtype(torch::kDouble).device(par.device));
-    parallel::all_reduce(*par.dp, l);
-    r.loss = value_of(l);
   }
+  auto l = torch::tensor(v, torch::dtype(torch::kDouble).device(par.device));
+  if (par.pipe) parallel::all_reduce(par.pipe->group(), l);
+  if (par.dp) parallel::all_reduce(*par.dp, l);
+  if (par.cp) parallel::all_reduce(par.cp->group(), l, parallel::Reduce::kAvg);
+  r.loss = value_of(l[0]);
+  for (int64_t i = 1; i < l.size(0); ++i) r.microbatch_losses.push_back(value_of(l[i]));
 }
 
 }  // namespace

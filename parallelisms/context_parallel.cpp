@@ -1,0 +1,304 @@
+#include "parallelisms/context_parallel.h"
+
+#include <cmath>
+#include <limits>
+
+namespace composer::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Point-to-point tags of the ring, apart from composer's own collectives'
+// (0 .. size-2 and 1 << 20) and each other: forward blocks, backward blocks,
+// backward block gradients.
+constexpr int kForwardTag = 3 << 20;
+constexpr int kBackwardTag = kForwardTag + 1;
+constexpr int kGradTag = kForwardTag + 2;
+
+// This rank's view of the chunk grid for a local length.
+struct Grid {
+  const ContextParallel& cp;
+  int64_t len;  // tokens per chunk
+  std::vector<int64_t> chunks(int rank) const {
+    return sequence_chunks(cp.group().size, rank, cp.options().load_balance);
+  }
+};
+
+Grid grid_of(const ContextParallel& cp, int64_t local_len) {
+  const int64_t per_rank = cp.options().load_balance ? 2 : 1;
+  TORCH_CHECK(local_len % per_rank == 0, "context_parallel: a local sequence of ", local_len,
+              " tokens does not split into ", per_rank, " chunks");
+  return {cp, local_len / per_rank};
+}
+
+// (b, kv_heads, s, d) -> (b, heads, s, d): kv head j serves query heads
+// j n_rep .. (j+1) n_rep - 1, as repeat_interleave(n_rep, 1) would.
+torch::Tensor expand_heads(const torch::Tensor& t, int64_t n_rep) {
+  if (n_rep == 1) return t;
+  const auto s = t.sizes();
+  return t.unsqueeze(2).expand({s[0], s[1], n_rep, s[2], s[3]}).reshape({s[0], s[1] * n_rep, s[2], s[3]});
+}
+
+// The gradient of expand_heads: each kv head's query heads summed.
+torch::Tensor fold_heads(const torch::Tensor& g, int64_t n_rep) {
+  if (n_rep == 1) return g;
+  const auto s = g.sizes();
+  return g.view({s[0], s[1] / n_rep, n_rep, s[2], s[3]}).sum(2);
+}
+
+// How a query chunk meets a key chunk under the mask.
+enum class Pair { kFull, kDiagonal, kSkip };
+Pair pair_of(int64_t query_chunk, int64_t key_chunk, bool causal) {
+  if (!causal || query_chunk > key_chunk) return Pair::kFull;
+  return query_chunk == key_chunk ? Pair::kDiagonal : Pair::kSkip;
+}
+
+// q k^T / sqrt(head_dim) of one chunk pair, the future masked on the diagonal.
+torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pair pair) {
+  auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  if (pair == Pair::kDiagonal) {
+    auto mask = torch::ones({q.size(-2), k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
+    s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+// The float32 key and value of a block (2, b, kv_heads, s, d), heads expanded.
+std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, int64_t n_rep) {
+  auto f = block.to(torch::kFloat);
+  return {expand_heads(f[0], n_rep), expand_heads(f[1], n_rep)};
+}
+
+// This rank's queries (float32) against the block of rank `src`, merged into
+// `out` and its log-sum-exp `lse` by the partial results' log-sum-exp.
+void attend(const Grid& g, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
+            torch::Tensor& out, torch::Tensor& lse) {
+  auto [k, v] = key_value(block, q.size(1) / block.size(2));
+  const auto q_chunks = g.chunks(g.cp.group().rank), kv_chunks = g.chunks(src);
+  for (size_t i = 0; i < q_chunks.size(); ++i) {
+    auto qi = q.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
+    auto out_i = out.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
+    auto lse_i = lse.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
+    for (size_t j = 0; j < kv_chunks.size(); ++j) {
+      const Pair pair = pair_of(q_chunks[i], kv_chunks[j], causal);
+      if (pair == Pair::kSkip) continue;
+      // The pair's softmax by its row maximum (every row keeps at least its
+      // diagonal), then both parts rescaled to the larger log-sum-exp.
+      auto s = scores(qi, k.narrow(2, static_cast<int64_t>(j) * g.len, g.len), pair);
+      auto row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
+      auto e = torch::exp(s - row_max);
+      auto sum = e.sum(-1, /*keepdim=*/true);
+      auto part = torch::matmul(e / sum, v.narrow(2, static_cast<int64_t>(j) * g.len, g.len));
+      auto part_lse = (row_max + torch::log(sum)).squeeze(-1);
+      auto top = torch::maximum(lse_i, part_lse);
+      auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
+      out_i.copy_(out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1));
+      out_i.div_((kept + added).unsqueeze(-1));
+      lse_i.copy_(top + torch::log(kept + added));
+    }
+  }
+}
+
+// The gradients of attend for one block: into dq (this rank's queries) and
+// `grad` (2, b, kv_heads, s, d), the block's key and value gradients.
+// `delta` is rowsum(dout * out).
+void attend_backward(const Grid& g, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
+                     const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
+                     torch::Tensor& dq, torch::Tensor& grad) {
+  const int64_t n_rep = q.size(1) / block.size(2);
+  auto [k, v] = key_value(block, n_rep);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  const auto q_chunks = g.chunks(g.cp.group().rank), kv_chunks = g.chunks(src);
+  for (size_t i = 0; i < q_chunks.size(); ++i) {
+    const int64_t qo = static_cast<int64_t>(i) * g.len;
+    auto qi = q.narrow(2, qo, g.len), dout_i = dout.narrow(2, qo, g.len), dq_i = dq.narrow(2, qo, g.len);
+    auto lse_i = lse.narrow(2, qo, g.len).unsqueeze(-1), delta_i = delta.narrow(2, qo, g.len).unsqueeze(-1);
+    for (size_t j = 0; j < kv_chunks.size(); ++j) {
+      const Pair pair = pair_of(q_chunks[i], kv_chunks[j], causal);
+      if (pair == Pair::kSkip) continue;
+      const int64_t ko = static_cast<int64_t>(j) * g.len;
+      auto kj = k.narrow(2, ko, g.len), vj = v.narrow(2, ko, g.len);
+      auto p = torch::exp(scores(qi, kj, pair) - lse_i);
+      auto ds = p * (torch::matmul(dout_i, vj.transpose(-2, -1)) - delta_i);
+      dq_i.add_(torch::matmul(ds, kj), scale);
+      grad[0].narrow(2, ko, g.len).add_(fold_heads(torch::matmul(ds.transpose(-2, -1), qi), n_rep), scale);
+      grad[1].narrow(2, ko, g.len).add_(fold_heads(torch::matmul(p.transpose(-2, -1), dout_i), n_rep));
+    }
+  }
+}
+
+// Every block of keys and values passes this rank once: on_block(src, block)
+// for the block of each rank src, this rank's own first. A ring sends the
+// block on while this rank computes with it.
+template <class F>
+void each_block(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
+  Group& g = cp.group();
+  const int n = g.size;
+  if (cp.options().rotate == Rotate::kAllGather) {
+    auto all = all_gather(g, block, std::vector<int64_t>(n, block.size(0)));
+    for (int t = 0; t < n; ++t) {
+      const int src = (g.rank + n - t) % n;
+      on_block(src, all.narrow(0, src * block.size(0), block.size(0)));
+    }
+    return;
+  }
+  for (int t = 0; t < n; ++t) {
+    const int src = (g.rank + n - t) % n;
+    Handle sent;
+    torch::Tensor incoming;
+    if (t + 1 < n) {
+      sent = send(g, block, (g.rank + 1) % n, kForwardTag, /*async=*/true);
+      incoming = torch::empty_like(block);
+    }
+    on_block(src, block);
+    if (t + 1 < n) {
+      recv(g, incoming, (g.rank + n - 1) % n, kForwardTag);
+      sent.wait();
+      block = incoming;
+    }
+  }
+}
+
+// The gradients of every block this rank's queries met, each delivered to its
+// owner: on_block(src, block, grad) adds this rank's share to `grad` (float32,
+// the block's shape). Returns this rank's own block's gradient, all ranks'
+// shares summed. The ring passes each block on with its gradient so far; after
+// a full turn the gradient is home. allgather reduce-scatters them instead.
+template <class F>
+torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
+  Group& g = cp.group();
+  const int n = g.size, next = (g.rank + 1) % n, prev = (g.rank + n - 1) % n;
+  auto float_zeros = [](const torch::Tensor& t) { return torch::zeros(t.sizes(), t.options().dtype(torch::kFloat)); };
+  if (cp.options().rotate == Rotate::kAllGather) {
+    const int64_t m = block.size(0);
+    auto all = all_gather(g, block, std::vector<int64_t>(n, m));
+    auto grads = float_zeros(all);
+    for (int src = 0; src < n; ++src) {
+      auto grad = grads.narrow(0, src * m, m);
+      on_block(src, all.narrow(0, src * m, m), grad);
+    }
+    return reduce_scatter(g, grads);
+  }
+  auto grad = float_zeros(block);
+  for (int t = 0; t < n; ++t) {
+    const int src = (g.rank + n - t) % n;
+    Handle sent;
+    torch::Tensor incoming;
+    if (t + 1 < n) {
+      sent = send(g, block, next, kBackwardTag, /*async=*/true);
+      incoming = torch::empty_like(block);
+    }
+    on_block(src, block, grad);
+    if (n > 1) {
+      Handle grad_sent = send(g, grad, next, kGradTag, /*async=*/true);
+      auto grad_in = torch::empty_like(grad);
+      recv(g, grad_in, prev, kGradTag);
+      grad_sent.wait();
+      grad = grad_in;
+    }
+    if (t + 1 < n) {
+      recv(g, incoming, prev, kBackwardTag);
+      sent.wait();
+      block = incoming;
+    }
+  }
+  return grad;
+}
+
+// Group and split pointers travel through the autograd context as integers.
+int64_t as_id(const ContextParallel& cp) { return reinterpret_cast<int64_t>(&cp); }
+const ContextParallel& from_id(AutogradContext* ctx) {
+  return *reinterpret_cast<const ContextParallel*>(ctx->saved_data["cp"].toInt());
+}
+
+struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t cp_id, bool causal) {
+    const auto& cp = *reinterpret_cast<const ContextParallel*>(cp_id);
+    const Grid g = grid_of(cp, q.size(2));
+    auto qf = q.to(torch::kFloat);
+    auto out = torch::zeros(q.sizes(), qf.options());
+    auto lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), qf.options());
+    each_block(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block) {
+      attend(g, qf, block, src, causal, out, lse);
+    });
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["cp"] = cp_id;
+    ctx->saved_data["causal"] = causal;
+    return out.to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto& cp = from_id(ctx);
+    const bool causal = ctx->saved_data["causal"].toBool();
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Grid g = grid_of(cp, q.size(2));
+    auto qf = q.to(torch::kFloat), dout = grads[0].to(torch::kFloat);
+    auto delta = (dout * out).sum(-1);
+    auto dq = torch::zeros(qf.sizes(), qf.options());
+    auto dkv = each_block_backward(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block, torch::Tensor& grad) {
+      attend_backward(g, qf, block, src, causal, dout, lse, delta, dq, grad);
+    });
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+const char* name_of(Rotate r) { return r == Rotate::kAllGather ? "allgather" : "ring"; }
+
+std::vector<int64_t> sequence_chunks(int size, int rank, bool load_balance) {
+  if (!load_balance) return {rank};
+  return {rank, 2 * size - 1 - rank};
+}
+
+int64_t chunks_per_sequence(int size, bool load_balance) { return load_balance ? 2 * size : size; }
+
+ContextParallel::ContextParallel(Group& group, const ContextParallelOptions& options)
+    : group_(group), options_(options) {}
+
+torch::Tensor ContextParallel::positions(int64_t local_len, const c10::Device& device) const {
+  const auto chunks = sequence_chunks(group_.size, group_.rank, options_.load_balance);
+  const int64_t len = local_len / static_cast<int64_t>(chunks.size());
+  TORCH_CHECK(len * static_cast<int64_t>(chunks.size()) == local_len, "context_parallel: a local sequence of ",
+              local_len, " tokens does not split into ", chunks.size(), " chunks");
+  std::vector<torch::Tensor> parts;
+  for (int64_t c : chunks) parts.push_back(torch::arange(c * len, (c + 1) * len, torch::dtype(torch::kLong).device(device)));
+  return parts.size() == 1 ? parts[0] : torch::cat(parts);
+}
+
+torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                         bool causal) const {
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "context_parallel attention: ", k.size(1), " key/value heads do not divide ",
+              q.size(1), " query heads");
+  return SplitAttentionFn::apply(q, k, v, as_id(*this), causal);
+}
+
+torch::Tensor ContextParallel::slice(const torch::Tensor& t, int64_t dim) const {
+  const int64_t seq = t.size(dim), pieces = chunks_per_sequence(group_.size, options_.load_balance);
+  TORCH_CHECK(seq % pieces == 0, "context_parallel: a sequence of ", seq, " tokens does not split into ", pieces,
+              " equal chunks");
+  return t.index_select(dim, positions(seq / group_.size, t.device()));
+}
+
+std::shared_ptr<ContextParallel> apply_context_parallel(models::Model& model, const std::vector<models::Root>& roots,
+                                                        Group& group, const ContextParallelOptions& options,
+                                                        Placements& placements) {
+  nn::SequenceSlot* slot = model.sequence_slot();
+  TORCH_CHECK(slot, "context_parallel: the model has no attention it can split over the sequence");
+  auto cp = std::make_shared<ContextParallel>(group, options);
+  slot->split = cp;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : models::root_parameters(roots)) {
+    // Every rank draws the same values; a model built on meta has none to send yet.
+    if (group.pg && !p.is_meta()) broadcast(group, p, 0);
+    placements.add(p, {group.name, &group, group.size, group.rank, Placement::replicate(),
+                       Placement::partial(Reduce::kAvg)});
+  }
+  return cp;
+}
+
+}  // namespace composer::parallel

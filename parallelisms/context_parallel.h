@@ -1,0 +1,69 @@
+// context_parallel: every rank of the cp dim holds a slice of every sequence.
+// Token ids, targets and positions are sliced the same way (slice()), and
+// attention sees the whole sequence by moving keys and values between the
+// ranks (positions() and attention() serve the model's SequenceSlot):
+//   rotate ring: each rank computes its queries against the key/value block it
+//     holds, passes the block on around the cp group (send/recv, the next
+//     block's transfer overlapping this block's compute) and merges the
+//     partial results by their log-sum-exp; backward passes the blocks around
+//     again with their key/value gradients, which arrive home after a full
+//     turn. No rank holds more than two blocks of keys and values.
+//   rotate allgather: every rank gathers every block (simpler, cp x the
+//     key/value memory); backward reduce-scatters their gradients.
+// With load_balance, rank i of n holds chunks i and 2n-1-i of 2n equal chunks
+// (the "head-tail" layout), so under a causal mask every rank computes the
+// same number of query/key chunk pairs; causal masks are exact for any layout
+// (chunk pairs wholly in the future are skipped, the diagonal ones masked).
+// Parameters are replicated over cp and their gradients averaged there: each
+// rank's loss is the mean over its tokens, the same number on every rank.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "models/model.h"
+#include "models/select.h"
+#include "parallelisms/comm/collectives.h"
+#include "parallelisms/placement.h"
+
+namespace composer::parallel {
+
+enum class Rotate { kRing, kAllGather };
+const char* name_of(Rotate r);
+
+struct ContextParallelOptions {
+  bool load_balance = true;
+  Rotate rotate = Rotate::kRing;
+};
+
+// The sequence chunks rank `rank` of `size` holds, in order: {rank, 2 size-1-rank}
+// of 2 size chunks with load balance, else {rank} of size chunks.
+std::vector<int64_t> sequence_chunks(int size, int rank, bool load_balance);
+// How many equal chunks a sequence is cut into (what its length must divide by).
+int64_t chunks_per_sequence(int size, bool load_balance);
+
+class ContextParallel : public nn::SequenceSplit {
+ public:
+  ContextParallel(Group& group, const ContextParallelOptions& options);
+  torch::Tensor positions(int64_t local_len, const c10::Device& device) const override;
+  torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          bool causal) const override;
+  // This rank's slice of `t`, whose dim `dim` is a whole sequence.
+  torch::Tensor slice(const torch::Tensor& t, int64_t dim) const;
+  Group& group() const { return group_; }
+  const ContextParallelOptions& options() const { return options_; }
+
+ private:
+  Group& group_;
+  ContextParallelOptions options_;
+};
+
+// Installs the split in `model`'s sequence slot and records every parameter
+// the roots hold as Replicate over the group with its gradient Partial (avg).
+// The model must have a slot (models::ModelSpec::cp_check says which do).
+std::shared_ptr<ContextParallel> apply_context_parallel(models::Model& model, const std::vector<models::Root>& roots,
+                                                        Group& group, const ContextParallelOptions& options,
+                                                        Placements& placements);
+
+}  // namespace composer::parallel
