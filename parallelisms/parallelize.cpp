@@ -53,6 +53,24 @@ StageShapes trace_stages(const PipelineStep& cut, const Transform* later, const 
   return twin.trace(example);
 }
 
+// A data-parallel transform over the context-parallel dim (FSDP sharding over
+// the ranks that split the sequence, as torchtitan's dp_shard_cp): its
+// placement there, whose gradient is averaged over cp too, takes the place of
+// context parallelism's Replicate / Partial(avg).
+void take_over_cp(Parallel& par, const Group* spanned) {
+  if (!par.cp || !spanned) return;
+  const std::string& cp = par.cp->group().name;
+  std::string names = spanned->name;
+  for (size_t at = 0; at <= names.size();) {
+    const size_t end = std::min(names.find('+', at), names.size());
+    if (names.compare(at, end - at, cp) == 0 && end - at == cp.size()) {
+      par.placements->drop(cp);
+      return;
+    }
+    at = end + 1;
+  }
+}
+
 }  // namespace
 
 const char* name_of(const Transform& t) {
@@ -147,6 +165,7 @@ bool apply(Applying& a, const FullyShardStep& s) {
   fo.placements = par.placements.get();
   if (s.shard_opposite) fo.shard_dim = opposite_dim(par.placements.get());
   if (!fo.per_rank.empty()) par.per_rank = apply_per_rank(par.roots, *s.data_parallel, fo.per_rank, *par.placements);
+  take_over_cp(par, s.data_parallel);
   par.fsdp = apply_fully_shard(par.roots, *s.group, fo);
   a.log("applied fully_shard " + over(s.data_parallel) + ": " + std::to_string(par.fsdp->num_units()) + " units");
   return true;
@@ -157,6 +176,7 @@ bool apply(Applying& a, const ReplicateStep& s) {
   if (!s.options.per_rank.empty()) {
     par.per_rank = apply_per_rank(par.roots, *s.group, s.options.per_rank, *par.placements);
   }
+  take_over_cp(par, s.group);
   apply_replicate(par.roots, *s.group, s.options, *par.placements);
   par.bucket_mb = s.options.bucket_mb;
   std::ostringstream mb;

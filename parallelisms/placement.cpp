@@ -123,4 +123,11 @@ torch::Tensor local_piece(const ShardSpec& spec, const torch::Tensor& full) {
   return t;
 }
 
+void Placements::drop(const std::string& name) {
+  for (auto& [impl, spec] : specs_) {
+    auto& dims = spec.dims;
+    dims.erase(std::remove_if(dims.begin(), dims.end(), [&](const SpecDim& d) { return d.name == name; }), dims.end());
+  }
+}
+
 }  // namespace composer::parallel

@@ -86,6 +86,9 @@ class Placements {
   const ShardSpec* find(const torch::Tensor& p) const;
   // Appends a dim to p's spec.
   void add(const torch::Tensor& p, SpecDim d) { of(p).dims.push_back(std::move(d)); }
+  // Removes the dim named `name` from every spec (a later transform that
+  // spans it records the tensors' placement there instead).
+  void drop(const std::string& name);
   size_t size() const { return specs_.size(); }
 
  private:

@@ -60,18 +60,34 @@ void check_mesh(const ExperimentConfig& c, int64_t world_size) {
   }
 }
 
+bool data_parallel(const TransformConfig& t) {
+  return std::holds_alternative<FullyShardConfig>(t.options) || std::holds_alternative<ReplicateConfig>(t.options);
+}
+
+// The mesh dim context_parallel splits sequences over ("" without it).
+std::string context_parallel_dim(const ExperimentConfig& c) {
+  for (const auto& t : c.parallelize) {
+    if (std::holds_alternative<ContextParallelConfig>(t.options)) return t.mesh_dim().front();
+  }
+  return "";
+}
+
 void check_order_and_dims(const ExperimentConfig& c) {
   int last_order = -1;
   std::string last_name;
   std::set<std::string> used;
+  const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
     for (const auto& d : t.mesh_dim()) {
       if (dim_size(c.mesh, d) == 0) {
         throw PlanError(t.ref, std::string(t.name()) + " uses mesh dim '" + d + "' but mesh.names is [" +
                                    join(c.mesh.names) + "]; name one of those in mesh_dim or add the dim to the mesh");
       }
-      if (!used.insert(d).second) {
-        throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one");
+      // fully_shard or replicate may also span context parallelism's dim: its
+      // ranks hold the same parameters and average their gradients.
+      if (!used.insert(d).second && !(d == cp && data_parallel(t))) {
+        throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one" +
+                                   (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));
       }
     }
     if (order_of(t) < last_order) {
@@ -95,14 +111,14 @@ void check_order_and_dims(const ExperimentConfig& c) {
 
 // The data-parallel dims (every fully_shard and replicate dim, in order) and
 // the batch each data-parallel rank gets.
+// The dim context parallelism splits sequences over is not one: its ranks see
+// the same samples, whatever else spans it.
 void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
+  const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
-    const bool data_parallel = std::visit(
-        Overloaded{[](const FullyShardConfig&) { return true; }, [](const ReplicateConfig&) { return true; },
-                   [](const auto&) { return false; }},
-        t.options);
-    if (!data_parallel) continue;
+    if (!data_parallel(t)) continue;
     for (const auto& d : t.mesh_dim()) {
+      if (d == cp) continue;
       p.dp_dims.push_back(d);
       p.dp_size *= dim_size(c.mesh, d);
     }
