@@ -511,10 +511,22 @@ std::vector<std::string> TransformConfig::mesh_dim() const {
         if constexpr (std::is_same_v<std::decay_t<decltype(o)>, ActivationCheckpointingConfig>) {
           return {};
         } else {
-          return o.mesh_dim;
+          return flat_dims(o.mesh_dim);
         }
       },
       options);
+}
+
+std::vector<std::string> flat_dims(const std::vector<std::string>& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) {
+    for (size_t at = 0; at <= e.size();) {
+      const size_t end = std::min(e.find('+', at), e.size());
+      out.push_back(e.substr(at, end - at));
+      at = end + 1;
+    }
+  }
+  return out;
 }
 const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }
 const char* name_of(Decay v) { return lookup(kDecays, v); }

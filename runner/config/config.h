@@ -106,7 +106,7 @@ struct ActivationCheckpointingConfig {
 
 struct FullyShardConfig {
   static constexpr const char* kKey = "fully_shard";
-  std::vector<std::string> mesh_dim{"dp"};  // one dim (FSDP) or [replicate, shard] (HSDP)
+  std::vector<std::string> mesh_dim{"dp"};  // one dim (FSDP) or [replicate, shard] (HSDP); "a+b" flattens dims
   std::vector<std::string> units;           // module FQN patterns; each match is a unit
   bool reshard_after_forward = true;        // free unsharded params after forward
   std::optional<DType> param_dtype;         // compute dtype (unset = parameter dtype)
@@ -137,8 +137,11 @@ struct TransformConfig {
   TransformOptions options;
   SourceRef ref;
   const char* name() const;                    // its YAML key
-  std::vector<std::string> mesh_dim() const;   // the dims it spans ([] for activation_checkpointing)
+  std::vector<std::string> mesh_dim() const;   // the dims it spans, "a+b" entries split ([] for activation_checkpointing)
 };
+
+// Mesh dim entries with "a+b" (dims flattened into one, as fully_shard may shard over) split into their dims.
+std::vector<std::string> flat_dims(const std::vector<std::string>& entries);
 
 // The YAML keys of the transforms, in the order they must be listed.
 std::vector<std::string> transform_names();

@@ -78,6 +78,17 @@ void check_order_and_dims(const ExperimentConfig& c) {
   std::set<std::string> used;
   const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
+    const auto* fs = std::get_if<FullyShardConfig>(&t.options);
+    for (const auto& entry : std::visit(Overloaded{[](const ActivationCheckpointingConfig&) {
+                                                     return std::vector<std::string>{};
+                                                   },
+                                                   [](const auto& o) { return o.mesh_dim; }},
+                                        t.options)) {
+      if (entry.find('+') != std::string::npos && !fs) {
+        throw PlanError(t.ref, std::string(t.name()) + " mesh_dim '" + entry + "': only fully_shard flattens dims "
+                               "with '+' (to shard over them as one); list the dims instead");
+      }
+    }
     for (const auto& d : t.mesh_dim()) {
       if (dim_size(c.mesh, d) == 0) {
         throw PlanError(t.ref, std::string(t.name()) + " uses mesh dim '" + d + "' but mesh.names is [" +
@@ -123,6 +134,10 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
       p.dp_size *= dim_size(c.mesh, d);
     }
     if (t.mesh_dim().size() > 1) p.flat_groups.push_back(t.mesh_dim());
+    if (const auto* fs = std::get_if<FullyShardConfig>(&t.options)) {  // a shard dim of flattened dims
+      const auto shard = flat_dims({fs->mesh_dim.back()});
+      if (shard.size() > 1 && shard != t.mesh_dim()) p.flat_groups.push_back(shard);
+    }
   }
   // One group over every data-parallel dim: the data split and the loss.
   if (p.dp_dims.size() > 1 && std::find(p.flat_groups.begin(), p.flat_groups.end(), p.dp_dims) == p.flat_groups.end()) {

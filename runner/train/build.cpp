@@ -53,8 +53,8 @@ void move_model(models::Model& model, c10::Device device, bool parameters) {
 
 parallel::FullyShardStep fully_shard_step(const FullyShardConfig& t, RankContext& rank) {
   parallel::FullyShardStep s;
-  s.group = &rank.mesh->group(t.mesh_dim.back());
-  s.data_parallel = &rank.mesh->group(t.mesh_dim);
+  s.group = &rank.mesh->group(flat_dims({t.mesh_dim.back()}));  // "dp+cp": the dims flattened
+  s.data_parallel = &rank.mesh->group(flat_dims(t.mesh_dim));
   auto& o = s.options;
   o.units = t.units;
   o.reshard_after_forward = t.reshard_after_forward;
@@ -62,7 +62,7 @@ parallel::FullyShardStep fully_shard_step(const FullyShardConfig& t, RankContext
   if (t.param_dtype) o.param_dtype = scalar_type_of(*t.param_dtype);
   if (t.reduce_dtype) o.reduce_dtype = scalar_type_of(*t.reduce_dtype);
   if (t.all_gather != AllGather::kPlain) o.extension = parallel::make_all_gather_extension(name_of(t.all_gather));
-  if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(t.mesh_dim[0]);  // HSDP: [replicate, shard]
+  if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(flat_dims({t.mesh_dim[0]}));  // HSDP: [replicate, shard]
   o.offload = t.offload == Offload::kCpu && rank.device.is_cuda();
   o.per_rank = t.per_rank;
   s.shard_opposite = t.shard_placement == ShardPlacement::kOppositeTp;
