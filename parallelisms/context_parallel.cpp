@@ -16,20 +16,32 @@ constexpr int kForwardTag = 3 << 20;
 constexpr int kBackwardTag = kForwardTag + 1;
 constexpr int kGradTag = kForwardTag + 2;
 
-// This rank's view of the chunk grid for a local length.
-struct Grid {
-  const ContextParallel& cp;
-  int64_t len;  // tokens per chunk
-  std::vector<int64_t> chunks(int rank) const {
-    return sequence_chunks(cp.group().size, rank, cp.options().load_balance);
-  }
+// The most tokens of a query or key tile: attention is computed tile pair by
+// tile pair and merged by log-sum-exp, so the scores held at once are at most
+// kTile x kTile per head, whatever the sequence (as a flash-attention kernel
+// bounds them), and tiles wholly in a query's future are skipped.
+constexpr int64_t kTile = 512;
+
+// A run of consecutive tokens in a rank's local tensor: where it starts
+// there, its first global position and its length.
+struct Tile {
+  int64_t offset, position, len;
 };
 
-Grid grid_of(const ContextParallel& cp, int64_t local_len) {
-  const int64_t per_rank = cp.options().load_balance ? 2 : 1;
-  TORCH_CHECK(local_len % per_rank == 0, "context_parallel: a local sequence of ", local_len,
-              " tokens does not split into ", per_rank, " chunks");
-  return {cp, local_len / per_rank};
+// The tiles of rank `rank`'s local sequence of `local_len` tokens: each of its
+// chunks (contiguous global positions) cut into runs of at most kTile.
+std::vector<Tile> tiles_of(const ContextParallel& cp, int rank, int64_t local_len) {
+  const auto chunks = sequence_chunks(cp.group().size, rank, cp.options().load_balance);
+  const int64_t len = local_len / static_cast<int64_t>(chunks.size());
+  TORCH_CHECK(len * static_cast<int64_t>(chunks.size()) == local_len, "context_parallel: a local sequence of ",
+              local_len, " tokens does not split into ", chunks.size(), " chunks");
+  std::vector<Tile> out;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (int64_t at = 0; at < len; at += kTile) {
+      out.push_back({static_cast<int64_t>(i) * len + at, chunks[i] * len + at, std::min(kTile, len - at)});
+    }
+  }
+  return out;
 }
 
 // (b, kv_heads, s, d) -> (b, heads, s, d): kv head j serves query heads
@@ -47,18 +59,19 @@ torch::Tensor fold_heads(const torch::Tensor& g, int64_t n_rep) {
   return g.view({s[0], s[1] / n_rep, n_rep, s[2], s[3]}).sum(2);
 }
 
-// How a query chunk meets a key chunk under the mask.
-enum class Pair { kFull, kDiagonal, kSkip };
-Pair pair_of(int64_t query_chunk, int64_t key_chunk, bool causal) {
-  if (!causal || query_chunk > key_chunk) return Pair::kFull;
-  return query_chunk == key_chunk ? Pair::kDiagonal : Pair::kSkip;
+// How a query tile meets a key tile under the causal mask: every key in the
+// past (or the mask off), some, or none.
+enum class Pair { kFull, kPartial, kSkip };
+Pair pair_of(const Tile& q, const Tile& k, bool causal) {
+  if (!causal || k.position + k.len - 1 <= q.position) return Pair::kFull;
+  return k.position > q.position + q.len - 1 ? Pair::kSkip : Pair::kPartial;
 }
 
-// q k^T / sqrt(head_dim) of one chunk pair, the future masked on the diagonal.
-torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pair pair) {
+// q k^T / sqrt(head_dim) of one tile pair, keys after their query masked.
+torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, const Tile& qt, const Tile& kt, Pair pair) {
   auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  if (pair == Pair::kDiagonal) {
-    auto mask = torch::ones({q.size(-2), k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
+  if (pair == Pair::kPartial) {  // key j after query i: j - i > q.position - k.position
+    auto mask = torch::ones({qt.len, kt.len}, q.options().dtype(torch::kBool)).triu(qt.position - kt.position + 1);
     s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
   return s;
@@ -72,24 +85,24 @@ std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, in
 
 // This rank's queries (float32) against the block of rank `src`, merged into
 // `out` and its log-sum-exp `lse` by the partial results' log-sum-exp.
-void attend(const Grid& g, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
+void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
             torch::Tensor& out, torch::Tensor& lse) {
   auto [k, v] = key_value(block, q.size(1) / block.size(2));
-  const auto q_chunks = g.chunks(g.cp.group().rank), kv_chunks = g.chunks(src);
-  for (size_t i = 0; i < q_chunks.size(); ++i) {
-    auto qi = q.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
-    auto out_i = out.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
-    auto lse_i = lse.narrow(2, static_cast<int64_t>(i) * g.len, g.len);
-    for (size_t j = 0; j < kv_chunks.size(); ++j) {
-      const Pair pair = pair_of(q_chunks[i], kv_chunks[j], causal);
+  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2)), kv_tiles = tiles_of(cp, src, k.size(2));
+  for (const Tile& qt : q_tiles) {
+    auto qi = q.narrow(2, qt.offset, qt.len), out_i = out.narrow(2, qt.offset, qt.len);
+    auto lse_i = lse.narrow(2, qt.offset, qt.len);
+    for (const Tile& kt : kv_tiles) {
+      const Pair pair = pair_of(qt, kt, causal);
       if (pair == Pair::kSkip) continue;
-      // The pair's softmax by its row maximum (every row keeps at least its
-      // diagonal), then both parts rescaled to the larger log-sum-exp.
-      auto s = scores(qi, k.narrow(2, static_cast<int64_t>(j) * g.len, g.len), pair);
+      // The pair's softmax by its row maximum (every row of a partial pair
+      // keeps at least one key), then both parts rescaled to the larger
+      // log-sum-exp.
+      auto s = scores(qi, k.narrow(2, kt.offset, kt.len), qt, kt, pair);
       auto row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
       auto e = torch::exp(s - row_max);
       auto sum = e.sum(-1, /*keepdim=*/true);
-      auto part = torch::matmul(e / sum, v.narrow(2, static_cast<int64_t>(j) * g.len, g.len));
+      auto part = torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
       auto part_lse = (row_max + torch::log(sum)).squeeze(-1);
       auto top = torch::maximum(lse_i, part_lse);
       auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
@@ -103,27 +116,27 @@ void attend(const Grid& g, const torch::Tensor& q, const torch::Tensor& block, i
 // The gradients of attend for one block: into dq (this rank's queries) and
 // `grad` (2, b, kv_heads, s, d), the block's key and value gradients.
 // `delta` is rowsum(dout * out).
-void attend_backward(const Grid& g, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
-                     const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
+void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src,
+                     bool causal, const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
                      torch::Tensor& dq, torch::Tensor& grad) {
   const int64_t n_rep = q.size(1) / block.size(2);
   auto [k, v] = key_value(block, n_rep);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const auto q_chunks = g.chunks(g.cp.group().rank), kv_chunks = g.chunks(src);
-  for (size_t i = 0; i < q_chunks.size(); ++i) {
-    const int64_t qo = static_cast<int64_t>(i) * g.len;
-    auto qi = q.narrow(2, qo, g.len), dout_i = dout.narrow(2, qo, g.len), dq_i = dq.narrow(2, qo, g.len);
-    auto lse_i = lse.narrow(2, qo, g.len).unsqueeze(-1), delta_i = delta.narrow(2, qo, g.len).unsqueeze(-1);
-    for (size_t j = 0; j < kv_chunks.size(); ++j) {
-      const Pair pair = pair_of(q_chunks[i], kv_chunks[j], causal);
+  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2)), kv_tiles = tiles_of(cp, src, k.size(2));
+  for (const Tile& qt : q_tiles) {
+    auto qi = q.narrow(2, qt.offset, qt.len), dout_i = dout.narrow(2, qt.offset, qt.len);
+    auto dq_i = dq.narrow(2, qt.offset, qt.len);
+    auto lse_i = lse.narrow(2, qt.offset, qt.len).unsqueeze(-1);
+    auto delta_i = delta.narrow(2, qt.offset, qt.len).unsqueeze(-1);
+    for (const Tile& kt : kv_tiles) {
+      const Pair pair = pair_of(qt, kt, causal);
       if (pair == Pair::kSkip) continue;
-      const int64_t ko = static_cast<int64_t>(j) * g.len;
-      auto kj = k.narrow(2, ko, g.len), vj = v.narrow(2, ko, g.len);
-      auto p = torch::exp(scores(qi, kj, pair) - lse_i);
+      auto kj = k.narrow(2, kt.offset, kt.len), vj = v.narrow(2, kt.offset, kt.len);
+      auto p = torch::exp(scores(qi, kj, qt, kt, pair) - lse_i);
       auto ds = p * (torch::matmul(dout_i, vj.transpose(-2, -1)) - delta_i);
       dq_i.add_(torch::matmul(ds, kj), scale);
-      grad[0].narrow(2, ko, g.len).add_(fold_heads(torch::matmul(ds.transpose(-2, -1), qi), n_rep), scale);
-      grad[1].narrow(2, ko, g.len).add_(fold_heads(torch::matmul(p.transpose(-2, -1), dout_i), n_rep));
+      grad[0].narrow(2, kt.offset, kt.len).add_(fold_heads(torch::matmul(ds.transpose(-2, -1), qi), n_rep), scale);
+      grad[1].narrow(2, kt.offset, kt.len).add_(fold_heads(torch::matmul(p.transpose(-2, -1), dout_i), n_rep));
     }
   }
 }
@@ -216,12 +229,11 @@ struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t cp_id, bool causal) {
     const auto& cp = *reinterpret_cast<const ContextParallel*>(cp_id);
-    const Grid g = grid_of(cp, q.size(2));
     auto qf = q.to(torch::kFloat);
     auto out = torch::zeros(q.sizes(), qf.options());
     auto lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), qf.options());
     each_block(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block) {
-      attend(g, qf, block, src, causal, out, lse);
+      attend(cp, qf, block, src, causal, out, lse);
     });
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["cp"] = cp_id;
@@ -234,12 +246,11 @@ struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
     const bool causal = ctx->saved_data["causal"].toBool();
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const Grid g = grid_of(cp, q.size(2));
     auto qf = q.to(torch::kFloat), dout = grads[0].to(torch::kFloat);
     auto delta = (dout * out).sum(-1);
     auto dq = torch::zeros(qf.sizes(), qf.options());
     auto dkv = each_block_backward(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block, torch::Tensor& grad) {
-      attend_backward(g, qf, block, src, causal, dout, lse, delta, dq, grad);
+      attend_backward(cp, qf, block, src, causal, dout, lse, delta, dq, grad);
     });
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), torch::Tensor(),
             torch::Tensor()};

@@ -12,8 +12,10 @@
 //     key/value memory); backward reduce-scatters their gradients.
 // With load_balance, rank i of n holds chunks i and 2n-1-i of 2n equal chunks
 // (the "head-tail" layout), so under a causal mask every rank computes the
-// same number of query/key chunk pairs; causal masks are exact for any layout
-// (chunk pairs wholly in the future are skipped, the diagonal ones masked).
+// same amount of attention; causal masks are exact for any layout. Attention
+// runs over tiles of at most 512 queries and 512 keys merged by log-sum-exp
+// (tiles wholly in a query's future skipped), so no rank holds more than a
+// tile pair's scores per head at once, as a flash-attention kernel would not.
 // Parameters are replicated over cp and their gradients averaged there: each
 // rank's loss is the mean over its tokens, the same number on every rank.
 #pragma once

@@ -18,16 +18,17 @@ struct Case {
   Rotate rotate;
   bool causal;
   int64_t heads, kv_heads;
+  int64_t seq = 24, batch = 2;
 };
 
-constexpr int64_t kBatch = 2, kSeq = 24, kHeadDim = 8;
+constexpr int64_t kHeadDim = 8;
 
 // The same q, k, v (batch, heads, seq, head_dim) and output gradient on every rank.
 std::vector<torch::Tensor> inputs(const Case& c) {
   std::lock_guard<std::mutex> lock(testing::rng_mutex());
   torch::manual_seed(7);
-  return {torch::randn({kBatch, c.heads, kSeq, kHeadDim}), torch::randn({kBatch, c.kv_heads, kSeq, kHeadDim}),
-          torch::randn({kBatch, c.kv_heads, kSeq, kHeadDim}), torch::randn({kBatch, c.heads, kSeq, kHeadDim})};
+  return {torch::randn({c.batch, c.heads, c.seq, kHeadDim}), torch::randn({c.batch, c.kv_heads, c.seq, kHeadDim}),
+          torch::randn({c.batch, c.kv_heads, c.seq, kHeadDim}), torch::randn({c.batch, c.heads, c.seq, kHeadDim})};
 }
 
 void check_case(const Case& c) {
@@ -72,6 +73,9 @@ TEST(ContextParallel, RingLoadBalancedCausal) { check_case({2, true, Rotate::kRi
 TEST(ContextParallel, RingFourRanksGroupedQuery) { check_case({4, true, Rotate::kRing, true, 4, 2}); }
 TEST(ContextParallel, RingThreeRanksContiguous) { check_case({3, false, Rotate::kRing, true, 2, 1}); }
 TEST(ContextParallel, RingFullMask) { check_case({3, true, Rotate::kRing, false, 2, 2}); }
+// Chunks of 600 tokens: attention runs over tiles of 512 and 88, whose causal
+// masks do not fall on the chunk grid.
+TEST(ContextParallel, RingTilesLongChunks) { check_case({2, true, Rotate::kRing, true, 2, 1, 2400, 1}); }
 TEST(ContextParallel, AllGatherLoadBalanced) { check_case({4, true, Rotate::kAllGather, true, 4, 2}); }
 TEST(ContextParallel, AllGatherContiguousFullMask) { check_case({2, false, Rotate::kAllGather, false, 2, 2}); }
 
