@@ -20,7 +20,7 @@ constexpr int kGradTag = kForwardTag + 2;
 // tile pair and merged by log-sum-exp, so the scores held at once are at most
 // kTile x kTile per head, whatever the sequence (as a flash-attention kernel
 // bounds them), and tiles wholly in a query's future are skipped.
-constexpr int64_t kTile = 512;
+constexpr int64_t kTile = 256;
 
 // A run of consecutive tokens in a rank's local tensor: where it starts
 // there, its first global position and its length.

@@ -13,7 +13,7 @@
 // With load_balance, rank i of n holds chunks i and 2n-1-i of 2n equal chunks
 // (the "head-tail" layout), so under a causal mask every rank computes the
 // same amount of attention; causal masks are exact for any layout. Attention
-// runs over tiles of at most 512 queries and 512 keys merged by log-sum-exp
+// runs over tiles of at most 256 queries and 256 keys merged by log-sum-exp
 // (tiles wholly in a query's future skipped), so no rank holds more than a
 // tile pair's scores per head at once, as a flash-attention kernel would not.
 // Parameters are replicated over cp and their gradients averaged there: each

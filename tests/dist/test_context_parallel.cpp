@@ -73,7 +73,7 @@ TEST(ContextParallel, RingLoadBalancedCausal) { check_case({2, true, Rotate::kRi
 TEST(ContextParallel, RingFourRanksGroupedQuery) { check_case({4, true, Rotate::kRing, true, 4, 2}); }
 TEST(ContextParallel, RingThreeRanksContiguous) { check_case({3, false, Rotate::kRing, true, 2, 1}); }
 TEST(ContextParallel, RingFullMask) { check_case({3, true, Rotate::kRing, false, 2, 2}); }
-// Chunks of 600 tokens: attention runs over tiles of 512 and 88, whose causal
+// Chunks of 600 tokens: attention runs over tiles of 256, 256 and 88, whose causal
 // masks do not fall on the chunk grid.
 TEST(ContextParallel, RingTilesLongChunks) { check_case({2, true, Rotate::kRing, true, 2, 1, 2400, 1}); }
 TEST(ContextParallel, AllGatherLoadBalanced) { check_case({4, true, Rotate::kAllGather, true, 4, 2}); }
