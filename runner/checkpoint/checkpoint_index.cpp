@@ -57,7 +57,8 @@ const nlohmann::json& need(const nlohmann::json& o, const char* key, const std::
 
 // Reads the index's own fields (format, version, step, world size, config hash, plan, hash block size) into `x`.
 void parse_index_fields(const nlohmann::json& j, const std::string& path, CheckpointIndex& x) {
-  if (!j.is_object() || j.value("format", "") != "composer-checkpoint") {
+  // json::value with a string default throws when the member is another type: compare the member itself.
+  if (!j.is_object() || !j.contains("format") || j["format"] != "composer-checkpoint") {
     throw FileError(path, "not a composer checkpoint index (format is not composer-checkpoint)");
   }
   if (need(j, "version", "the index", path) != 2) {

@@ -132,8 +132,9 @@ void CheckpointReader::read_box(const std::string& key, const std::vector<int64_
     if (n == 0) continue;
     File& f = open(ch.file);
     const auto& h = f.header.contains(key) ? f.header[key] : nlohmann::json();
-    if (!h.is_object() || h.value("shape", nlohmann::json()) != nlohmann::json(ch.size) ||
-        h.value("dtype", std::string()) != e.dtype) {
+    // Members compared as JSON values: json::value with a typed default throws on a member of another type.
+    if (!h.is_object() || !h.contains("shape") || h["shape"] != nlohmann::json(ch.size) || !h.contains("dtype") ||
+        h["dtype"] != e.dtype) {
       throw FileError(f.path, "has no tensor '" + key + "' of the dtype and size index.json records");
     }
     const torch::ScalarType type = scalar_type_of_name(e.dtype, f.path);
@@ -167,7 +168,8 @@ torch::Tensor CheckpointReader::read_rng(const std::string& file) {
   if (it == index_.files.end()) throw FileError(index_path_, "lists no file " + file);
   File& f = open(file);
   const auto& h = f.header.contains("rng") ? f.header["rng"] : nlohmann::json();
-  if (!h.is_object() || h.value("dtype", std::string()) != "U8" || !h["shape"].is_array() || h["shape"].size() != 1) {
+  if (!h.is_object() || !h.contains("dtype") || h["dtype"] != "U8" || !h.contains("shape") || !h["shape"].is_array() ||
+      h["shape"].size() != 1) {
     throw FileError(f.path, "has no rng state (a 1-D U8 tensor named rng)");
   }
   const int64_t n = h["shape"][0].get<int64_t>();
