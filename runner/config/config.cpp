@@ -30,7 +30,11 @@ const EnumName<FailMode> kFailModes[] = {{FailMode::kError, "error"}, {FailMode:
                                          {FailMode::kSignal, "signal"}};
 const EnumName<FailAt> kFailAts[] = {{FailAt::kStep, "step"}, {FailAt::kBeforeIndex, "before_index"}};
 const EnumName<Inject> kInjects[] = {
-    {Inject::kNone, "none"}, {Inject::kGradX2, "grad_x2"}, {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"}};
+    {Inject::kNone, "none"},
+    {Inject::kGradX2, "grad_x2"},
+    {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
+    {Inject::kNanGrad, "nan_grad"}};
+const EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
 const EnumName<DataSource> kSources[] = {
     {DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}, {DataSource::kTokens, "tokens"}};
 const EnumName<TokenDType> kTokenDTypes[] = {{TokenDType::kUint16, "uint16"}, {TokenDType::kUint32, "uint32"}};
@@ -404,6 +408,9 @@ TrainConfig read_train(YamlMap& root) {
   require_positive(m.ref("log_every"), static_cast<double>(c.log_every), "log_every");
   m.get("threads", c.threads);
   require_non_negative(m.ref("threads"), static_cast<double>(c.threads), "threads");
+  m.get_enum("on_nonfinite", c.on_nonfinite, kOnNonFinite);
+  m.get("max_skipped", c.max_skipped);
+  require_positive(m.ref("max_skipped"), static_cast<double>(c.max_skipped), "max_skipped");
   m.finish();
   if (c.global_batch % c.microbatches != 0) {
     throw ConfigError(m.ref("microbatches"), "microbatches " + std::to_string(c.microbatches) +
@@ -484,6 +491,14 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size) {
   m.get_enum("fail_mode", c.fail_mode, kFailModes);
   m.get_enum("fail_at", c.fail_at, kFailAts);
   m.get_enum("inject", c.inject, kInjects);
+  m.get("inject_step", c.inject_step);
+  require_positive(m.ref("inject_step"), static_cast<double>(c.inject_step), "inject_step");
+  m.get("inject_rank", c.inject_rank);
+  if (c.inject_rank < 0 || c.inject_rank >= world_size) {
+    throw ConfigError(m.ref("inject_rank"), "inject_rank " + std::to_string(c.inject_rank) + " is not a rank of the " +
+                                                std::to_string(world_size) + "-rank mesh; use 0 .. " +
+                                                std::to_string(world_size - 1));
+  }
   if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
   m.finish();
@@ -538,6 +553,7 @@ const char* name_of(TargetKind v) { return lookup(kTargets, v); }
 const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
 const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
 const char* name_of(Offload v) { return lookup(kOffloads, v); }
+const char* name_of(OnNonFinite v) { return lookup(kOnNonFinite, v); }
 const char* name_of(FailMode v) { return lookup(kFailModes, v); }
 const char* name_of(FailAt v) { return lookup(kFailAts, v); }
 const char* name_of(Inject v) { return lookup(kInjects, v); }

@@ -34,6 +34,7 @@ using Rotate = parallel::Rotate;          // named by parallel::name_of
 enum class ShardPlacement { kDim0, kOppositeTp };
 enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };  // names are the extensions'
 enum class Offload { kNone, kCpu };
+enum class OnNonFinite { kStop, kSkip };  // what a step with a non-finite loss or gradient does
 
 const char* name_of(DType v);
 const char* name_of(Backend v);
@@ -48,6 +49,7 @@ const char* name_of(TargetKind v);
 const char* name_of(ShardPlacement v);
 const char* name_of(AllGather v);
 const char* name_of(Offload v);
+const char* name_of(OnNonFinite v);
 const char* name_of(models::TpStyle v);
 
 struct ModelConfig {
@@ -179,6 +181,10 @@ struct TrainConfig {
   double grad_clip = 0;            // clip gradients to this global L2 norm; 0 = off
   int64_t log_every = 1;           // a log line every N steps (the last step always logs)
   int64_t threads = 0;             // intra-op threads per rank; 0 = cores / local ranks
+  // A step whose loss or gradient norm is not finite: stop the job (exit 3,
+  // naming the step, the rank and the parameter), or skip its update.
+  OnNonFinite on_nonfinite = OnNonFinite::kStop;
+  int64_t max_skipped = 5;         // skip: stop after this many skipped steps in a row
 };
 
 struct DataConfig {
@@ -216,6 +222,7 @@ enum class Inject {
   kNone,
   kGradX2,              // backward runs on twice the loss: gradients (and their norm) x 2
   kMicrobatchOffByOne,  // the last dp rank reads its batch one microbatch late
+  kNanGrad,             // rank inject_rank's first gradient turns NaN at every step from inject_step on
 };
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
@@ -223,6 +230,8 @@ struct DebugConfig {
   FailMode fail_mode = FailMode::kError;
   FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
+  int64_t inject_step = 1;        // nan_grad: the first step it poisons (1-based)
+  int64_t inject_rank = 0;        // nan_grad: the rank whose gradient turns NaN
   std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
 };
 const char* name_of(FailMode v);

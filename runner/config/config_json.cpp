@@ -89,7 +89,9 @@ nlohmann::json to_json(const ExperimentConfig& c) {
       {"loss", {{"name", name_of(t.loss.name)}, {"scale", t.loss.scale}}},
       {"grad_clip", t.grad_clip},
       {"log_every", t.log_every},
-      {"threads", t.threads}};
+      {"threads", t.threads},
+      {"on_nonfinite", name_of(t.on_nonfinite)},
+      {"max_skipped", t.max_skipped}};
   j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
                {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
   if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);
@@ -102,6 +104,8 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                 {"fail_mode", name_of(c.debug.fail_mode)},
                 {"fail_at", name_of(c.debug.fail_at)},
                 {"inject", name_of(c.debug.inject)},
+                {"inject_step", c.debug.inject_step},
+                {"inject_rank", c.debug.inject_rank},
                 {"delay", nlohmann::json::array()}};
   for (const auto& d : c.debug.delay) {
     j["debug"]["delay"].push_back({{"point", parallel::name_of(d.point)}, {"ms", d.ms}, {"ranks", d.ranks}});
@@ -112,9 +116,11 @@ nlohmann::json to_json(const ExperimentConfig& c) {
 std::string config_hash(const ExperimentConfig& c) {
   nlohmann::json j = to_json(c);
   nlohmann::json part = {{"seed", j["seed"]}, {"model", j["model"]}, {"train", j["train"]}, {"data", j["data"]}};
-  // Logging and threading do not change what is computed.
+  // Logging, threading and what a non-finite step would do do not change what is computed.
   part["train"].erase("log_every");
   part["train"].erase("threads");
+  part["train"].erase("on_nonfinite");
+  part["train"].erase("max_skipped");
   std::string s = part.dump();
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : s) {

@@ -103,6 +103,7 @@ void Metrics::record(const StepRecord& r) {
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
   if (r.recomputes >= 0) j["recomputes"] = r.recomputes;
+  if (r.skipped) j["skipped"] = true;
   if (r.pipeline_bubble >= 0) {
     j["pipeline_bubble"] = r.pipeline_bubble;
     j["pipeline_bubble_formula"] = r.pipeline_bubble_formula;

@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <iostream>
+#include <limits>
+#include <sstream>
 
 #include "runner/train/optim.h"
 
@@ -11,20 +14,127 @@ namespace {
 // A scalar's value; a dry run's meta tensors have none (0).
 double value_of(const torch::Tensor& t) { return t.is_meta() ? 0.0 : t.item<double>(); }
 
-// The global gradient norm as one device sees it: every rank adds the squares
-// of the gradient pieces it is the counting copy of (its placements say which),
-// and one all-reduce over the world sums them.
-double global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Parallel& par) {
-  if (!par.any) return grad_norm(params);
-  double sq = 0;
-  for (const auto& p : params) {
-    const parallel::ShardSpec* spec = par.placements->find(p);
-    if (!p.grad().defined() || (spec && !spec->counts())) continue;
-    sq += value_of(p.grad().detach().to(torch::kDouble).pow(2).sum());
+// The global gradient norm as one device sees it, and whether every rank's
+// gradients are finite: every rank adds the squares of the gradient pieces it
+// is the counting copy of (its placements say which) and counts its pieces
+// that are not finite (every piece: a copy that does not count can differ),
+// and one all-reduce over the world sums both. `first_bad` is the index in
+// `params` of this rank's first gradient that is not finite (-1: none).
+struct GradNorm {
+  double norm = 0;
+  bool finite = true;
+  int64_t first_bad = -1;
+};
+// On one device the norm is PyTorch's clip_grad_norm_'s (a float32 norm of the norms).
+GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Parallel& par) {
+  GradNorm out;
+  if (!par.any) {
+    out.norm = grad_norm(params);
+    out.finite = std::isfinite(out.norm);
+    for (size_t k = 0; k < params.size() && !out.finite; ++k) {
+      const auto& g = params[k].grad();
+      if (g.defined() && !std::isfinite(value_of(g.detach().to(torch::kDouble).pow(2).sum()))) {
+        out.first_bad = static_cast<int64_t>(k);
+        break;
+      }
+    }
+    return out;
   }
-  auto t = torch::tensor({sq}, torch::dtype(torch::kDouble).device(par.device));
+  double sq = 0, bad = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& p = params[k];
+    if (!p.grad().defined()) continue;
+    const double s = value_of(p.grad().detach().to(torch::kDouble).pow(2).sum());
+    if (!std::isfinite(s)) {
+      bad += 1;
+      if (out.first_bad < 0) out.first_bad = static_cast<int64_t>(k);
+    }
+    const parallel::ShardSpec* spec = par.placements->find(p);
+    if (!spec || spec->counts()) sq += s;
+  }
+  auto t = torch::tensor({sq, bad}, torch::dtype(torch::kDouble).device(par.device));
   parallel::all_reduce(*par.world, t);
-  return std::sqrt(value_of(t));
+  sq = value_of(t[0]);
+  bad = value_of(t[1]);
+  out.norm = std::sqrt(sq);
+  out.finite = bad == 0 && std::isfinite(out.norm);
+  return out;
+}
+
+// debug.inject: nan_grad: from its step on, rank inject_rank's first gradient
+// (after synchronisation, where a real overflow would leave it) gets a NaN.
+void inject_nan_grad(const StepState& s, const StepRecord& r) {
+  const auto& d = s.c.debug;
+  const int rank = s.par.world ? s.par.world->rank : 0;
+  if (d.inject != Inject::kNanGrad || r.step < d.inject_step || rank != d.inject_rank) return;
+  for (auto& p : s.params) {
+    if (!p.grad().defined() || p.grad().numel() == 0 || p.grad().is_meta()) continue;
+    torch::NoGradGuard no_grad;
+    p.mutable_grad().view({-1})[0] = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+}
+
+// A step whose loss or gradient is not finite (the same decision on every
+// rank: the loss is gathered and the count of non-finite gradients summed
+// with the norm). Names the lowest rank holding a non-finite gradient and its
+// first such parameter (two more small collectives, only now), then stops the
+// job or, with train.on_nonfinite: skip, leaves the update out (up to
+// max_skipped steps in a row).
+void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
+  parallel::Parallel& par = s.par;
+  const int world = par.world ? par.world->size : 1, rank = par.world ? par.world->rank : 0;
+  std::string name;
+  if (g.first_bad >= 0) {
+    const auto& p = s.params[static_cast<size_t>(g.first_bad)];
+    for (const auto& [fqn, q] : models::root_parameters(par.roots)) {
+      if (q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) name = fqn;
+    }
+  }
+  int named = g.first_bad >= 0 ? rank : -1;
+  if (par.world) {
+    auto who = torch::tensor({g.first_bad >= 0 ? static_cast<double>(world - rank) : 0.0},
+                             torch::dtype(torch::kDouble).device(par.device));
+    parallel::all_reduce(*par.world, who, parallel::Reduce::kMax);
+    const int top = static_cast<int>(value_of(who));
+    named = top > 0 ? world - top : -1;
+    if (named >= 0) {  // its parameter's name, to every rank
+      auto text = torch::zeros({256}, torch::dtype(torch::kByte));
+      for (size_t i = 0; i < name.size() && i < 255; ++i) text[static_cast<int64_t>(i)] = static_cast<uint8_t>(name[i]);
+      auto wire = text.to(par.device);
+      parallel::broadcast(*par.world, wire, named);
+      text = wire.cpu();
+      name = reinterpret_cast<const char*>(text.data_ptr<uint8_t>());
+    }
+  }
+  std::ostringstream what;
+  what << "step " << r.step << ": ";
+  if (named >= 0) {
+    what << "the gradient of " << name << " on rank " << named << " is not finite";
+  } else {
+    what << "the loss is not finite";
+  }
+  what << " (loss " << r.loss << ", gradient norm " << g.norm << ")";
+  const auto& t = s.c.train;
+  if (t.on_nonfinite == OnNonFinite::kSkip && s.skipped_in_a_row < t.max_skipped) {
+    ++s.skipped_in_a_row;
+    r.skipped = true;
+    for (auto& p : s.params) p.mutable_grad() = torch::Tensor();
+    if (rank == 0) {
+      std::cout << "[rank 0/" << world << "] " << what.str() << "; train.on_nonfinite: skip left this step's update "
+                << "out (" << s.skipped_in_a_row << " in a row, at most " << t.max_skipped << ")" << std::endl;
+    }
+    return;
+  }
+  if (t.on_nonfinite == OnNonFinite::kSkip) {
+    what << "; that is " << s.skipped_in_a_row + 1 << " steps in a row (train.max_skipped " << t.max_skipped
+         << "): stopped before the update";
+  } else {
+    what << "; train.on_nonfinite: stop stopped the job before the update";
+  }
+  throw RuntimeFailure(what.str() + ". Nothing was saved after the last checkpoint. Look for the cause (the "
+                                    "learning rate, the data, a mixed-precision overflow), or set "
+                                    "train.on_nonfinite: skip to leave such steps out");
 }
 
 // This rank's part of a batch: under context parallelism, its slice of every
@@ -193,7 +303,15 @@ void run_step(StepState& s, StepRecord& r) {
   gather_loss(par, local_loss, r);
   s.delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
   phase = Clock::now();
-  r.grad_norm = global_grad_norm(s.params, par);
+  inject_nan_grad(s, r);
+  const GradNorm g = global_grad_norm(s.params, par);
+  r.grad_norm = g.norm;
+  if (!g.finite || !std::isfinite(r.loss)) {
+    on_nonfinite(s, r, g);
+    r.optimizer_ms = ms_since(phase);
+    return;
+  }
+  s.skipped_in_a_row = 0;
   if (s.c.train.grad_clip > 0) clip_grads(s.params, r.grad_norm, s.c.train.grad_clip);
   s.optimizer.step();
   r.optimizer_ms = ms_since(phase);

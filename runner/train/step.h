@@ -46,6 +46,7 @@ struct StepState {
   int64_t batch_begin = 0;
   double grad_scale = 1.0;
   const parallel::Delays& delays;
+  int64_t skipped_in_a_row = 0;  // steps whose update train.on_nonfinite: skip left out, up to the last
 };
 
 // Zeroes every group's collective counters (a step's start).
