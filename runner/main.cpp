@@ -11,6 +11,7 @@
 #include "runner/estimate/estimate.h"
 #include "runner/base/memory.h"
 #include "runner/cli/cli.h"
+#include "runner/train/build.h"
 #include "runner/base/errors.h"
 
 namespace composer {
@@ -40,6 +41,10 @@ int run(int argc, char** argv) {
   const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
   check_devices(config, local_ranks);
   const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
+  if (options.command != Command::kExport && !std::getenv("COMPOSER_LAUNCHED") && (!env || env->rank == 0)) {
+    // once per job, before any rank starts: the files a run opens (check and golden never resume)
+    preflight(config, out_dir_of(options, config), options.command == Command::kRun || options.command == Command::kPlan);
+  }
   if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
     check_fit(config, estimate_memory(config, plan, local_ranks), local_ranks);
   }

@@ -81,10 +81,11 @@ const DTypeName* dtype_named(const nlohmann::json& dt) {
   return d;
 }
 
-// Tensor `name` from its header `entry` and the file's data section (`data_len` bytes at `data`); refuses an entry
-// whose dtype, shape and offsets do not agree or lie outside the data section.
-torch::Tensor tensor_of_entry(const std::string& name, const nlohmann::json& entry, const char* data, uint64_t data_len,
-                              const std::string& path) {
+// Tensor `name`'s header `entry` checked against a data section of `data_len`
+// bytes: refuses an entry whose dtype, shape and offsets do not agree or lie
+// outside the data section.
+SafetensorsEntry entry_of(const std::string& name, const nlohmann::json& entry, uint64_t data_len,
+                          const std::string& path) {
   auto bad = [&](const std::string& why) { return FileError(path, "tensor '" + name + "': " + why); };
   if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
     throw bad("header entry needs dtype, shape and data_offsets");
@@ -116,8 +117,15 @@ torch::Tensor tensor_of_entry(const std::string& name, const nlohmann::json& ent
     throw bad("shape and dtype need " + std::to_string(numel * elem) + " bytes but data_offsets give " +
               std::to_string(end - begin));
   }
-  auto t = torch::empty(shape, torch::dtype(d->type));
-  if (numel) std::memcpy(t.data_ptr(), data + begin, end - begin);
+  return {name, d->type, shape, begin, end};
+}
+
+// Tensor `name` from its header `entry` and the file's data section (`data_len` bytes at `data`).
+torch::Tensor tensor_of_entry(const std::string& name, const nlohmann::json& entry, const char* data, uint64_t data_len,
+                              const std::string& path) {
+  const SafetensorsEntry e = entry_of(name, entry, data_len, path);
+  auto t = torch::empty(e.shape, torch::dtype(e.dtype));
+  if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
   return t;
 }
 
@@ -169,6 +177,25 @@ nlohmann::json read_safetensors_header(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw FileError(path, std::string("safetensors header is not valid JSON: ") + e.what());
   }
+}
+
+std::vector<SafetensorsEntry> read_safetensors_entries(const std::string& path) {
+  const nlohmann::json header = read_safetensors_header(path);  // checks the length and the JSON
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  unsigned char len[8] = {};
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_len = size > data_start ? size - data_start : 0;
+  std::vector<SafetensorsEntry> out;
+  for (const auto& item : header.items()) {
+    if (item.key() == "__metadata__") continue;
+    out.push_back(entry_of(item.key(), item.value(), data_len, path));
+  }
+  return out;
 }
 
 NamedTensors read_safetensors(const std::string& path) {

@@ -18,6 +18,16 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // Reads every tensor; validates the header, dtypes, shapes and offsets.
 NamedTensors read_safetensors(const std::string& path);
 
+// Every tensor's entry in `path`'s header, checked as read_safetensors checks
+// it (dtype, shape and offsets agree and lie inside the file), reading no data.
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte range in the data section
+};
+std::vector<SafetensorsEntry> read_safetensors_entries(const std::string& path);
+
 // The header of `path` (the JSON object: each tensor's dtype, shape and
 // data_offsets, and __metadata__), without reading the data.
 nlohmann::json read_safetensors_header(const std::string& path);

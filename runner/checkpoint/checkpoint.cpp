@@ -27,24 +27,27 @@ NamedTensors snapshot_params(models::Model& model) {
   return out;
 }
 
-void load_weights(models::Model& model, const std::string& path) {
-  auto tensors = read_safetensors(path);
+namespace {
+
+// Checks that `path`'s tensors (name -> shape, floating point) are exactly the
+// model's parameters; returns the parameters by name.
+std::map<std::string, torch::Tensor> check_weights(models::Model& model, const std::string& path,
+                                                   const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>>& file) {
   std::map<std::string, torch::Tensor> params;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
   std::set<std::string> loaded;
-  torch::NoGradGuard no_grad;
-  for (auto& [name, t] : tensors) {
+  for (const auto& [name, shape_float] : file) {
+    const auto& [shape, floating] = shape_float;
     auto it = params.find(name);
     if (it == params.end()) {
       throw FileError(path, "unexpected tensor '" + name + "': model " + model.type() +
                                 " has no parameter of that name");
     }
-    if (it->second.sizes() != t.sizes()) {
-      throw FileError(path, "tensor '" + name + "' has shape " + c10::str(t.sizes()) + " but the model's is " +
-                                c10::str(it->second.sizes()));
+    if (it->second.sizes().vec() != shape) {
+      throw FileError(path, "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(shape)) +
+                                " but the model's is " + c10::str(it->second.sizes()));
     }
-    if (!t.is_floating_point()) throw FileError(path, "tensor '" + name + "' is not floating point");
-    it->second.copy_(t);
+    if (!floating) throw FileError(path, "tensor '" + name + "' is not floating point");
     loaded.insert(name);
     // A tied weight is loaded under any of its names.
     for (auto& [other, q] : params) {
@@ -53,6 +56,37 @@ void load_weights(models::Model& model, const std::string& path) {
   }
   for (auto& [name, p] : params) {
     if (!loaded.count(name)) throw FileError(path, "missing tensor '" + name + "' that the model needs");
+  }
+  return params;
+}
+
+}  // namespace
+
+void load_weights(models::Model& model, const std::string& path) {
+  auto tensors = read_safetensors(path);
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>> file;
+  for (auto& [name, t] : tensors) file.push_back({name, {t.sizes().vec(), t.is_floating_point()}});
+  auto params = check_weights(model, path, file);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : tensors) params.at(name).copy_(t);
+}
+
+void check_weights_file(models::Model& model, const std::string& path) {
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>> file;
+  for (const auto& e : read_safetensors_entries(path)) {
+    file.push_back({e.name, {e.shape, c10::isFloatingType(e.dtype)}});
+  }
+  check_weights(model, path, file);
+}
+
+void check_resumable(const ExperimentConfig& c, const std::string& path) {
+  CheckpointReader reader(path);
+  const CheckpointIndex& index = reader.index();
+  if (index.config_hash != config_hash(c)) {
+    throw ConfigError(c.checkpoint.resume_ref,
+                      path + " was saved by a config with another seed, model, train or data section (hash " +
+                          index.config_hash + ", this config's " + config_hash(c) +
+                          "); resume with the config that saved it, or set checkpoint.resume: never");
   }
 }
 
@@ -381,14 +415,9 @@ void Checkpointer::prune(int64_t step) const {
 
 int64_t Checkpointer::load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt) {
   const auto start = std::chrono::steady_clock::now();
+  check_resumable(c_, path);
   CheckpointReader reader(path);
   const CheckpointIndex& index = reader.index();
-  if (index.config_hash != config_hash(c_)) {
-    throw ConfigError(c_.checkpoint.resume_ref,
-                      path + " was saved by a config with another seed, model, train or data section (hash " +
-                          index.config_hash + ", this config's " + config_hash(c_) +
-                          "); resume with the config that saved it, or set checkpoint.resume: never");
-  }
   std::set<std::string> known;
   std::vector<Piece> pieces = pieces_of(params, opt, rank_, true, static_cast<double>(index.step), known);
   for (const auto& [key, e] : index.tensors) {

@@ -35,7 +35,7 @@ const std::pair<const char*, Command> kCommands[] = {
     {"export", Command::kExport}};
 
 std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
-  std::string dir = o.out.empty() ? "runs/" + c.name : o.out;
+  std::string dir = out_dir_of(o, c);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UserError("--out " + dir + ": cannot create the output directory: " + ec.message());
@@ -178,6 +178,10 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
     }
   }
   return 0;
+}
+
+std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c) {
+  return o.out.empty() ? "runs/" + c.name : o.out;
 }
 
 }  // namespace composer

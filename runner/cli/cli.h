@@ -34,4 +34,7 @@ CliOptions parse_cli(int argc, char** argv);
 // Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
 int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 
+// Where a run's outputs go: --out, or runs/<name>.
+std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c);
+
 }  // namespace composer

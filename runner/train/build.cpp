@@ -86,6 +86,23 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   return model;
 }
 
+void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume) {
+  DataPlan data;
+  {
+    nn::ShapeOnly shapes;  // names and shapes: no values, no random draws
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    if (!c.model.init_from.empty()) {
+      naming_config_key(c.model.init_from_ref, [&] { check_weights_file(*model, c.model.init_from); });
+    }
+    model->to(scalar_type_of(c.train.dtype));
+    data = plan_data(c, *model);
+  }
+  make_dataset(c, data);  // opens the data files and checks their sizes and dtypes
+  if (!resume) return;
+  const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
+  if (!from.empty()) check_resumable(c, from);
+}
+
 int rank_threads(const TrainConfig& t, int64_t local_ranks) {
   const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
   return static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks)));

@@ -20,6 +20,13 @@ namespace composer {
 // Builds the model of `c`: seeded init, then model.init_from when set.
 models::ModelPtr build_model(const ExperimentConfig& c);
 
+// What a run opens before it trains, opened and checked without training
+// (once per job before any rank starts, and by composer plan): the init_from
+// file's header against the model, the data files, and with `resume` the
+// checkpoint checkpoint.resume picks under `out_dir`. Throws the same exit-2
+// errors training would.
+void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume);
+
 // The intra-op threads of each rank: train.threads, or the cores shared
 // equally by the machine's local ranks.
 int rank_threads(const TrainConfig& t, int64_t local_ranks);
