@@ -82,7 +82,9 @@ void check_weights_file(models::Model& model, const std::string& path) {
 void check_resumable(const ExperimentConfig& c, const std::string& path) {
   CheckpointReader reader(path);
   const CheckpointIndex& index = reader.index();
-  if (index.config_hash != config_hash(c)) {
+  // Another train.steps alone continues the run (the schedule's horizon becomes this config's steps).
+  const bool longer = !index.resume_hash.empty() && index.resume_hash == resume_hash(c);
+  if (index.config_hash != config_hash(c) && !longer) {
     throw ConfigError(c.checkpoint.resume_ref,
                       path + " was saved by a config with another seed, model, train or data section (hash " +
                           index.config_hash + ", this config's " + config_hash(c) +
@@ -303,6 +305,8 @@ nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world
           {"samples_seen", step * c.train.global_batch},
           {"world_size", world},
           {"config_hash", config_hash(c)},
+          {"resume_hash", resume_hash(c)},
+          {"train_steps", c.train.steps},
           {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
           {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", optimizer_steps}}},
           {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
@@ -418,6 +422,12 @@ int64_t Checkpointer::load(const std::string& path, const std::vector<HeldParam>
   check_resumable(c_, path);
   CheckpointReader reader(path);
   const CheckpointIndex& index = reader.index();
+  if (rank_ == 0 && index.train_steps > 0 && index.train_steps != c_.train.steps) {
+    std::cout << log_prefix_ << "resuming step " << index.step << " of a run saved with train.steps "
+              << index.train_steps << "; training on to " << c_.train.steps << " steps, with the learning-rate "
+              << "schedule's horizon now " << c_.train.steps << " steps (a run that starts with "
+              << c_.train.steps << " follows it from step 1)\n";
+  }
   std::set<std::string> known;
   std::vector<Piece> pieces = pieces_of(params, opt, rank_, true, static_cast<double>(index.step), known);
   for (const auto& [key, e] : index.tensors) {

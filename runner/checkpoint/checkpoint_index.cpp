@@ -76,6 +76,8 @@ void parse_index_fields(const nlohmann::json& j, const std::string& path, Checkp
   const auto& hash = need(j, "config_hash", "the index", path);
   if (!hash.is_string()) throw FileError(path, "config_hash must be a string");
   x.config_hash = hash.get<std::string>();
+  if (j.contains("resume_hash") && j["resume_hash"].is_string()) x.resume_hash = j["resume_hash"].get<std::string>();
+  if (j.contains("train_steps") && j["train_steps"].is_number_unsigned()) x.train_steps = j["train_steps"].get<int64_t>();
   x.plan = j.value("plan", nlohmann::json());
   const auto& block = need(j, "hash_block_bytes", "the index", path);
   if (!block.is_number_unsigned() || block.get<uint64_t>() == 0 || block.get<uint64_t>() > (1ull << 40)) {

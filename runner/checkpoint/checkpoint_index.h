@@ -41,6 +41,8 @@ struct CheckpointIndex {
   int64_t world_size = 1;
   int64_t hash_block_bytes = kHashBlockBytes;
   std::string config_hash;
+  std::string resume_hash;  // config_hash without train.steps ("" in older checkpoints)
+  int64_t train_steps = 0;  // the saving config's train.steps (0 in older checkpoints)
   nlohmann::json plan;
   std::map<std::string, File> files;
   std::map<std::string, Entry> tensors;

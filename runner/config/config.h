@@ -276,6 +276,9 @@ nlohmann::json to_json(const ExperimentConfig& c);
 // A hash of the parallelism-independent sections (seed, model, train, data):
 // a golden file is valid for every parallel plan with the same hash.
 std::string config_hash(const ExperimentConfig& c);
+// The same without train.steps: a checkpoint saved under another step count
+// (and nothing else changed) resumes, training on to this config's steps.
+std::string resume_hash(const ExperimentConfig& c);
 
 // The default golden path: check.golden, else tests/golden/<name>.json.
 std::string golden_path(const ExperimentConfig& c);
