@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <time.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -33,6 +34,9 @@ int report(std::exception_ptr error);
 
 int run(int argc, char** argv) {
   tune_allocator();
+  // A write past the file-size limit (RLIMIT_FSIZE) fails with EFBIG, which the
+  // writers report, rather than killing the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   CliOptions options = parse_cli(argc, argv);
   if (options.exit_now) return 0;
   ExperimentConfig config = load_config(options.config, options.sets);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <iostream>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -135,15 +136,35 @@ void fsync_path(const std::string& path, int flags) {
   }
 }
 
-// Writes `bytes` to `path` durably: a temporary file, fsync, rename, fsync of the folder.
+// Writes `bytes` to `path` durably: a temporary file, fsync, rename, fsync of
+// the folder. A write that fails (a full disk, a file-size limit) removes the
+// temporary file and names the path and the bytes it needed: the checkpoint
+// folder then has no index.json, so it is never taken for a complete one, and
+// the previous checkpoint, which only a complete save prunes, stays.
 void write_synced(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) throw RuntimeFailure("cannot write " + tmp + " (disk full or not writable?)");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw RuntimeFailure("cannot create " + tmp + ": " + std::strerror(errno) +
+                         "; make checkpoint.dir a folder this job can write");
   }
-  fsync_path(tmp, O_RDONLY);
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size() && !err) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n > 0) done += static_cast<size_t>(n);
+    else if (n < 0 && errno != EINTR) err = errno;
+    else if (n == 0) err = ENOSPC;
+  }
+  if (!err && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err) {
+    ::unlink(tmp.c_str());
+    throw RuntimeFailure("cannot write " + path + ": " + std::strerror(err) + " after " + std::to_string(done) +
+                         " of the " + std::to_string(bytes.size()) + " bytes it needs; free space (or raise the "
+                         "file-size limit) where checkpoint.dir points, or point it at a larger disk. The previous "
+                         "checkpoint is intact and resumes");
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path);
   fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
 }
