@@ -37,6 +37,7 @@ int run(int argc, char** argv) {
   // A write past the file-size limit (RLIMIT_FSIZE) fails with EFBIG, which the
   // writers report, rather than killing the process with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  install_stop_handlers();  // a rank's; composer's launcher installs its own
   CliOptions options = parse_cli(argc, argv);
   if (options.exit_now) return 0;
   ExperimentConfig config = load_config(options.config, options.sets);
@@ -100,6 +101,8 @@ int report(std::exception_ptr error) {
     return fail(2, "error", e.what());
   } catch (const CheckFailed& e) {
     return fail(1, "check failed", e.what());
+  } catch (const Stopped& e) {
+    return fail(4, "stopped", e.what());
   } catch (const RuntimeFailure& e) {
     return fail(3, "runtime failure", e.what());
   } catch (const c10::Error& e) {

@@ -1,5 +1,8 @@
 #include "runner/base/errors.h"
 
+#include <csignal>
+#include <ctime>
+
 #include <algorithm>
 #include <sstream>
 #include <vector>
@@ -31,5 +34,29 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
+
+namespace {
+volatile sig_atomic_t g_stop = 0;
+volatile sig_atomic_t g_stop_at_s = 0;  // when the first request came (monotonic seconds)
+// A terminal's Ctrl-C reaches the ranks and composer's launcher, which passes
+// it on as SIGTERM: a request within a second of the first is the same one.
+void on_stop(int sig) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (g_stop && now.tv_sec > g_stop_at_s + 1) {  // a second request: now
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+  if (!g_stop) g_stop_at_s = static_cast<sig_atomic_t>(now.tv_sec);
+  g_stop = 1;
+}
+}  // namespace
+
+void install_stop_handlers() {
+  std::signal(SIGTERM, on_stop);
+  std::signal(SIGINT, on_stop);
+}
+
+bool stop_requested() { return g_stop != 0; }
 
 }  // namespace composer

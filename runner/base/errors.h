@@ -75,6 +75,19 @@ class RuntimeFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The job was asked to stop (SIGTERM or SIGINT) and did so at a step's end,
+// after saving a checkpoint when it keeps them; exit code 4.
+class Stopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A request to stop: the first SIGTERM or SIGINT sets it (the step in flight
+// finishes on every rank, then the job checkpoints and exits 4); a second ends
+// the process at once. install_stop_handlers() arms them in a rank.
+void install_stop_handlers();
+bool stop_requested();
+
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);
 

@@ -24,7 +24,10 @@
 namespace composer {
 namespace {
 
-constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM to SIGKILL
+constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM to SIGKILL after a rank failed
+// Asked to stop, the ranks finish their step and save a checkpoint first.
+constexpr auto kStopGrace = std::chrono::seconds(120);
+constexpr int kStoppedCode = 4;  // a rank that stopped on request (errors.h Stopped)
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -54,7 +57,9 @@ int64_t monotonic_ns() {
 }
 
 volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+void on_signal(int) {
+  if (g_interrupted < 2) ++g_interrupted;  // the second: stop the ranks at once
+}
 
 // Forwards complete lines from `fd` with the rank prefix; returns false at EOF.
 bool pump(int fd, std::string& buf, std::ostream& os, const std::string& prefix) {
@@ -264,14 +269,17 @@ void supervise(std::vector<Child>& kids, int world_size) {
     for (auto& c : kids) {
       if (!tend(c, world_size)) continue;
       --running;
-      if (c.code != 0) failed = true;
+      if (c.code != 0 && !(g_interrupted && c.code == kStoppedCode)) failed = true;
     }
-    if ((failed || g_interrupted) && !stopping) {
+    if ((failed || g_interrupted) && !stopping) {  // ranks asked to stop finish their step and checkpoint
       stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + kGrace;
+      stop_deadline = std::chrono::steady_clock::now() + (failed ? kGrace : kStopGrace);
       signal_running(kids, SIGTERM);
     }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) signal_running(kids, SIGKILL);
+    if (stopping && failed) stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + kGrace);
+    if (stopping && (g_interrupted >= 2 || std::chrono::steady_clock::now() > stop_deadline)) {
+      signal_running(kids, SIGKILL);
+    }
   }
 }
 
@@ -279,6 +287,12 @@ void supervise(std::vector<Child>& kids, int world_size) {
 int report_outcome(const std::vector<Child>& kids, const std::string& error_dir) {
   const Cause cause = failure_cause(kids, error_dir, g_interrupted);
   if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
+  const bool all_stopped = std::all_of(kids.begin(), kids.end(), [](const Child& c) { return c.code == kStoppedCode; });
+  if (g_interrupted && cause.rank < 0 && all_stopped) {
+    std::cerr << "stopped on request: every rank finished its step and the job saved a checkpoint; run the same "
+                 "command again to resume\n";
+    return kStoppedCode;
+  }
   if (g_interrupted && cause.rank < 0) {
     std::cerr << "interrupted; stopped all ranks\n";
     return 130;

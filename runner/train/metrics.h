@@ -10,6 +10,7 @@ namespace composer {
 struct StepRecord {
   int64_t step = 0;
   bool skipped = false;  // the loss or gradient was not finite and train.on_nonfinite: skip left the update out
+  bool stop = false;     // some rank was asked to stop (SIGTERM, SIGINT): the job stops after this step
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;

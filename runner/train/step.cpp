@@ -20,15 +20,18 @@ double value_of(const torch::Tensor& t) { return t.is_meta() ? 0.0 : t.item<doub
 // that are not finite (every piece: a copy that does not count can differ),
 // and one all-reduce over the world sums both. `first_bad` is the index in
 // `params` of this rank's first gradient that is not finite (-1: none).
+// Whether any rank was asked to stop rides on the same all-reduce.
 struct GradNorm {
   double norm = 0;
   bool finite = true;
   int64_t first_bad = -1;
+  bool stop = false;
 };
 // On one device the norm is PyTorch's clip_grad_norm_'s (a float32 norm of the norms).
 GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Parallel& par) {
   GradNorm out;
   if (!par.any) {
+    out.stop = stop_requested();
     out.norm = grad_norm(params);
     out.finite = std::isfinite(out.norm);
     for (size_t k = 0; k < params.size() && !out.finite; ++k) {
@@ -52,10 +55,11 @@ GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Pa
     const parallel::ShardSpec* spec = par.placements->find(p);
     if (!spec || spec->counts()) sq += s;
   }
-  auto t = torch::tensor({sq, bad}, torch::dtype(torch::kDouble).device(par.device));
+  auto t = torch::tensor({sq, bad, stop_requested() ? 1.0 : 0.0}, torch::dtype(torch::kDouble).device(par.device));
   parallel::all_reduce(*par.world, t);
   sq = value_of(t[0]);
   bad = value_of(t[1]);
+  out.stop = value_of(t[2]) > 0;
   out.norm = std::sqrt(sq);
   out.finite = bad == 0 && std::isfinite(out.norm);
   return out;
@@ -306,6 +310,7 @@ void run_step(StepState& s, StepRecord& r) {
   inject_nan_grad(s, r);
   const GradNorm g = global_grad_norm(s.params, par);
   r.grad_norm = g.norm;
+  r.stop = g.stop;
   if (!g.finite || !std::isfinite(r.loss)) {
     on_nonfinite(s, r, g);
     r.optimizer_ms = ms_since(phase);

@@ -148,7 +148,15 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
     if (metrics) metrics->record(r);
     out.steps.push_back(r);
-    if (l.checkpoints && l.checkpointer.due(step)) l.checkpointer.save(step, l.held, l.optimizer);
+    const bool saves = l.checkpoints && (l.checkpointer.due(step) || (r.stop && step < t.steps));
+    if (saves) l.checkpointer.save(step, l.held, l.optimizer);
+    if (r.stop && step < t.steps) {  // asked to stop: every rank saw it in this step's gradient-norm reduction
+      throw Stopped("asked to stop (SIGTERM or SIGINT); step " + std::to_string(step) + " of " +
+                    std::to_string(t.steps) + " finished on every rank" +
+                    (l.checkpoints ? " and its checkpoint is saved in " + l.checkpointer.dir() +
+                                         "; run the same command again to resume"
+                                   : "; nothing was saved (composer check and golden keep no checkpoints)"));
+    }
   }
   return out;
 }
