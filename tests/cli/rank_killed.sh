@@ -4,7 +4,8 @@
 # connection is usually reported first), then made to die by an injected
 # SIGKILL, and to exit non-zero without reporting. Each time: exit 3 within
 # 30 s, a summary naming rank 1 and how it died, no process left behind. A
-# Ctrl-C to the whole job is an interruption (exit 130), not a cause.
+# Ctrl-C to the whole job is a request to stop (exit 4 after the step in flight
+# and its checkpoint), not a cause.
 # Usage: rank_killed.sh COMPOSER WORK_DIR
 set -u
 composer=$1 work=$2
@@ -67,13 +68,14 @@ for mode in signal exit; do
   echo "ok: $mode of rank 1 named, stopped in ${elapsed}s"
 done
 
-# 4. Ctrl-C reaches the launcher and every rank (one process group): that is an
-#    interruption (exit 130), not a rank killed by SIGINT.
+# 4. Ctrl-C reaches the launcher and every rank (one process group): that is
+#    one request to stop (exit 4 once the step and its checkpoint are done), not
+#    a rank killed by SIGINT.
 out="$work/interrupted"
 start_long_job "$out" setsid
 kill -INT -- "-$launcher"
 finish "$(date +%s)"
-[ $code -eq 130 ] || fail "Ctrl-C: exit code $code, expected 130"
-grep -q "^interrupted; stopped all ranks" "$work/err.log" || fail "Ctrl-C: not reported as an interruption"
+[ $code -eq 4 ] || fail "Ctrl-C: exit code $code, expected 4"
+grep -q "^stopped on request: every rank finished its step" "$work/err.log" || fail "Ctrl-C: not reported as a stop on request"
 check_stopped "$elapsed" "$out"
-echo "ok: Ctrl-C to the whole job is an interruption, stopped in ${elapsed}s"
+echo "ok: Ctrl-C to the whole job stops it after its step, in ${elapsed}s"
