@@ -48,6 +48,8 @@ struct Child {
   int sent = 0;     // the last signal the launcher sent it (0: none)
   int signal = 0;   // the signal it died of, when the launcher did not send it
   int64_t died_ns = 0;  // when it was found dead (CLOCK_MONOTONIC, as ranks stamp their errors)
+  int stopped = 0;      // the signal that stopped it (SIGSTOP, SIGTSTP...) while it is stopped, else 0
+  bool frozen = false;  // it was still stopped when it died (the launcher killed it)
 };
 
 int64_t monotonic_ns() {
@@ -111,14 +113,15 @@ struct Cause {
   int64_t at = 0;
 };
 
-// Which rank caused a failure. A rank killed by a signal the launcher did not
-// send comes first (its peers' lost connections are often stamped before it
-// is found dead), then a rank that exited non-zero without reporting an error,
+// Which rank caused a failure. A rank stopped (SIGSTOP, a debugger) and never
+// resumed comes first (its peers time out waiting for it and report first),
+// then a rank killed by a signal the launcher did not send (its peers' lost
+// connections are often stamped before it is found dead), then a rank that exited non-zero without reporting an error,
 // then the earliest error a rank reported. Empty when every rank succeeded.
 // When the job was interrupted, the interrupting signals (a terminal's Ctrl-C
 // reaches every rank too) are not causes.
 Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir, bool interrupted) {
-  Cause signalled, silent, reported;
+  Cause frozen, signalled, silent, reported;
   auto keep = [](Cause& slot, const Cause& c) {
     if (slot.rank < 0 || c.at < slot.at) slot = c;
   };
@@ -131,7 +134,15 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
     const bool interruption =
         interrupted && (c.signal == SIGINT || c.signal == SIGTERM || c.signal == SIGHUP || c.sent != 0);
     if (interruption) continue;
-    if (c.signal) {
+    if (c.frozen || (!c.done && c.stopped)) {
+      const char* abbrev = sigabbrev_np(c.stopped);
+      keep(frozen, {c.rank, 3,
+                    who + " was stopped by signal " + std::to_string(c.stopped) +
+                        (abbrev ? " (SIG" + std::string(abbrev) + ")" : std::string()) +
+                        " and never resumed; its peers timed out waiting for it (mesh.timeout_s); stopped the "
+                        "other ranks",
+                    c.died_ns});
+    } else if (c.signal) {
       const char* abbrev = sigabbrev_np(c.signal);
       keep(signalled, {c.rank, 3,
                        who + " was killed by signal " + std::to_string(c.signal) +
@@ -149,6 +160,7 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
                       t});
     }
   }
+  if (frozen.rank >= 0) return frozen;
   if (signalled.rank >= 0) return signalled;
   if (silent.rank >= 0) return silent;
   return reported;
@@ -241,8 +253,17 @@ bool tend(Child& c, int world_size) {
   if (c.err_fd >= 0 && !pump(c.err_fd, c.err_buf, std::cerr, prefix)) { close(c.err_fd); c.err_fd = -1; }
   if (c.done) return false;
   int status = 0;
-  if (waitpid(c.pid, &status, WNOHANG) != c.pid) return false;
+  if (waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != c.pid) return false;
+  if (WIFSTOPPED(status)) {  // frozen: its peers will time out waiting for it
+    c.stopped = WSTOPSIG(status);
+    return false;
+  }
+  if (WIFCONTINUED(status)) {
+    c.stopped = 0;
+    return false;
+  }
   c.done = true;
+  c.frozen = c.stopped != 0;
   c.code = exit_code_of(status);
   c.died_ns = monotonic_ns();
   if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
@@ -304,8 +325,43 @@ int report_outcome(const std::vector<Child>& kids, const std::string& error_dir)
 
 }  // namespace
 
+std::string first_slurm_host(const std::string& list) {
+  const size_t cut = list.find_first_of(",[");
+  if (cut == std::string::npos || list[cut] == ',') return list.substr(0, cut);
+  const size_t end = list.find_first_of("-,]", cut + 1);  // the first number of the first range
+  return list.substr(0, cut) + list.substr(cut + 1, (end == std::string::npos ? list.size() : end) - cut - 1);
+}
+
+namespace {
+
+// A task of SLURM's srun as one rank (see launcher.h).
+std::optional<RankEnv> slurm_rank_env() {
+  if (!std::getenv("SLURM_PROCID") || !std::getenv("SLURM_NTASKS")) return std::nullopt;
+  RankEnv e;
+  e.rank = env_int("SLURM_PROCID", 0);
+  e.world_size = env_int("SLURM_NTASKS", 1);
+  e.local_rank = env_int("SLURM_LOCALID", 0);
+  const int nodes = std::max(1, env_int("SLURM_NNODES", 1));
+  e.local_world_size = e.world_size % nodes == 0 ? e.world_size / nodes : e.world_size;
+  if (const char* a = std::getenv("MASTER_ADDR")) {
+    e.master_addr = a;
+  } else if (const char* l = std::getenv("SLURM_STEP_NODELIST") ? std::getenv("SLURM_STEP_NODELIST")
+                                                                : std::getenv("SLURM_JOB_NODELIST")) {
+    e.master_addr = first_slurm_host(l);
+  }
+  e.master_port = env_int("MASTER_PORT", 29500);
+  if (e.world_size < 1 || e.rank >= e.world_size) {
+    throw UserError("SLURM_PROCID " + std::to_string(e.rank) + " is not below SLURM_NTASKS " +
+                    std::to_string(e.world_size));
+  }
+  e.host_store = e.rank == 0;
+  return e;
+}
+
+}  // namespace
+
 std::optional<RankEnv> rank_env_from_environment() {
-  if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return std::nullopt;
+  if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return slurm_rank_env();
   RankEnv e;
   e.rank = env_int("RANK", 0);
   e.world_size = env_int("WORLD_SIZE", 1);

@@ -29,7 +29,15 @@ struct RankEnv {
 
 // The rank environment if this process was started as a rank (by composer or
 // an external launcher), else nullopt. Bad values are UserErrors.
+// Under SLURM's srun (no RANK or WORLD_SIZE, but SLURM_PROCID and
+// SLURM_NTASKS), each task is one rank: SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID, the tasks per node from SLURM_NTASKS and SLURM_NNODES, and as
+// the rendezvous address MASTER_ADDR or the first host of SLURM_STEP_NODELIST
+// (or SLURM_JOB_NODELIST), port MASTER_PORT or 29500.
 std::optional<RankEnv> rank_env_from_environment();
+
+// The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
+std::string first_slurm_host(const std::string& nodelist);
 
 // Spawns this node's ranks running `argv` and supervises them; returns the
 // job's exit code (0, or the first failing rank's 1, 2 or 3).
