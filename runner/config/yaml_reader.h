@@ -30,6 +30,15 @@ struct EnumName {
   const char* name;
 };
 
+// The name of `v` in `table`, "?" for a value the table lacks.
+template <class E, size_t N>
+const char* lookup(const EnumName<E> (&table)[N], E v) {
+  for (const auto& e : table) {
+    if (e.value == v) return e.name;
+  }
+  return "?";
+}
+
 class YamlMap {
  public:
   YamlMap(const YAML::Node& node, std::string path, const ReadContext& ctx);
