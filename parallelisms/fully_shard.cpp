@@ -47,6 +47,9 @@ struct FullyShard::Unit {
   bool freed = false;                    // storage released after forward
   torch::Tensor pending;                 // unreduced gradients of earlier microbatches
   std::vector<char> has_grad;            // per parameter: a gradient arrived since the last reduction
+  // Resharded to a smaller group: this rank's rows of the last full gather
+  // ([shard group size / N, gather_bytes]), re-gathered over that group.
+  torch::Tensor kept;
   // An all-gather in flight (or finished but not yet copied out).
   Handle gather;
   torch::Tensor send_base, recv_base, recv;
@@ -96,6 +99,16 @@ void start_gather(FullyShard::Unit& u) {
   TORCH_INTERNAL_ASSERT(!u.recv.defined(), "unit ", u.name, " is already being gathered");
   torch::NoGradGuard no_grad;
   Group& g = *u.group;
+  if (u.kept.defined()) {  // resharded to a smaller group: gather the kept rows over it
+    Group& sub = *u.owner->post_forward_group();
+    u.recv_base = u.owner->take_buffer(FullyShard::kRecv);
+    auto all = u.recv_base.narrow(0, 0, g.size * u.gather_bytes);
+    u.recv = all.view({g.size, u.gather_bytes});
+    if (FullyShard::Unit* other = u.owner->in_flight) other->gather.wait();
+    u.gather = all_gather_into(sub, u.kept.view({-1}), all.view({sub.size, -1}), /*async=*/true);
+    u.owner->in_flight = &u;
+    return;
+  }
   u.send_base = u.owner->take_buffer(FullyShard::kSend);
   auto send = u.send_base.narrow(0, 0, u.gather_bytes);
   for (auto& p : u.params) {
@@ -154,7 +167,16 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
     p.ext->post_all_gather(gathered, p.info, p.compute_dtype, out);
     if (!refill) values.push_back(out.view(p.shape));
   }
-  u.owner->give_buffer(FullyShard::kSend, std::move(u.send_base));
+  // Resharding to a smaller group of N keeps this rank's share of a full
+  // gather: for its position j in that group, the rows of the shard group's
+  // ranks j * W / N ... (j + 1) * W / N - 1, which the group's re-gather lays
+  // back in order.
+  Group* sub = u.owner->post_forward_group();
+  if (sub && u.reshard_after_forward && !u.kept.defined()) {
+    const int64_t rows = u.group->size / sub->size;
+    u.kept = u.recv.narrow(0, sub->rank * rows, rows).clone();
+  }
+  if (u.send_base.defined()) u.owner->give_buffer(FullyShard::kSend, std::move(u.send_base));
   if (u.recv_base.defined()) u.owner->give_buffer(FullyShard::kRecv, std::move(u.recv_base));
   u.send_base = u.recv_base = u.recv = torch::Tensor();
   return values;
@@ -471,11 +493,12 @@ void FullyShard::reshard() {
     if (u->recv.defined()) {  // a prefetch nobody used
       u->gather.wait();
       in_flight = nullptr;
-      give_buffer(kSend, std::move(u->send_base));
+      if (u->send_base.defined()) give_buffer(kSend, std::move(u->send_base));
       if (u->recv_base.defined()) give_buffer(kRecv, std::move(u->recv_base));
       u->send_base = u->recv_base = u->recv = torch::Tensor();
     }
     release_unsharded(*u);
+    u->kept = torch::Tensor();
     for (auto& p : u->params) {
       for (auto* m : p.users) m->clear_view(p.param);
       p.full = torch::Tensor();

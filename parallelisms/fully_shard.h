@@ -84,6 +84,13 @@ const AllGatherExtension& default_all_gather();
 struct FullyShardOptions {
   std::vector<std::string> units;     // module FQN patterns; each match is its own unit
   bool reshard_after_forward = true;  // free unsharded parameters between forward and backward
+  // Resharding to a smaller group (FSDP2's integer reshard_after_forward):
+  // N consecutive ranks of the shard group, this rank among them. After a
+  // unit's first all-gather of a step each rank keeps the gathered inputs of
+  // 1/N of the shard group's ranks, and a re-gather (backward) all-gathers
+  // those over this group instead of the whole shard group; they are dropped
+  // at reshard(). nullptr: re-gathers span the whole shard group.
+  Group* post_forward = nullptr;
   std::optional<c10::ScalarType> param_dtype;   // all-gather and compute dtype
   std::optional<c10::ScalarType> reduce_dtype;  // gradient reduction dtype (default: param_dtype)
   // Applied to every float32 parameter; nullptr all-gathers the shard itself.
@@ -118,6 +125,7 @@ class FullyShard {
   ~FullyShard();
 
   Group& group() { return group_; }
+  Group* post_forward_group() { return options_.post_forward; }
   Group* replicate_group() { return options_.replicate; }
   size_t num_units() const;
   // With false, backward holds the unit gradients back (gradient

@@ -110,7 +110,12 @@ struct FullyShardConfig {
   static constexpr const char* kKey = "fully_shard";
   std::vector<std::string> mesh_dim{"dp"};  // one dim (FSDP) or [replicate, shard] (HSDP); "a+b" flattens dims
   std::vector<std::string> units;           // module FQN patterns; each match is a unit
-  bool reshard_after_forward = true;        // free unsharded params after forward
+  // reshard_after_forward: true, false or N, held as the group size the
+  // unsharded parameters are resharded to after forward: 0 is the whole shard
+  // group (true), 1 keeps them gathered (false), N keeps 1/N of them on each
+  // rank and backward gathers over N consecutive ranks (FSDP2's integer form).
+  int64_t reshard_after_forward = 0;
+  SourceRef reshard_ref;                    // where reshard_after_forward was given
   std::optional<DType> param_dtype;         // compute dtype (unset = parameter dtype)
   std::optional<DType> reduce_dtype;        // gradient reduction dtype (unset = param_dtype)
   ShardPlacement shard_placement = ShardPlacement::kDim0;  // dim each parameter is sharded on

@@ -41,8 +41,14 @@ nlohmann::json options_json(const ContextParallelConfig& t) {
 
 nlohmann::json options_json(const ActivationCheckpointingConfig& t) { return {{"units", t.units}, {"every", t.every}}; }
 
+// As written: true (the whole shard group), false (kept gathered) or the group size.
+nlohmann::json reshard_json(int64_t size) {
+  if (size <= 1) return size == 0;
+  return size;
+}
+
 nlohmann::json options_json(const FullyShardConfig& t) {
-  return {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", t.reshard_after_forward},
+  return {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", reshard_json(t.reshard_after_forward)},
           {"param_dtype", t.param_dtype ? name_of(*t.param_dtype) : ""},
           {"reduce_dtype", t.reduce_dtype ? name_of(*t.reduce_dtype) : ""},
           {"shard_placement", name_of(t.shard_placement)}, {"all_gather", name_of(t.all_gather)},

@@ -143,11 +143,31 @@ TransformOptions read_activation_checkpointing(YamlMap& m) {
   return t;
 }
 
+// true, false or a group size N >= 1 (whether N divides the shard group is the planner's check).
+void read_reshard_after_forward(YamlMap& m, FullyShardConfig& t) {
+  const std::string key = "reshard_after_forward";
+  t.reshard_ref = m.has(key) ? m.ref(key) : m.self_ref();
+  if (!m.has(key)) return;
+  const YAML::Node n = m.node(key);
+  const std::string s = n.IsScalar() ? n.Scalar() : "";
+  bool flag = false;
+  if (n.IsScalar() && YAML::convert<bool>::decode(n, flag)) {
+    t.reshard_after_forward = flag ? 0 : 1;
+    return;
+  }
+  int64_t size = 0;
+  if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, size) || size < 1) {
+    throw ConfigError(m.ref(key), "reshard_after_forward is true, false or a group size N >= 1 that divides the "
+                                  "shard dim (e.g. 2 on a dp 4 mesh), not '" + s + "'");
+  }
+  t.reshard_after_forward = size;
+}
+
 TransformOptions read_fully_shard(YamlMap& m) {
   FullyShardConfig t;
   t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
   m.get("units", t.units);
-  m.get("reshard_after_forward", t.reshard_after_forward);
+  read_reshard_after_forward(m, t);
   for (auto [key, out] : {std::pair{"param_dtype", &t.param_dtype}, std::pair{"reduce_dtype", &t.reduce_dtype}}) {
     if (!m.has(key)) continue;
     DType d = DType::kFloat32;

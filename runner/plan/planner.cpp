@@ -412,6 +412,17 @@ void plan_one(Planning& s, const TransformConfig& entry, const FullyShardConfig&
     throw PlanError(entry.ref, "shard_placement: opposite_tp shards the dim tensor parallelism does not, but no "
                                "tensor_parallel comes before this fully_shard; use dim0 or add tensor_parallel");
   }
+  if (t.reshard_after_forward > 1) {
+    int64_t shard = 1;
+    for (const auto& d : flat_dims({t.mesh_dim.back()})) shard *= dim_size(c.mesh, d);
+    if (shard % t.reshard_after_forward != 0) {
+      throw PlanError(t.reshard_ref, "reshard_after_forward: " + std::to_string(t.reshard_after_forward) +
+                                         " must divide the shard dim " + t.mesh_dim.back() + " of " +
+                                         std::to_string(shard) + " ranks (the group resharded to is that many "
+                                         "consecutive ranks of it); use a divisor of " + std::to_string(shard) +
+                                         ", true or false");
+    }
+  }
   if (t.all_gather != AllGather::kPlain && c.train.dtype != DType::kFloat32) {
     throw PlanError(entry.ref, "the all_gather extensions transform float32 parameters, but train.dtype is " +
                                    std::string(name_of(c.train.dtype)) + "; use all_gather: plain or dtype float32");

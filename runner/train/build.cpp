@@ -57,7 +57,13 @@ parallel::FullyShardStep fully_shard_step(const FullyShardConfig& t, RankContext
   s.data_parallel = &rank.mesh->group(flat_dims(t.mesh_dim));
   auto& o = s.options;
   o.units = t.units;
-  o.reshard_after_forward = t.reshard_after_forward;
+  o.reshard_after_forward = t.reshard_after_forward != 1;
+  if (t.reshard_after_forward > 1 && t.reshard_after_forward < s.group->size) {  // N consecutive shard ranks
+    const int n = static_cast<int>(t.reshard_after_forward);
+    std::vector<int> members;
+    for (int i = s.group->rank / n * n; i < (s.group->rank / n + 1) * n; ++i) members.push_back(i);
+    o.post_forward = &rank.mesh->subgroup(t.mesh_dim.back(), members);
+  }
   o.prefetch = t.prefetch;
   if (t.param_dtype) o.param_dtype = scalar_type_of(*t.param_dtype);
   if (t.reduce_dtype) o.reduce_dtype = scalar_type_of(*t.reduce_dtype);

@@ -102,6 +102,60 @@ TEST(FullyShard, ReshardAfterForwardFreesTheUnshardedStorage) {
   });
 }
 
+// reshard_after_forward: 2 on dp 4 (FSDP2's integer form): forward gathers
+// over all 4 ranks, each rank keeps the gathered rows of 2 of them, and the
+// backward re-gathers over its pair only, twice the bytes of a forward
+// gather's input from each rank, never over dp. The values are byte copies, so
+// the gradients equal whole-group resharding's exactly, on a second step too
+// (the kept rows are those of the current shards, not the last step's).
+TEST(FullyShard, ReshardingToAPairReGathersOverThePairAndTrainsIdentically) {
+  auto grads_of = [](DeviceMesh& mesh, bool to_pair) {
+    auto& g = mesh.group("dp");
+    auto m = make_stack();
+    FullyShardOptions o{{"*"}, true};
+    Group* pair = nullptr;
+    if (to_pair) {
+      const int base = g.rank / 2 * 2;
+      pair = o.post_forward = &mesh.subgroup("dp", {base, base + 1});
+    }
+    auto fs = apply_fully_shard(*m, g, o);
+    std::vector<torch::Tensor> out;
+    for (int step = 0; step < 2; ++step) {
+      g.counter->reset();
+      if (pair) pair->counter->reset();
+      for (int k = 0; k < 2; ++k) {  // two microbatches: the second forward keeps nothing new
+        fs->set_requires_sync(k == 1);
+        auto y = (*m)(input_of(g.rank) * (k + 1));
+        const auto forward = g.counter->get("all_gather");
+        if (k == 0) {
+          EXPECT_EQ(forward.calls, 3);
+        }
+        y.sum().backward();
+        EXPECT_EQ(g.counter->get("all_gather").calls, pair ? 3 : 3 * (k + 2));  // whole group: re-gathered over dp
+        if (pair) {
+          EXPECT_EQ(pair->counter->get("all_gather").calls, 3 * (k + 1));  // one per unit and backward
+          EXPECT_EQ(pair->counter->get("all_gather").bytes, 2 * (k + 1) * forward.bytes);
+          EXPECT_EQ(pair->counter->total().calls, 3 * (k + 1));
+        }
+      }
+      fs->reshard();
+      torch::NoGradGuard no_grad;
+      for (auto& p : m->parameters()) {
+        out.push_back(p.grad().clone());
+        p.sub_(p.grad());  // the next step gathers the new shards
+        p.mutable_grad() = torch::Tensor();
+      }
+    }
+    return out;
+  };
+  testing::run_ranks({"dp"}, {4}, [&](DeviceMesh& mesh) {
+    auto whole = grads_of(mesh, false);
+    auto pair = grads_of(mesh, true);
+    ASSERT_EQ(whole.size(), pair.size());
+    for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(whole[i].equal(pair[i])) << i;
+  });
+}
+
 TEST(FullyShard, OneWayShardingIssuesNoCollective) {
   testing::run_ranks({"dp", "tp"}, {1, 2}, [](DeviceMesh& mesh) {
     auto& g = mesh.group("dp");

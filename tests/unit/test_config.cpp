@@ -157,7 +157,19 @@ TEST(Config, ParallelizeEntriesAreParsedStrictly) {
   EXPECT_TRUE(std::holds_alternative<TensorParallelConfig>(c.parallelize[0].options));
   EXPECT_STREQ(c.parallelize[0].name(), "tensor_parallel");
   EXPECT_EQ(c.parallelize[0].mesh_dim(), std::vector<std::string>{"tp"});
-  EXPECT_FALSE(std::get<FullyShardConfig>(c.parallelize[1].options).reshard_after_forward);
+  EXPECT_EQ(std::get<FullyShardConfig>(c.parallelize[1].options).reshard_after_forward, 1);  // false: kept gathered
+  auto fs_of = [](const std::string& v) {
+    auto c = parse_config(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forward: " + v + "}\n",
+                          "x.yaml");
+    return std::get<FullyShardConfig>(c.parallelize[0].options).reshard_after_forward;
+  };
+  EXPECT_EQ(fs_of("true"), 0);  // the whole shard group
+  EXPECT_EQ(fs_of("2"), 2);
+  for (const char* bad : {"0", "-2", "sometimes", "[2]", "1.5"}) {
+    std::string e = error_of(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forward: " + bad +
+                             "}\n");
+    EXPECT_NE(e.find("reshard_after_forward is true, false or a group size N >= 1"), std::string::npos) << bad << e;
+  }
   std::string e = error_of(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forwrd: false}\n");
   EXPECT_NE(e.find("x.yaml:4:19: parallelize[0].fully_shard.reshard_after_forwrd: unknown key; did you mean "
                    "reshard_after_forward?"),
