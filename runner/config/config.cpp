@@ -7,16 +7,11 @@
 #include "models/registry.h"
 #include "runner/config/config_delay.h"
 #include "runner/config/config_document.h"
-#include "runner/config/config_readers.h"
 #include "runner/config/yaml_reader.h"
 
 namespace composer {
 namespace {
 
-const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
-                                   {DType::kFloat64, "float64"},
-                                   {DType::kBFloat16, "bfloat16"},
-                                   {DType::kFloat16, "float16"}};
 const EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
 const EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 const EnumName<OptimizerKind> kOptimizers[] = {
@@ -162,7 +157,7 @@ TrainConfig read_train(YamlMap& root) {
   require_positive(m.ref("global_batch"), static_cast<double>(c.global_batch), "global_batch");
   m.get("microbatches", c.microbatches);
   require_positive(m.ref("microbatches"), static_cast<double>(c.microbatches), "microbatches");
-  m.get_enum("dtype", c.dtype, kDTypes);
+  read_dtype(m, "dtype", c.dtype);
   if (c.dtype == DType::kFloat16) {
     throw ConfigError(m.ref("dtype"),
                       "float16 parameters and optimizer state underflow (Adam's eps 1e-8 is 0 in "
@@ -290,9 +285,6 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size) {
 
 }  // namespace
 
-void read_dtype(YamlMap& m, const std::string& key, DType& out) { m.get_enum(key, out, kDTypes); }
-
-const char* name_of(DType v) { return lookup(kDTypes, v); }
 const char* name_of(Backend v) { return lookup(kBackends, v); }
 const char* name_of(DeviceKind v) { return lookup(kDevices, v); }
 const char* name_of(OptimizerKind v) { return lookup(kOptimizers, v); }

@@ -2,13 +2,15 @@
 // own typed options, in the order kTransformReaders lists them.
 #include <cstdio>
 
-#include "runner/config/config.h"
-#include "runner/config/config_readers.h"
-#include "runner/config/yaml_reader.h"
+#include "runner/config/parallelize_config.h"
 
 namespace composer {
 namespace {
 
+const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
+                                   {DType::kFloat64, "float64"},
+                                   {DType::kBFloat16, "bfloat16"},
+                                   {DType::kFloat16, "float16"}};
 const EnumName<ShardPlacement> kShardPlacements[] = {{ShardPlacement::kDim0, "dim0"},
                                                      {ShardPlacement::kOppositeTp, "opposite_tp"}};
 const EnumName<AllGather> kAllGathers[] = {
@@ -275,6 +277,9 @@ std::vector<std::string> flat_dims(const std::vector<std::string>& entries) {
   }
   return out;
 }
+void read_dtype(YamlMap& m, const std::string& key, DType& out) { m.get_enum(key, out, kDTypes); }
+
+const char* name_of(DType v) { return lookup(kDTypes, v); }
 const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
 const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
 const char* name_of(Offload v) { return lookup(kOffloads, v); }
