@@ -252,6 +252,7 @@ class TwoInputs : public AllGatherExtension {
   std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
                                             c10::ScalarType) const override {
     ++pre_calls;
+    max_world = std::max(max_world.load(), info.world);
     auto x = pad_shard(shard, info);
     return {x, -x};
   }
@@ -263,7 +264,7 @@ class TwoInputs : public AllGatherExtension {
     out.copy_((unpad_cat(gathered[0], info, dtype, {}) - unpad_cat(gathered[1], info, dtype, {})) / 2);
     return out;
   }
-  mutable std::atomic<int> pre_calls{0}, post_calls{0};
+  mutable std::atomic<int> pre_calls{0}, post_calls{0}, max_world{0};
 };
 
 TEST(FullyShard, AllGatherExtensionsGatherSeveralTensorsPerParameterInOneCollective) {
@@ -316,6 +317,35 @@ TEST(FullyShard, HsdpReduceScattersOverShardAndAllReducesOverReplicate) {
     auto ref = reference_grads(4);
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       EXPECT_TRUE(torch::allclose(p.grad(), ref[n].chunk(2, 0)[shard.rank], 1e-5, 1e-6)) << n;
+    }
+  });
+}
+
+// docs/scenarios.md 4.5: HSDP on (replicate 2, shard 4) with an extension:
+// its hooks see only the shard group (4 pieces gathered, never 8), and the
+// gradients are the average over all 8 ranks' inputs.
+TEST(FullyShard, HsdpExtensionsSeeOnlyTheShardGroup) {
+  testing::run_ranks({"rep", "shard"}, {2, 4}, [](DeviceMesh& mesh) {
+    auto& shard = mesh.group("shard");
+    auto& rep = mesh.group("rep");
+    auto m = make_stack();
+    Placements pl;
+    auto ext = std::make_shared<TwoInputs>();
+    FullyShardOptions o{{"*"}, true};
+    o.replicate = &rep;
+    o.placements = &pl;
+    o.extension = ext;
+    auto fs = apply_fully_shard(*m, shard, o);
+    std::vector<torch::Tensor> params;
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) params.push_back(p);
+    GradSync sync(params, pl, {});
+    (*m)(input_of(rep.rank * 4 + shard.rank)).sum().backward();
+    sync.finish();
+    EXPECT_EQ(ext->max_world, 4);  // the shard group's size, under a 2 x 4 mesh
+    EXPECT_EQ(ext->post_calls, 24);
+    auto ref = reference_grads(8);
+    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+      EXPECT_TRUE(torch::allclose(p.grad(), ref[n].chunk(4, 0)[shard.rank], 1e-5, 1e-6)) << n;
     }
   });
 }
