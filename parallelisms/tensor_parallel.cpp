@@ -90,8 +90,14 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   if (m.bias.defined()) shard_param(tp, m.bias, 0);
   const int64_t out_features = m.out_features;
   const Layout in = r.input, out = r.output;
-  m.add_pre_hook([&g, in](nn::Module&, torch::Tensor x) {
+  m.add_pre_hook([&g, in, &tp](nn::Module&, torch::Tensor x) {
     if (in.sharded) return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
+    // A replicated input that a prepare_input gather made: its gradient here
+    // is partial over tp, and the gather reduce-scatters the sum of all such
+    // (once, not one all-reduce per Linear).
+    for (const auto& slot : tp.gathered_) {
+      if (slot->tensor.lock().get() == x.unsafeGetTensorImpl()) return tap_partial(x, slot->partials);
+    }
     return reduce_grad_autograd(g, x);
   });
   if (!out.sharded) {
@@ -157,9 +163,18 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
     case TpStyle::kPrepareInput: {
       const Layout in = r.input, want = r.desired_input;
       if (in == want) break;
-      m.add_pre_hook([&g, in, want](nn::Module&, torch::Tensor x) {
+      auto slot = std::make_shared<TensorParallel::Gathered>();
+      tp.gathered_.push_back(slot);
+      m.add_pre_hook([&g, in, want, slot](nn::Module&, torch::Tensor x) {
         if (in.sharded && !want.sharded) {
-          return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/false);
+          // Its users' gradients: the colwise Linears' partial ones are
+          // reduce-scattered, any other user's (already replicated) sliced.
+          slot->partials = std::make_shared<PartialGrads>();
+          auto y = gather_along_partials(g, x, in.dim, x.size(in.dim) * g.size, slot->partials);
+          const bool collects = slot->partials->collecting;
+          slot->tensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+              collects ? y.getIntrusivePtr() : c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+          return y;
         }
         TORCH_CHECK(!in.sharded && want.sharded, "prepare_input supports Shard -> Replicate and Replicate -> Shard");
         return scatter_along(g, x, want.dim);

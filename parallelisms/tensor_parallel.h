@@ -54,6 +54,14 @@ class TensorParallel {
 
   // Internal state the hooks share.
   std::unordered_map<const c10::TensorImpl*, TpShard> shards_;
+  // The tensor each prepare_input gather made last (weakly held) and where
+  // the colwise Linears fed by it leave their partial input gradients.
+  struct Gathered {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor{
+        c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    std::shared_ptr<PartialGrads> partials;
+  };
+  std::vector<std::shared_ptr<Gathered>> gathered_;
   int64_t modules_ = 0;
 
  private:

@@ -364,6 +364,49 @@ struct GatherAlongFn : torch::autograd::Function<GatherAlongFn> {
   }
 };
 
+// The partial-gradient state is saved with each node as a capsule.
+struct PartialsHolder : torch::CustomClassHolder {
+  std::shared_ptr<PartialGrads> partials;
+};
+
+struct GatherPartialsFn : torch::autograd::Function<GatherPartialsFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,
+                               c10::intrusive_ptr<PartialsHolder> holder) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["partials"] = c10::IValue::make_capsule(holder);
+    ctx->set_materialize_grads(false);  // no ordinary gradient: only the partials
+    return gather_dim(*reinterpret_cast<Group*>(group), t, dim, global);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = from_id(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    auto holder = c10::static_intrusive_pointer_cast<PartialsHolder>(ctx->saved_data["partials"].toCapsule());
+    torch::Tensor partial = std::move(holder->partials->sum);
+    holder->partials->sum = torch::Tensor();
+    torch::Tensor gi;
+    if (partial.defined()) gi = reduce_scatter_dim(g, partial, dim);
+    if (grads[0].defined()) {
+      auto local = slice_dim(g, grads[0], dim);
+      gi = gi.defined() ? gi + local : local.contiguous();
+    }
+    return {gi, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct TapPartialFn : torch::autograd::Function<TapPartialFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, c10::intrusive_ptr<PartialsHolder> holder) {
+    ctx->saved_data["partials"] = c10::IValue::make_capsule(holder);
+    return t.view_as(t);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto holder = c10::static_intrusive_pointer_cast<PartialsHolder>(ctx->saved_data["partials"].toCapsule());
+    auto& sum = holder->partials->sum;
+    if (grads[0].defined()) sum = sum.defined() ? sum + grads[0] : grads[0];
+    return {torch::Tensor(), torch::Tensor()};
+  }
+};
+
 struct ScatterAlongFn : torch::autograd::Function<ScatterAlongFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
@@ -407,6 +450,23 @@ torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_
   dim = dim < 0 ? dim + t.dim() : dim;
   if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
   return GatherAlongFn::apply(t, as_id(g), dim, global, backward_reduce);
+}
+
+torch::Tensor gather_along_partials(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                    std::shared_ptr<PartialGrads> partials) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
+  partials->collecting = t.requires_grad() && torch::GradMode::is_enabled();
+  auto holder = c10::make_intrusive<PartialsHolder>();
+  holder->partials = std::move(partials);
+  return GatherPartialsFn::apply(t, as_id(g), dim, global, holder);
+}
+
+torch::Tensor tap_partial(const torch::Tensor& t, std::shared_ptr<PartialGrads> partials) {
+  auto holder = c10::make_intrusive<PartialsHolder>();
+  holder->partials = std::move(partials);
+  return TapPartialFn::apply(t, holder);
 }
 
 torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {

@@ -78,6 +78,24 @@ torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full);
 // backward reduce-scatter (the gathered tensor feeds sharded compute whose
 // gradients are partial) or the local slice (its gradient is already replicated).
 torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce);
+
+// Partial gradients of a gathered activation, kept apart from its other
+// gradients: sharded compute (a colwise Linear) that consumes a gathered
+// tensor through tap_partial() leaves its partial input gradient here instead
+// of all-reducing it; the gather's backward then reduce-scatters their sum
+// once and adds the local slice of whatever else the tensor's users gave it.
+// One per gather and forward pass.
+struct PartialGrads {
+  torch::Tensor sum;        // the taps' gradients, summed (undefined: none arrived)
+  bool collecting = false;  // a gather's backward will take them (false: a 1-rank group or no autograd)
+};
+// gather_along with the backward above: reduce-scatter of `partials` plus the
+// local slice of the ordinary gradient.
+torch::Tensor gather_along_partials(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                    std::shared_ptr<PartialGrads> partials);
+// Forward identity; backward adds the gradient into `partials` and gives
+// none to `t` (the gather that made `t` reduce-scatters it).
+torch::Tensor tap_partial(const torch::Tensor& t, std::shared_ptr<PartialGrads> partials);
 // Forward: this rank's torch.chunk slice; backward: all-gather.
 torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
 // Forward: sum over the group, keep this rank's slice; backward: all-gather.
