@@ -90,12 +90,12 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   if (m.bias.defined()) shard_param(tp, m.bias, 0);
   const int64_t out_features = m.out_features;
   const Layout in = r.input, out = r.output;
-  m.add_pre_hook([&g, in, &tp](nn::Module&, torch::Tensor x) {
+  m.add_pre_hook([&g, in, gathered = tp.gathered_](nn::Module&, torch::Tensor x) {
     if (in.sharded) return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
     // A replicated input that a prepare_input gather made: its gradient here
     // is partial over tp, and the gather reduce-scatters the sum of all such
     // (once, not one all-reduce per Linear).
-    for (const auto& slot : tp.gathered_) {
+    for (const auto& slot : *gathered) {
       if (slot->tensor.lock().get() == x.unsafeGetTensorImpl()) return tap_partial(x, slot->partials);
     }
     return reduce_grad_autograd(g, x);
@@ -164,7 +164,7 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
       const Layout in = r.input, want = r.desired_input;
       if (in == want) break;
       auto slot = std::make_shared<TensorParallel::Gathered>();
-      tp.gathered_.push_back(slot);
+      tp.gathered_->push_back(slot);
       m.add_pre_hook([&g, in, want, slot](nn::Module&, torch::Tensor x) {
         if (in.sharded && !want.sharded) {
           // Its users' gradients: the colwise Linears' partial ones are

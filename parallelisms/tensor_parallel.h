@@ -61,7 +61,9 @@ class TensorParallel {
         c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
     std::shared_ptr<PartialGrads> partials;
   };
-  std::vector<std::shared_ptr<Gathered>> gathered_;
+  // Shared with the hooks, which outlive this object (a caller may drop it).
+  std::shared_ptr<std::vector<std::shared_ptr<Gathered>>> gathered_ =
+      std::make_shared<std::vector<std::shared_ptr<Gathered>>>();
   int64_t modules_ = 0;
 
  private:

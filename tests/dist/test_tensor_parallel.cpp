@@ -132,8 +132,14 @@ TEST(TensorParallel, SequenceParallelTransformerMatchesOneDevice) {
     auto tokens = torch::arange(32, torch::kLong).remainder(8).view({2, 16});
     auto y = (*m)(tokens), yr = (*ref)(tokens);
     EXPECT_TRUE(torch::allclose(y, yr, 1e-5, 1e-5));
+    g.counter->reset();
     y.pow(2).sum().backward();
     sync.finish();
+    // Backward all-reduces nothing but the norms' gradient bucket: each
+    // gathered block input's partial gradients (wq, wk, wv) are
+    // reduce-scattered once by the gather, not all-reduced per Linear.
+    EXPECT_EQ(g.counter->get("all_reduce").calls, 1);
+    EXPECT_EQ(g.counter->get("all_reduce").bytes, sync.buffer_bytes());
     yr.pow(2).sum().backward();
     for (auto& [n, p] : nn::unique_named_parameters(*m)) {
       auto rp = ref->named_parameters()[n];
