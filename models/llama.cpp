@@ -207,6 +207,7 @@ std::vector<ModelSpec> llama_specs() {
                 a.f("rope_theta"), a.b("depth_init")};
     return std::make_shared<Llama>(l);
   };
+  s.logits = "output";
   s.cp_check = [](const ModelArgs&) {};  // rotary angles by global position, GQA heads repeated after the ring
   // torchtitan's Llama plan: vocab-parallel embedding, head-split attention
   // (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and

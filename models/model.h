@@ -113,6 +113,9 @@ struct ModelSpec {
   // What context parallelism needs of the arguments (throws ArgError). Unset:
   // the model has no attention context parallelism can split.
   std::function<void(const ModelArgs&)> cp_check;
+  // The Linear whose outputs are the vocabulary's logits (loss parallel keeps
+  // them sharded over tp); empty: the model has none.
+  std::string logits;
 };
 
 // Rule constructors for plans.

@@ -144,6 +144,7 @@ std::vector<ModelSpec> transformer_specs() {
     return std::make_shared<Transformer>(t);
   };
   // The ring attention has no attention dropout (nor could ranks draw one device's masks).
+  s.logits = "output";
   s.cp_check = [](const ModelArgs& a) {
     if (a.f("dropout_p") > 0) {
       throw ArgError("dropout_p", "context_parallel's attention applies no dropout and its ranks cannot draw one "

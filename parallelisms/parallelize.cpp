@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "models/layers.h"
+
 namespace composer::parallel {
 namespace {
 
@@ -142,6 +144,12 @@ bool apply(Applying& a, const PipelineStep& s) {
 
 bool apply(Applying& a, const TensorParallelStep& s) {
   a.par.tp = apply_tensor_parallel(a.par.roots, *s.group, s.plan, *a.par.placements);
+  for (const auto& root : a.par.roots) {  // a pipeline rank without the logits computes no loss
+    for (const auto& [name, m] : root.modules) {
+      auto* out = name == s.loss_parallel ? dynamic_cast<nn::Linear*>(m) : nullptr;
+      if (out) a.par.vocab = {s.group, out->out_features};
+    }
+  }
   a.log("applied tensor_parallel " + over(s.group) + ": " + std::to_string(a.par.tp->num_modules()) + " modules");
   return true;
 }

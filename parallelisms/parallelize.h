@@ -45,6 +45,7 @@ struct PipelineStep {
 struct TensorParallelStep {
   Group* group = nullptr;  // the tp dim
   models::TpPlan plan;
+  std::string loss_parallel;  // the module whose logits stay vocabulary-sharded ("": none)
 };
 struct ContextParallelStep {
   Group* group = nullptr;  // the cp dim
@@ -106,6 +107,7 @@ struct Parallel {
   ParamSet per_rank;                               // parameters each data-parallel rank keeps its own
   c10::Device device = c10::kCPU;                  // where small step tensors go: meta in a dry run
   double bucket_mb = GradSyncOptions{}.bucket_mb;  // replicate's, when it is applied
+  VocabParallel vocab;  // loss parallel, on the rank that computes the logits: the loss is vocab_parallel_cross_entropy
 
   // The gradient synchronisation every reduction the placements call for
   // needs; its buckets live where the parameters do, so call it after they

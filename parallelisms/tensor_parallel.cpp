@@ -186,6 +186,56 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
 
 }  // namespace
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor logits, torch::Tensor targets, int64_t group,
+                               int64_t vocab) {
+    Group& g = *reinterpret_cast<Group*>(group);
+    const auto sizes = chunk_sizes(vocab, g.size);
+    int64_t start = 0;
+    for (int r = 0; r < g.rank; ++r) start += sizes[r];
+    const int64_t rows = logits.size(0), len = logits.size(1);
+    // Each row's max over the whole vocabulary (an empty piece offers -inf).
+    torch::Tensor max = len ? std::get<0>(logits.max(1)) : torch::full({rows}, -INFINITY, logits.options());
+    all_reduce(g, max, Reduce::kMax);
+    auto shifted = logits - max.unsqueeze(1);
+    auto exp = shifted.exp();
+    auto sum = exp.sum(1);
+    // The target's shifted logit, from the rank whose piece holds it (0 elsewhere).
+    auto mine = (targets >= start) & (targets < start + len);
+    auto local = (targets - start).masked_fill(~mine, 0);
+    auto picked = len ? shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0)
+                      : torch::zeros({rows}, logits.options());
+    auto both = torch::stack({sum, picked});  // one all-reduce for the two sums
+    all_reduce(g, both);
+    sum = both[0];
+    picked = both[1];
+    ctx->save_for_backward({exp / sum.unsqueeze(1), local, mine});
+    return (sum.log() - picked).mean();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &softmax = saved[0], &local = saved[1], &mine = saved[2];
+    auto grad = softmax.clone();
+    if (grad.size(1)) {
+      grad.scatter_add_(1, local.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
+    }
+    grad.mul_(grads[0] / static_cast<double>(std::max<int64_t>(1, grad.size(0))));
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
+                                           const torch::Tensor& targets) {
+  return VocabParallelCrossEntropyFn::apply(logits, targets, reinterpret_cast<int64_t>(v.group), v.vocab);
+}
+
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {
   auto modules = nn::named_modules(model);
   for (const auto& r : plan) {

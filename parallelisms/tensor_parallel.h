@@ -71,6 +71,21 @@ class TensorParallel {
   Placements& placements_;
 };
 
+// Loss parallel: the logits stay sharded over the vocabulary (torch.chunk
+// pieces of `vocab` over the tp group), and this is their cross entropy.
+struct VocabParallel {
+  Group* group = nullptr;  // the tp dim (nullptr: the logits are whole)
+  int64_t vocab = 0;       // the full vocabulary
+};
+
+// The mean over rows of cross entropy between logits sharded on their last
+// dim ([rows, this rank's piece of vocab]) and class ids ([rows]): the max
+// and the sum of exponentials are all-reduced over the group, and the target's
+// logit comes from the rank that holds it, so no rank holds whole logits. Its
+// gradient is the local softmax minus the one-hot, with no communication.
+torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
+                                           const torch::Tensor& targets);
+
 // Shards the modules of `roots` (the model, or this rank's pipeline stages)
 // that the plan's rules select.
 std::unique_ptr<TensorParallel> apply_tensor_parallel(const std::vector<models::Root>& roots, Group& group,

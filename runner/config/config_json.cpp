@@ -27,7 +27,8 @@ nlohmann::json options_json(const PipelineConfig& t) {
 }
 
 nlohmann::json options_json(const TensorParallelConfig& t) {
-  nlohmann::json j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel}};
+  nlohmann::json j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel},
+                      {"loss_parallel", t.loss_parallel}};
   for (const auto& r : t.styles) {
     j["styles"].push_back({{"module", r.pattern}, {"style", name_of(r.style)}, {"input", layout_name(r.input)},
                            {"output", layout_name(r.output)}, {"desired_input", layout_name(r.desired_input)}});

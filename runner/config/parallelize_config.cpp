@@ -118,6 +118,7 @@ TransformOptions read_tensor_parallel(YamlMap& m) {
   t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
   m.get("plan", t.plan);
   m.get("sequence_parallel", t.sequence_parallel);
+  m.get("loss_parallel", t.loss_parallel);
   t.styles = read_styles(m);
   if ((t.plan == "custom") != !t.styles.empty()) {
     throw ConfigError(m.self_ref(), "a custom plan lists its rules in `styles`, and `styles` needs plan: custom");

@@ -50,6 +50,7 @@ struct TensorParallelConfig {
   std::string plan = "default";             // the model's plan, or custom (then `styles`)
   models::TpPlan styles;                    // plan custom: the rules
   bool sequence_parallel = false;           // shard norms and residuals on the sequence dim
+  bool loss_parallel = false;               // keep the logits sharded over the vocabulary (cross entropy over tp)
 };
 
 struct ContextParallelConfig {

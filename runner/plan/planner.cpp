@@ -262,6 +262,34 @@ void check_sequence_split(const Planning& s) {
   }
 }
 
+// Loss parallel: cross entropy on the logits module's vocabulary-sharded
+// output. The default plan's rule for it then outputs shard(-1); a custom plan
+// must say so itself.
+void plan_loss_parallel(Planning& s, const TransformConfig& entry, const models::ModelSpec& spec, bool custom) {
+  const ExperimentConfig& c = s.c;
+  if (c.train.loss.name != LossKind::kCrossEntropy) {
+    throw PlanError(entry.ref, std::string("loss_parallel computes cross entropy on vocabulary-sharded logits, but "
+                                           "train.loss is ") + name_of(c.train.loss.name) +
+                                   "; use loss: {name: cross_entropy} or loss_parallel: false");
+  }
+  if (spec.logits.empty()) {
+    throw PlanError(entry.ref, "model " + c.model.name + " has no vocabulary output for loss_parallel to shard "
+                               "(models with one: transformer, llama); set loss_parallel: false");
+  }
+  models::TpRule* rule = nullptr;
+  for (auto& r : s.p.tp_plan) {
+    if (models::fqn_matches(r.pattern, spec.logits)) rule = &r;
+  }
+  const bool fits = rule && rule->style == models::TpStyle::kColwise;
+  if (!fits || (custom && !(rule->output.sharded && rule->output.dim == -1))) {
+    throw PlanError(entry.ref, "loss_parallel keeps " + spec.logits + "'s logits sharded, so the plan needs a colwise "
+                               "rule for " + spec.logits + " with output: shard(-1); add it to styles or set "
+                               "loss_parallel: false");
+  }
+  rule->output = models::Layout::shard(-1);
+  s.p.loss_parallel = spec.logits;
+}
+
 // Tensor parallelism: the model's plan must exist, suit the model's modules and
 // divide what it shards (heads; the sequence under sequence parallelism).
 void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelConfig& t) {
@@ -289,6 +317,7 @@ void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelCon
   if (auto problem = parallel::check_tp_plan(s.model, p.tp_plan)) {
     throw PlanError(entry.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
   }
+  if (t.loss_parallel) plan_loss_parallel(s, entry, *spec, custom);
   s.tensor_parallel = &entry;
   check_sequence_split(s);
   p.splits_model = true;

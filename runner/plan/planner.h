@@ -19,6 +19,7 @@ struct Plan {
   int64_t local_microbatch = 0;           // samples per microbatch on a rank
   int64_t tp_size = 1;                    // tensor-parallel degree (1 = none)
   models::TpPlan tp_plan;                 // the model's plan, when tensor_parallel is used
+  std::string loss_parallel;              // loss parallel: the module whose logits stay vocab-sharded
   std::vector<TransformConfig> transforms;           // validated, in application order
   std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
   int64_t cp_size = 1;                    // context-parallel degree (1 = none)

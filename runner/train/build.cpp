@@ -134,7 +134,7 @@ std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankConte
                          return s;
                        },
                        [&](const TensorParallelConfig& p) -> parallel::Transform {
-                         return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan};
+                         return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan, plan.loss_parallel};
                        },
                        [&](const ContextParallelConfig& p) -> parallel::Transform {
                          return parallel::ContextParallelStep{&rank.mesh->group(p.mesh_dim),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runner/base/optimizer.h"
+#include "parallelisms/tensor_parallel.h"
 #include "runner/config/config.h"
 
 namespace composer {
@@ -16,8 +17,9 @@ namespace composer {
 // The loss of one microbatch of `n` samples out of a global batch of `global`
 // samples, weighted so that the microbatch losses add up to the global-batch
 // loss: mean-type losses by n/global, sum-type losses by 1; times loss.scale.
+// With `vocab` (loss parallel), cross entropy takes logits sharded over it.
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
-                           int64_t n, int64_t global);
+                           int64_t n, int64_t global, const parallel::VocabParallel& vocab = {});
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params);
 

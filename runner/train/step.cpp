@@ -159,7 +159,7 @@ int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static
 // the microbatch's share of the batch loss), divided by n when scale_grads.
 // Returns the sum of the microbatch shares: the batch loss.
 double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
-                     double grad_scale, const parallel::Delays& delays) {
+                     double grad_scale, const parallel::Delays& delays, const parallel::VocabParallel& vocab) {
   const auto& t = c.train;
   const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
   const bool scale = plan.pipeline->scale_grads;
@@ -169,7 +169,8 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
   auto loss_of = [&](int mb, const torch::Tensor& out) {
     auto loss =
-        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch);
+        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch,
+                     vocab);
     delays.at(parallel::DelayPoint::kAfterLoss);
     return loss;
   };
@@ -245,7 +246,7 @@ double pipelined(StepState& s, StepRecord& r) {
   const auto phase = Clock::now();
   Batch b = local_part(par, s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch));
   par.set_requires_sync(false);
-  const double loss = pipeline_step(*par.pipe, s.c, s.plan, b, s.grad_scale, s.delays);
+  const double loss = pipeline_step(*par.pipe, s.c, s.plan, b, s.grad_scale, s.delays, par.vocab);
   par.reshard();
   r.backward_ms = ms_since(phase);  // forward and backward interleave
   r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
@@ -265,7 +266,7 @@ double accumulated(StepState& s, StepRecord& r) {
     const int64_t begin = s.batch_begin + m * mb;
     Batch b = local_part(par, s.batch(r.step, begin, begin + mb));
     auto phase = Clock::now();
-    auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch);
+    auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab);
     r.forward_ms += ms_since(phase);
     s.delays.at(parallel::DelayPoint::kAfterLoss);
     phase = Clock::now();
