@@ -63,8 +63,7 @@ void shard_param(TensorParallel& tp, torch::Tensor& p, int64_t dim) {
   }
   Group& g = tp.group();
   auto sizes = chunk_sizes(p.size(dim), g.size);
-  int64_t start = 0;
-  for (int i = 0; i < g.rank; ++i) start += sizes[i];
+  const int64_t start = offset_of(sizes, g.rank);
   TpShard s{dim, p.size(dim)};
   SpecDim& d = tp_dim(tp, p);
   d.param = d.grad = Placement::shard(dim);
@@ -128,8 +127,7 @@ void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
 void apply_rowwise_embedding(TensorParallel& tp, nn::Embedding& m, const TpRule& r) {
   Group& g = tp.group();
   auto sizes = chunk_sizes(m.num_embeddings, g.size);
-  int64_t start = 0;
-  for (int i = 0; i < g.rank; ++i) start += sizes[i];
+  const int64_t start = offset_of(sizes, g.rank);
   const int64_t len = sizes[g.rank];
   shard_param(tp, m.weight, 0);
   auto mask = std::make_shared<torch::Tensor>();
@@ -184,10 +182,6 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -196,8 +190,7 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
                                int64_t vocab) {
     Group& g = *reinterpret_cast<Group*>(group);
     const auto sizes = chunk_sizes(vocab, g.size);
-    int64_t start = 0;
-    for (int r = 0; r < g.rank; ++r) start += sizes[r];
+    const int64_t start = offset_of(sizes, g.rank);
     const int64_t rows = logits.size(0), len = logits.size(1);
     // Each row's max over the whole vocabulary (an empty piece offers -inf).
     torch::Tensor max = len ? std::get<0>(logits.max(1)) : torch::full({rows}, -INFINITY, logits.options());

@@ -92,6 +92,12 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
   return s;
 }
 
+int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
+  int64_t o = 0;
+  for (int i = 0; i < rank; ++i) o += sizes[i];
+  return o;
+}
+
 Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   if (g.size == 1) return {};
   delay_at(g.delays, DelayPoint::kBeforeAllReduce);
@@ -327,12 +333,6 @@ struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
   }
 };
 
-int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
-  int64_t o = 0;
-  for (int i = 0; i < rank; ++i) o += sizes[i];
-  return o;
-}
-
 torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
   auto x = t.movedim(dim, 0).contiguous();
   return all_gather(g, x, chunk_sizes(global, g.size)).movedim(0, dim);
@@ -382,8 +382,7 @@ struct GatherPartialsFn : torch::autograd::Function<GatherPartialsFn> {
     Group& g = from_id(ctx);
     const int64_t dim = ctx->saved_data["dim"].toInt();
     auto holder = c10::static_intrusive_pointer_cast<PartialsHolder>(ctx->saved_data["partials"].toCapsule());
-    torch::Tensor partial = std::move(holder->partials->sum);
-    holder->partials->sum = torch::Tensor();
+    torch::Tensor partial = std::move(holder->partials->sum);  // leaves it undefined for the next pass
     torch::Tensor gi;
     if (partial.defined()) gi = reduce_scatter_dim(g, partial, dim);
     if (grads[0].defined()) {

@@ -63,6 +63,8 @@ void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
 
 // Dim-0 sizes of torch.chunk(n, parts): ceil-sized chunks, the tail smaller or empty.
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts);
+// Where piece `rank` of `sizes` starts: the sum of the pieces before it.
+int64_t offset_of(const std::vector<int64_t>& sizes, int rank);
 
 // Autograd-aware: forward all-reduce (sum), backward identity.
 torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t);
