@@ -155,8 +155,40 @@ void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b)
 }  // namespace composer::nn
 
 namespace composer::nn {
+namespace {
+thread_local bool fused_shapes = false;
+
+// Flash attention's allocations on meta tensors (see FusedAttentionShapes).
+struct FusedAttentionOnMeta : torch::autograd::Function<FusedAttentionOnMeta> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+    std::vector<int64_t> shape = q.sizes().vec();
+    shape.back() = v.size(-1);
+    auto out = at::empty(shape, q.options());
+    shape.pop_back();
+    auto logsumexp = at::empty(shape, q.options().dtype(at::kFloat));
+    ctx->save_for_backward({q, k, v, out, logsumexp});
+    return out;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto accumulator = at::empty(saved[0].sizes(), saved[0].options().dtype(at::kFloat));
+    auto dq = at::empty_like(saved[0]);
+    return {dq, at::empty_like(saved[1]), at::empty_like(saved[2])};
+  }
+};
+}  // namespace
+
+FusedAttentionShapes::FusedAttentionShapes(bool on) : previous_(fused_shapes) { fused_shapes = on; }
+FusedAttentionShapes::~FusedAttentionShapes() { fused_shapes = previous_; }
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training) {
+  // On a GPU, LibTorch's fused kernels (flash or memory-efficient attention) never materialise the
+  // scores; the same masks (a causal mask on [seq, keys] hides key j > query i) and dropout.
+  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, training ? dropout_p : 0.0, causal);
+  if (fused_shapes && q.is_meta()) return FusedAttentionOnMeta::apply(q, k, v);
   const int64_t seq = q.size(-2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   if (causal) {

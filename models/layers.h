@@ -109,10 +109,26 @@ void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b)
 }  // namespace composer::nn
 
 namespace composer::nn {
-// softmax(q k^T / sqrt(head_dim) [+ causal mask]) v on (batch, heads, seq, head_dim),
-// written from matmul, mask and softmax (LibTorch 1.13 has no fused SDPA).
+// softmax(q k^T / sqrt(head_dim) [+ causal mask]) v on (batch, heads, seq, head_dim). On the CPU (and
+// the meta device of the estimate) it is written from matmul, mask and softmax, as the PyTorch reference
+// writes it for the goldens; on a GPU it is LibTorch's fused scaled_dot_product_attention.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training);
+
+// While one lives on this thread, attention() on meta tensors (the estimate's dry run) stands for
+// the GPU's fused kernel: it allocates and saves what flash attention does (the output and a
+// float32 log-sum-exp per query row; in backward a float32 query-gradient accumulator), never the
+// scores. The dry run of a cuda plan holds one.
+class FusedAttentionShapes {
+ public:
+  explicit FusedAttentionShapes(bool on);
+  ~FusedAttentionShapes();
+  FusedAttentionShapes(const FusedAttentionShapes&) = delete;
+  FusedAttentionShapes& operator=(const FusedAttentionShapes&) = delete;
+
+ private:
+  bool previous_;
+};
 }  // namespace composer::nn
 
 namespace composer::nn {

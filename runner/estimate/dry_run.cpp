@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "models/layers.h"
 #include "runner/base/memory.h"
 #include "runner/train/build.h"
 #include "runner/train/optim.h"
@@ -57,6 +58,7 @@ std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const P
 DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
   memory::MetaCount count;
   nn::ShapeOnly shapes;
+  nn::FusedAttentionShapes fused(c.mesh.device == DeviceKind::kCuda);  // a GPU's attention kernel
   RankContext ctx = planning_rank(c, plan, r);
   DryRun out;
   models::ModelPtr model = build_model(c);

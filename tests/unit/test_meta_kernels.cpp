@@ -2,6 +2,7 @@
 // dry run counts for an operator equal those a real run counts for it.
 #include <gtest/gtest.h>
 
+#include "models/layers.h"
 #include "runner/estimate/estimate.h"
 #include "runner/base/memory.h"
 
@@ -91,6 +92,28 @@ TEST(MetaMatmul, RefusesShapesThatCannotBeMultiplied) {
   EXPECT_THROW(torch::mm(torch::empty({2, 3}, o), torch::empty({3, 4}, o.dtype(torch::kBFloat16))), c10::Error);
   EXPECT_EQ(torch::addmm(torch::empty({51}, o), torch::empty({8, 17}, o), torch::empty({17, 51}, o)).sizes(),
             (std::vector<int64_t>{8, 51}));
+}
+
+// A cuda plan's dry run counts attention as the GPU's fused kernel runs it: the
+// output and a float32 log-sum-exp per query row are what forward leaves alive,
+// never the [seq x seq] scores that the CPU's attention keeps for backward.
+TEST(MetaAttention, ACudaPlansAttentionKeepsNoScores) {
+  const int64_t b = 2, h = 4, s = 128, d = 16;
+  auto o = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kMeta).requires_grad(true);
+  auto kept = [&](bool fused) {
+    memory::MetaCount count;
+    nn::FusedAttentionShapes shapes(fused);
+    auto q = torch::empty({b, h, s, d}, o), k = torch::empty({b, h, s, d}, o), v = torch::empty({b, h, s, d}, o);
+    const int64_t before = count.live();
+    auto out = nn::attention(q, k, v, /*causal=*/true, 0.0, /*training=*/true);
+    const int64_t alive = count.live() - before;
+    out.sum().backward();
+    EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
+    return alive;
+  };
+  const int64_t output = b * h * s * d * 2, logsumexp = b * h * s * 4, scores = b * h * s * s * 2;
+  EXPECT_EQ(kept(true), output + logsumexp);
+  EXPECT_GE(kept(false), output + scores);
 }
 
 }  // namespace
