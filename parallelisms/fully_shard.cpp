@@ -82,7 +82,7 @@ void bind_storage(const torch::Tensor& t, uint8_t* ptr, int64_t bytes) {
 // A tensor over `ptr` owned by the pool (from_blob); on meta, a tensor whose
 // storage takes no bytes of its own, as from_blob's does not.
 torch::Tensor pool_view(uint8_t* ptr, const std::vector<int64_t>& shape, c10::ScalarType dtype, c10::Device device) {
-  if (!device.is_meta()) return torch::from_blob(ptr, shape, torch::TensorOptions().dtype(dtype));
+  if (!device.is_meta()) return torch::from_blob(ptr, shape, torch::TensorOptions().dtype(dtype).device(device));
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes_of(shape, dtype), at::DataPtr(nullptr, device),
                        /*allocator=*/nullptr, /*resizable=*/false);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),

@@ -148,7 +148,9 @@ void GradSync::finish() {
     b.handle.wait();
     for (size_t i = 1; i < b.reductions.size(); ++i) all_reduce(*b.reductions[i].group, b.buffer, b.reductions[i].op);
     const int64_t slot = b.buffer.numel() - static_cast<int64_t>(b.params.size());
-    auto flags = b.buffer.narrow(0, slot, static_cast<int64_t>(b.params.size())).to(torch::kDouble).contiguous();
+    // The flags read on the host: a GPU's are copied over; a dry run's stay on meta.
+    const c10::Device host = b.buffer.is_meta() ? c10::Device(c10::kMeta) : c10::Device(c10::kCPU);
+    auto flags = b.buffer.narrow(0, slot, static_cast<int64_t>(b.params.size())).to(host, torch::kDouble).contiguous();
     for (size_t i = 0; i < b.params.size(); ++i) {
       auto& p = params_[b.params[i]];
       // No rank has a gradient (a dry run's meta flags have no values: it
