@@ -44,7 +44,10 @@ int run(int argc, char** argv) {
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
   const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
-  check_devices(config, local_ranks);
+  // `composer plan` of a cuda job needs no GPU here when mesh.memory_per_rank_mb gives the memory of
+  // the GPUs it will run on: the plan is checked against that.
+  const bool planned_elsewhere = options.command == Command::kPlan && config.mesh.memory_per_rank_mb > 0;
+  if (!planned_elsewhere) check_devices(config, local_ranks);
   const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
   if (options.command != Command::kExport && !std::getenv("COMPOSER_LAUNCHED") && (!env || env->rank == 0)) {
     // once per job, before any rank starts: the files a run opens (check and golden never resume)

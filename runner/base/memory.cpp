@@ -5,10 +5,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <tuple>
 
 namespace composer::memory {
@@ -98,18 +100,46 @@ CpuMatmulWorkspaces::CpuMatmulWorkspaces(int threads) : previous_(workspace_thre
 CpuMatmulWorkspaces::~CpuMatmulWorkspaces() { workspace_threads = previous_; }
 int CpuMatmulWorkspaces::threads() { return workspace_threads; }
 
+namespace {
+
+// The tensor's dims from the outermost (largest stride) to the innermost: its layout.
+std::vector<int64_t> dims_outer_first(const at::Tensor& t) {
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return t.stride(x) > t.stride(y); });
+  return order;
+}
+
+// Zeros of `sizes` laid out as `t` is, so that a transposed operand is probed transposed.
+at::Tensor zeros_laid_out_as(const at::Tensor& t, const std::vector<int64_t>& sizes, const at::TensorOptions& o) {
+  const std::vector<int64_t> order = dims_outer_first(t);
+  std::vector<int64_t> outer_first, inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    outer_first.push_back(sizes[static_cast<size_t>(order[i])]);
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return at::zeros(outer_first, o).permute(inverse);
+}
+
+// The operand's sizes with its matrix dims clamped to kProbeDim and its batch dims to kProbeBatch.
+std::vector<int64_t> probe_sizes(const at::Tensor& t) {
+  std::vector<int64_t> s = t.sizes().vec();
+  for (size_t i = 0; i < s.size(); ++i) s[i] = std::min(s[i], i + 2 < s.size() ? kProbeBatch : kProbeDim);
+  return s;
+}
+
+}  // namespace
+
 int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::Tensor& b) {
   const auto dtype = a.scalar_type();
   const int threads = CpuMatmulWorkspaces::threads();
   if (!threads || !installed.load() || (dtype != at::kBFloat16 && dtype != at::kHalf)) return 0;
-  const int64_t operands = (a.numel() + b.numel()) * static_cast<int64_t>(a.element_size());
-  if (operands > kMaxProbeBytes) return 0;
+  const std::vector<int64_t> as = probe_sizes(a), bs = probe_sizes(b);
   using Key = std::tuple<int, at::ScalarType, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
                          std::vector<int64_t>, int>;
   static std::mutex mu;
   static std::map<Key, int64_t> cache;
-  Key key{static_cast<int>(kind), dtype, a.sizes().vec(), a.strides().vec(), b.sizes().vec(), b.strides().vec(),
-          threads};
+  Key key{static_cast<int>(kind), dtype, as, dims_outer_first(a), bs, dims_outer_first(b), threads};
   {
     std::lock_guard<std::mutex> g(mu);
     auto it = cache.find(key);
@@ -123,8 +153,8 @@ int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::T
   int64_t scratch = 0;
   {
     auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
-    auto x = at::empty_strided(a.sizes(), a.strides(), options).zero_();
-    auto y = at::empty_strided(b.sizes(), b.strides(), options).zero_();
+    auto x = zeros_laid_out_as(a, as, options);
+    auto y = zeros_laid_out_as(b, bs, options);
     const int64_t n = y.size(-1);
     auto bias = kind == MatmulKind::kAddmm ? at::zeros({n}, options)
                 : kind == MatmulKind::kBaddbmm ? at::zeros({1, 1, n}, options)

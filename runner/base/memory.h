@@ -21,19 +21,22 @@ int64_t live_bytes();  // bytes of tensor storage alive now
 int64_t peak_bytes();  // the most alive at once since the last reset_peak()
 void reset_peak();     // peak := live
 
-// The bytes a CPU matmul of these operands' shapes, strides and dtype
+// The bytes a CPU matmul of these operands' shapes, layouts and dtype
 // allocates for itself while it runs, beyond its result: LibTorch computes
 // bfloat16 and float16 matmuls through oneDNN on CPUs with the instructions
 // for them, and oneDNN takes its scratch space (packed blocks, float32
-// accumulators; a size that depends on the shapes and the intra-op threads)
-// from the CPU allocator. Measured once per shape on this machine, by running
+// accumulators; a size set by its block sizes and the intra-op threads) from
+// the CPU allocator. Measured once per shape class on this machine, by running
 // the matmul on zeros with the counting allocator (not counted as the rank's
-// own); 0 for other dtypes, uncounted processes, and operands over
-// kMaxProbeBytes (oneDNN's scratch is bounded by its block sizes, about 0.2 MiB
-// per thread, negligible beside such operands). The meta matmul kernels
-// allocate it for a moment, so a dry run counts what a real run does.
+// own), at the operands' sizes with the matrix dims clamped to kProbeDim and
+// the batch dims to kProbeBatch: beyond its blocks, the scratch does not grow
+// with the operands, and a probe stays a fraction of a second (a bfloat16
+// matmul without the CPU's bfloat16 instructions runs at well under
+// 1 GFLOP/s). 0 for other dtypes and uncounted processes. The meta matmul
+// kernels allocate it for a moment, so a dry run counts what a real run does.
 enum class MatmulKind { kMm, kAddmm, kBmm, kBaddbmm };
-constexpr int64_t kMaxProbeBytes = int64_t{64} << 20;
+constexpr int64_t kProbeDim = 512;
+constexpr int64_t kProbeBatch = 8;
 int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::Tensor& b);
 
 // While one lives on this thread, meta matmuls stand for CPU matmuls run with

@@ -70,6 +70,12 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   parallel::Parallel par = apply_plan(*model, c, plan, ctx, example);
   par.derive_grad_sync();
   par.device = torch::kMeta;
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+    const parallel::ShardSpec* spec = par.placements->find(p);
+    if (!spec) continue;
+    out.specs.push_back(*spec);
+    for (auto& d : out.specs.back().dims) d.group = d.member_group = nullptr;
+  }
   std::vector<torch::Tensor> params = par.held_params();
   auto optimizer = make_optimizer(c.train.optimizer, params);
   static const parallel::Delays kNoDelays({}, 0);

@@ -18,6 +18,9 @@ struct DryRun {
   std::vector<int64_t> step_peaks;  // the most tensor bytes alive at once in each step
   MemoryTerms terms;
   CommBytes comm;  // of the last step
+  // Every parameter's placement on this rank, in the model's order (their groups left out): from
+  // them, any rank's pieces (ShardSpec::box_at).
+  std::vector<parallel::ShardSpec> specs;
 };
 
 // A batch of `n` samples with the data plan's shapes, on the meta device.

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <variant>
 
 #include "models/module.h"
 #include "parallelisms/comm/cuda_runtime.h"
+#include "parallelisms/comm/mesh.h"
 #include "runner/train/data.h"
 #include "runner/base/errors.h"
 #include "runner/base/memory.h"
@@ -87,21 +89,102 @@ std::string MemoryEstimate::comm_str() const {
   return out.empty() ? "none" : out;
 }
 
+namespace {
+
+// The mesh dims that only replicate and fully_shard span, each with the
+// number of consecutive coordinates that are alike there: ranks that differ
+// only within such a run execute the same program on batches of the same
+// shapes (their own samples), in groups of the same sizes, so where they also
+// hold pieces of the same shapes of every parameter, their dry runs are the
+// same. A run is the whole dim, or fully_shard's reshard_after_forward N
+// (each rank's N-rank subgroup is a group of its own). 0: not such a dim.
+std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
+  const auto& names = c.mesh.names;
+  std::vector<int64_t> runs(c.mesh.shape.begin(), c.mesh.shape.end());
+  std::vector<bool> data_parallel(names.size(), false);
+  auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
+  for (const auto& t : c.parallelize) {
+    const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
+    const bool dp = fsdp || std::holds_alternative<ReplicateConfig>(t.options);
+    for (const auto& d : t.mesh_dim()) {
+      const size_t i = static_cast<size_t>(index(d));
+      if (i >= names.size()) continue;
+      if (!dp) runs[i] = 0;
+      data_parallel[i] = data_parallel[i] || dp;
+    }
+    if (fsdp && fsdp->reshard_after_forward > 1) {  // subgroups of N consecutive ranks of the shard dim
+      const auto shard = flat_dims({fsdp->mesh_dim.back()});
+      for (const auto& d : shard) {
+        const size_t i = static_cast<size_t>(index(d));
+        if (i < names.size()) runs[i] = shard.size() == 1 ? std::min(runs[i], fsdp->reshard_after_forward) : 0;
+      }
+    }
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!data_parallel[i]) runs[i] = 0;
+  }
+  return runs;
+}
+
+// The sizes of the pieces of every parameter that the rank at `coords` holds,
+// from another rank's placements (the specs name the dims, "a+b" flattened).
+std::vector<std::vector<int64_t>> pieces_at(const std::vector<parallel::ShardSpec>& specs, const ExperimentConfig& c,
+                                            const std::vector<int64_t>& coords) {
+  auto index_on = [&](const std::string& dim) {
+    int64_t index = 0;
+    for (const auto& d : flat_dims({dim})) {
+      const size_t i = std::find(c.mesh.names.begin(), c.mesh.names.end(), d) - c.mesh.names.begin();
+      index = index * c.mesh.shape.at(i) + coords.at(i);
+    }
+    return static_cast<int>(index);
+  };
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& s : specs) {
+    std::vector<int> ranks;
+    for (const auto& d : s.dims) ranks.push_back(index_on(d.name));
+    out.push_back(s.box_at(ranks).size);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
   ensure_meta_kernels();
   std::vector<MemoryEstimate> out;
   const int64_t data = data_bytes(c);
-  // Every rank of a job of up to 64; beyond, rank 0 and the first rank of
-  // each pipeline stage (data and tensor parallel peers hold the same shapes).
-  std::vector<int> ranks;
-  for (int r = 0; r < plan.world_size; ++r) ranks.push_back(r);
-  if (plan.world_size > 64) ranks = stage_first_ranks(c, plan);
-  for (int r : ranks) {
+  // One dry run per class of ranks that provably run the same: the same
+  // coordinates on every dim but within a data-parallel run
+  // (data_parallel_runs), and pieces of the same shapes of every parameter.
+  // Each rank of a class gets its figures.
+  const std::vector<int64_t> runs = data_parallel_runs(c);
+  struct Class {
+    std::vector<parallel::ShardSpec> specs;
+    std::vector<std::vector<int64_t>> pieces;
+    MemoryEstimate estimate;
+  };
+  std::map<std::vector<int64_t>, std::vector<Class>> classes;  // by the coordinates, runs collapsed
+  for (int r = 0; r < plan.world_size; ++r) {
+    const std::vector<int64_t> coords = parallel::coords_of(r, c.mesh.shape);
+    std::vector<int64_t> position = coords;
+    for (size_t i = 0; i < position.size(); ++i) {
+      if (runs[i]) position[i] /= runs[i];
+    }
+    auto& known = classes[position];
+    if (!known.empty()) {
+      const auto pieces = pieces_at(known.front().specs, c, coords);
+      auto same = std::find_if(known.begin(), known.end(), [&](const Class& k) { return k.pieces == pieces; });
+      if (same != known.end()) {
+        out.push_back(same->estimate);
+        out.back().rank = r;
+        continue;
+      }
+    }
     // Two steps: the second starts with the first's gradients and optimizer state.
     // On the CPU, a matmul's own scratch space depends on the rank's threads.
     std::optional<memory::CpuMatmulWorkspaces> workspaces;
     if (c.mesh.device == DeviceKind::kCpu) workspaces.emplace(rank_threads(c.train, local_ranks ? local_ranks : plan.world_size));
-    const DryRun run = dry_run(c, plan, r, 2, meta_batch);
+    DryRun run = dry_run(c, plan, r, 2, meta_batch);
     MemoryEstimate e;
     e.rank = r;
     e.params = run.terms.params;
@@ -113,6 +196,9 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     e.data = data;
     e.comm = run.comm;
     out.push_back(e);
+    Class k{std::move(run.specs), {}, e};
+    k.pieces = pieces_at(known.empty() ? k.specs : known.front().specs, c, coords);
+    known.push_back(std::move(k));
   }
   return out;
 }

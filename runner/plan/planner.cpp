@@ -500,7 +500,8 @@ void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
     throw PlanError(c.mesh.ref, std::string("mesh.device cuda, but no GPU is visible to this process (") +
                                     (visible ? "CUDA_VISIBLE_DEVICES=" + std::string(visible)
                                              : std::string("no CUDA driver or device found")) +
-                                    "); set device: cpu, or run on a machine with a GPU");
+                                    "); set device: cpu, or run on a machine with a GPU (composer plan plans a cuda job without "
+                                    "one when mesh.memory_per_rank_mb gives each GPU's memory)");
   }
   // NCCL refuses two ranks on one GPU; over Gloo, ranks may share GPUs
   // (local rank r binds cuda:(r mod GPUs)), which is slow but exact.
