@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Each collective `composer plan` reports against its closed form, from the model's arguments.
+
+    comm_formula.py COMPOSER WORK_DIR
+
+For the Llama and the Transformer, small and in float32: tensor parallelism with and without
+sequence parallelism (and Llama's loss parallelism), replicate, fully_shard and a 1F1B pipeline.
+Every group's every collective kind must equal the formula, and no other may appear. Bytes are the
+payload a rank hands the collective per step (an all-gather: this rank's piece; a reduce-scatter:
+the whole input; an all-reduce: the tensor), as docs/memory.md defines them.
+"""
+import json
+import os
+import subprocess
+import sys
+
+composer, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+F32, F64 = 4, 8
+B, S = 4, 16  # global batch, sequence
+T = B * S     # tokens per step on one rank when the batch is not split
+STEP_CHECK = 3 * F64  # world all-reduce of the step's (squared norm, non-finite, stop) doubles
+LOSS = F64            # the data-parallel loss all-reduce
+
+
+def llama_sizes(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab=64, multiple_of=32):
+    hd = dim // n_heads
+    hidden = int(2 * 4 * dim / 3)
+    hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+    layer = [dim * dim, n_kv_heads * hd * dim, n_kv_heads * hd * dim, dim * dim,
+             hidden * dim, dim * hidden, hidden * dim, dim, dim]
+    root = [vocab * dim, dim, vocab * dim]  # tok_embeddings, norm, output
+    return dict(dim=dim, L=n_layers, vocab=vocab, layer=layer, root=root,
+                args=dict(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, vocab_size=vocab,
+                          multiple_of=multiple_of, max_seq_len=32))
+
+
+def transformer_sizes(dim=32, n_layers=2, vocab=64, max_seq_len=16):
+    hidden = 4 * dim
+    layer = [dim, dim, dim * dim, dim * dim, dim * dim, dim * dim, dim, dim,
+             hidden * dim, hidden, dim * hidden, dim]  # norms (weight, bias), wq wk wv wo, ffn (w, b)
+    root = [vocab * dim, max_seq_len * dim, dim, dim]  # tok (and the tied output), pos, norm
+    return dict(dim=dim, L=n_layers, vocab=vocab, layer=layer, root=root,
+                args=dict(dim=dim, n_layers=n_layers, n_heads=4, vocab_size=vocab, max_seq_len=max_seq_len,
+                          dropout_p=0.0))
+
+
+def plan(name, model, m, mesh, names, transform, microbatches=None):
+    cfg = {"name": name, "seed": 0, "model": {"name": model, "args": m["args"]},
+           "mesh": {"shape": mesh, "names": names}, "parallelize": [transform],
+           "train": {"steps": 2, "global_batch": B, "optimizer": {"name": "sgd", "lr": 0.1},
+                     "loss": {"name": "cross_entropy"}},
+           "data": {"seq_len": S}}
+    path = os.path.join(work, name + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)  # JSON is YAML
+    out = subprocess.run([composer, "plan", "--config", path, "--json"], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout
+    return [r["comm"] for r in json.loads(out)["ranks"]]
+
+
+failures = 0
+
+
+def expect(name, ranks, want):
+    global failures
+    bad = 0
+    for r, got in enumerate(ranks):
+        if got != want:
+            bad += 1
+            print(f"FAIL {name} rank {r}: plan {json.dumps(got, sort_keys=True)} != formula {json.dumps(want, sort_keys=True)}")
+    failures += bad
+    if not bad:
+        print(f"ok: {name}, {len(ranks)} ranks: {json.dumps(ranks[0], sort_keys=True)}")
+
+
+ll = llama_sizes()
+D, L, V = ll["dim"], ll["L"], ll["vocab"]
+A = T * D * F32  # one activation [tokens, dim]
+params = sum(ll["layer"]) * L + sum(ll["root"])
+n_params = len(ll["layer"]) * L + len(ll["root"])
+world = {"all_reduce": STEP_CHECK}
+
+# Tensor parallelism over tp 2 (torchtitan's plan). Without SP: the rowwise embedding, wo and w2
+# all-reduce their partial outputs (1 + 2 per block); backward all-reduces the input gradient of
+# each colwise Linear (wq, wk, wv, w1, w3 per block, and the output); the output's logits are
+# all-gathered ([tokens, vocab / tp] each). With SP: each block's two inputs are all-gathered once
+# along the sequence ([tokens / tp, dim] each) and reduce-scattered in backward; wo and w2 reduce-
+# scatter their outputs and all-gather their gradients; the embedding reduce-scatters, the output's
+# input is gathered; the norms' replicated weights all-reduce their gradients (with one flag per
+# parameter of the gradient bucket). Loss parallelism keeps the logits sharded and all-reduces
+# three per-token floats (each row's max, sum of exponentials and target logit) instead.
+tp = 2
+logits_piece = T * (V // tp) * F32
+norms = 2 * L + 1
+for sp in (False, True):
+    for lp in (False, True):
+        name = f"llama_tp2{'_sp' if sp else ''}{'_lp' if lp else ''}"
+        got = plan(name, "llama", ll, [tp], ["tp"],
+                   {"tensor_parallel": {"mesh_dim": "tp", "sequence_parallel": sp, "loss_parallel": lp}})
+        cross_entropy = 3 * T * F32 if lp else 0
+        if not sp:
+            want = {"all_reduce": (1 + 2 * L) * A + (5 * L + 1) * A + cross_entropy}
+            if not lp:
+                want["all_gather"] = logits_piece
+        else:
+            want = {"all_gather": 4 * L * (A // tp) + 2 * (A // tp) + (0 if lp else logits_piece),
+                    "reduce_scatter": 4 * L * A + 2 * A,
+                    "all_reduce": norms * (D + 1) * F32 + cross_entropy}
+        expect(name, got, {"tp": want, "world": world})
+
+# Replicate over dp 2: one all-reduce of every gradient (with a flag per parameter), and the loss.
+dp = 2
+expect("llama_replicate_dp2", plan("llama_replicate_dp2", "llama", ll, [dp], ["dp"],
+                                   {"replicate": {"mesh_dim": "dp"}}),
+       {"dp": {"all_reduce": (params + n_params) * F32 + LOSS}, "world": world})
+
+# fully_shard over dp 2, a unit per block and the root's: forward gathers every unit (this rank's
+# half), backward re-gathers each block (resharded after forward) but not the root, and reduce-
+# scatters every gradient once.
+layer_bytes, root_bytes = sum(ll["layer"]) * F32, sum(ll["root"]) * F32
+expect("llama_fsdp_dp2", plan("llama_fsdp_dp2", "llama", ll, [dp], ["dp"],
+                              {"fully_shard": {"mesh_dim": "dp", "units": ["layers.*"]}}),
+       {"dp": {"all_gather": (2 * L * layer_bytes + root_bytes) // dp, "reduce_scatter": params * F32,
+               "all_reduce": LOSS}, "world": world})
+
+# A 1F1B pipeline over pp 2 with 2 microbatches: each microbatch's activation [B / 2, S, dim] goes
+# forward and its gradient back; the loss with each microbatch's (doubles) is all-reduced and the
+# step's (busy, span) times are all-gathered for the bubble. The Transformer's output weight is its
+# token embedding's, on both stages: its gradient (and a flag) is summed over the pair that holds it.
+M = 2
+act = (B // M) * S * D * F32
+expect("llama_pp2_1f1b", plan("llama_pp2_1f1b", "llama", ll, [2], ["pp"],
+                              {"pipeline": {"mesh_dim": "pp", "schedule": "1f1b", "microbatches": M}}),
+       {"pp": {"send": M * act, "recv": M * act, "all_reduce": (1 + M) * F64, "all_gather": 2 * F64},
+        "world": world})
+
+tf = transformer_sizes()
+D, L, V = tf["dim"], tf["L"], tf["vocab"]
+params = sum(tf["layer"]) * L + sum(tf["root"])
+n_params = len(tf["layer"]) * L + len(tf["root"])
+A = T * D * F32
+expect("transformer_replicate_dp2", plan("transformer_replicate_dp2", "transformer", tf, [dp], ["dp"],
+                                         {"replicate": {"mesh_dim": "dp"}}),
+       {"dp": {"all_reduce": (params + n_params) * F32 + LOSS}, "world": world})
+layer_bytes, root_bytes = sum(tf["layer"]) * F32, sum(tf["root"]) * F32
+expect("transformer_fsdp_dp2", plan("transformer_fsdp_dp2", "transformer", tf, [dp], ["dp"],
+                                    {"fully_shard": {"mesh_dim": "dp", "units": ["layers.*"]}}),
+       {"dp": {"all_gather": (2 * L * layer_bytes + root_bytes) // dp, "reduce_scatter": params * F32,
+               "all_reduce": LOSS}, "world": world})
+act = (B // M) * S * D * F32
+expect("transformer_pp2_1f1b", plan("transformer_pp2_1f1b", "transformer", tf, [2], ["pp"],
+                                    {"pipeline": {"mesh_dim": "pp", "schedule": "1f1b", "microbatches": M}}),
+       {"pp": {"send": M * act, "recv": M * act, "all_reduce": (1 + M) * F64, "all_gather": 2 * F64},
+        "pp{0,1}": {"all_reduce": (V * D + 1) * F32}, "world": world})
+
+if failures:
+    sys.exit(f"{failures} rank(s) differ from the formulas")
