@@ -4,7 +4,8 @@
     comm_formula.py COMPOSER WORK_DIR
 
 For the Llama and the Transformer, small and in float32: tensor parallelism with and without
-sequence parallelism (and Llama's loss parallelism), replicate, fully_shard and a 1F1B pipeline.
+sequence parallelism (and Llama's loss parallelism), replicate, fully_shard, a 1F1B pipeline and
+context parallelism (a load-balanced ring over cp 2 and 4).
 Every group's every collective kind must equal the formula, and no other may appear. Bytes are the
 payload a rank hands the collective per step (an all-gather: this rank's piece; a reduce-scatter:
 the whole input; an all-reduce: the tensor), as docs/memory.md defines them.
@@ -153,6 +154,41 @@ expect("transformer_pp2_1f1b", plan("transformer_pp2_1f1b", "transformer", tf, [
                                     {"pipeline": {"mesh_dim": "pp", "schedule": "1f1b", "microbatches": M}}),
        {"pp": {"send": M * act, "recv": M * act, "all_reduce": (1 + M) * F64, "all_gather": 2 * F64},
         "pp{0,1}": {"all_reduce": (V * D + 1) * F32}, "world": world})
+
+# The Transformer's tensor parallelism (docs/scenarios.md M4: vocabulary- and position-parallel
+# embeddings, the output tied to the token embedding). Without SP: the two embeddings (the
+# positions' [S, dim]), wo and w2 all-reduce their outputs; backward all-reduces the input gradient
+# of wq, wk, wv, w1 and the output; the logits are gathered. With SP: as the Llama's, with one
+# gathered input per block half, the positions reduce-scattered along the sequence, and the
+# gradients of the LayerNorms' weights and biases and of w2's bias (added to sequence-sharded
+# outputs) all-reduced with their flags.
+P_pos = S * D * F32
+logits_piece = T * (V // tp) * F32
+expect("transformer_tp2", plan("transformer_tp2", "transformer", tf, [tp], ["tp"],
+                               {"tensor_parallel": {"mesh_dim": "tp"}}),
+       {"tp": {"all_reduce": A + P_pos + 2 * L * A + (4 * L + 1) * A, "all_gather": logits_piece}, "world": world})
+expect("transformer_tp2_sp", plan("transformer_tp2_sp", "transformer", tf, [tp], ["tp"],
+                                  {"tensor_parallel": {"mesh_dim": "tp", "sequence_parallel": True}}),
+       {"tp": {"all_gather": 4 * L * (A // tp) + 2 * (A // tp) + P_pos // tp + logits_piece,
+               "reduce_scatter": 4 * L * A + 2 * A + P_pos,
+               "all_reduce": ((2 * L + 1) * 2 + L) * (D + 1) * F32}, "world": world})
+
+# Context parallelism (load-balanced ring) over cp 2 and 4: per block, forward passes each rank's
+# keys and values (B x kv heads x S / cp x head_dim each) around the ring cp - 1 times; backward
+# passes them cp - 1 times again and their float32 gradients cp times (the last hop takes each
+# home): 3 cp - 2 hops. The parameters are replicated over cp: their gradients are all-reduced (with
+# a flag each), as is the loss.
+for model, m in (("llama", ll), ("transformer", tf)):
+    heads = m["args"].get("n_kv_heads") or m["args"]["n_heads"]
+    hd = m["dim"] // m["args"]["n_heads"]
+    n_p = len(m["layer"]) * m["L"] + len(m["root"])
+    p_ = sum(m["layer"]) * m["L"] + sum(m["root"])
+    for cp in (2, 4):
+        kv = 2 * B * heads * (S // cp) * hd * F32
+        name = f"{model}_cp{cp}"
+        expect(name, plan(name, model, m, [cp], ["cp"], {"context_parallel": {"mesh_dim": "cp"}}),
+               {"cp": {"send": (3 * cp - 2) * m["L"] * kv, "recv": (3 * cp - 2) * m["L"] * kv,
+                       "all_reduce": (p_ + n_p) * F32 + LOSS}, "world": world})
 
 if failures:
     sys.exit(f"{failures} rank(s) differ from the formulas")
