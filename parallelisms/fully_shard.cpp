@@ -43,6 +43,7 @@ struct FullyShard::Unit {
   int64_t gather_bytes = 0;              // per rank
   int64_t grad_numel = 0;                // per rank, in reduce_dtype
   int64_t unsharded_bytes = 0;           // every unsharded parameter, in compute dtypes
+  int64_t needs[FullyShard::kNumBufferKinds] = {};  // the bytes of each pooled buffer it takes
   torch::Tensor unsharded_base;          // a pooled buffer the unsharded parameters live in
   bool freed = false;                    // storage released after forward
   torch::Tensor pending;                 // unreduced gradients of earlier microbatches
@@ -101,7 +102,7 @@ void start_gather(FullyShard::Unit& u) {
   Group& g = *u.group;
   if (u.kept.defined()) {  // resharded to a smaller group: gather the kept rows over it
     Group& sub = *u.owner->post_forward_group();
-    u.recv_base = u.owner->take_buffer(FullyShard::kRecv);
+    u.recv_base = u.owner->take_buffer(FullyShard::kRecv, u.needs[FullyShard::kRecv]);
     auto all = u.recv_base.narrow(0, 0, g.size * u.gather_bytes);
     u.recv = all.view({g.size, u.gather_bytes});
     if (FullyShard::Unit* other = u.owner->in_flight) other->gather.wait();
@@ -109,7 +110,7 @@ void start_gather(FullyShard::Unit& u) {
     u.owner->in_flight = &u;
     return;
   }
-  u.send_base = u.owner->take_buffer(FullyShard::kSend);
+  u.send_base = u.owner->take_buffer(FullyShard::kSend, u.needs[FullyShard::kSend]);
   auto send = u.send_base.narrow(0, 0, u.gather_bytes);
   for (auto& p : u.params) {
     auto inputs = p.ext->pre_all_gather(p.param.detach(), p.info, p.compute_dtype);
@@ -126,7 +127,7 @@ void start_gather(FullyShard::Unit& u) {
     u.recv = send.view({1, u.gather_bytes});
     return;
   }
-  u.recv_base = u.owner->take_buffer(FullyShard::kRecv);
+  u.recv_base = u.owner->take_buffer(FullyShard::kRecv, u.needs[FullyShard::kRecv]);
   u.recv = u.recv_base.narrow(0, 0, g.size * u.gather_bytes).view({g.size, u.gather_bytes});
   // One ring in flight per group: finish another unit's prefetch first.
   if (FullyShard::Unit* other = u.owner->in_flight) other->gather.wait();
@@ -144,7 +145,7 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
   if (u.owner->in_flight == &u) u.owner->in_flight = nullptr;
   std::vector<torch::Tensor> values;
   TORCH_INTERNAL_ASSERT(!u.unsharded_base.defined(), "unit ", u.name, " is gathered twice");
-  u.unsharded_base = u.owner->take_buffer(FullyShard::kUnsharded);
+  u.unsharded_base = u.owner->take_buffer(FullyShard::kUnsharded, u.needs[FullyShard::kUnsharded]);
   for (auto& p : u.params) {
     std::vector<torch::Tensor> gathered;
     for (const Slot& s : p.slots) {
@@ -199,7 +200,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
     buf = torch::zeros({g.size, u.grad_numel}, torch::TensorOptions().dtype(u.reduce_dtype).device(u.owner->device()));
   } else {
     const int64_t bytes = g.size * u.grad_numel * static_cast<int64_t>(c10::elementSize(u.reduce_dtype));
-    base = u.owner->take_buffer(FullyShard::kGrad);
+    base = u.owner->take_buffer(FullyShard::kGrad, u.needs[FullyShard::kGrad]);
     buf = base.narrow(0, 0, bytes).view(u.reduce_dtype).view({g.size, u.grad_numel}).zero_();
   }
   u.has_grad.resize(u.params.size(), 0);
@@ -411,7 +412,7 @@ void FullyShard::size_pools() {
     const int64_t grad_bytes = group_.size * u->grad_numel * static_cast<int64_t>(c10::elementSize(u->reduce_dtype));
     for (auto [kind, bytes] : {std::pair{kSend, u->gather_bytes}, std::pair{kRecv, group_.size * u->gather_bytes},
                                std::pair{kGrad, grad_bytes}, std::pair{kUnsharded, u->unsharded_bytes}}) {
-      largest_[kind] = std::max(largest_[kind], bytes);
+      u->needs[kind] = bytes;
     }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }
@@ -472,17 +473,24 @@ FullyShard::Unit* FullyShard::prev_in_forward(const Unit* u) const {
   return it == forward_order_.end() || it == forward_order_.begin() ? nullptr : *(it - 1);
 }
 
-// Buffers of one kind are all as large as the largest unit needs, so any
-// unit can reuse any of them (a caching allocator per kind).
-torch::Tensor FullyShard::take_buffer(BufferKind kind) {
+// A caching allocator per kind: the smallest free buffer that holds `bytes`,
+// else a new one of exactly that size. Units of one size (the blocks) share
+// their buffers; a larger unit (a root with the embeddings) does not make
+// every buffer its size, which would multiply what the units hold at once
+// (each block's re-gathered parameters until the step ends).
+torch::Tensor FullyShard::take_buffer(BufferKind kind, int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 1);
   auto& free = pool_[kind];
-  if (free.empty()) {
-    const int64_t bytes = std::max<int64_t>(largest_[kind], 1);
+  auto best = free.end();
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    if (it->numel() >= bytes && (best == free.end() || it->numel() < best->numel())) best = it;
+  }
+  if (best == free.end()) {
     pooled_bytes_ += bytes;
     return torch::empty({bytes}, torch::TensorOptions().dtype(torch::kByte).device(device_));
   }
-  auto t = std::move(free.back());
-  free.pop_back();
+  auto t = std::move(*best);
+  free.erase(best);
   return t;
 }
 

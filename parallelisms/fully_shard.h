@@ -149,14 +149,14 @@ class FullyShard {
   bool recording() const { return recording_; }
   Unit* in_flight = nullptr;  // the unit whose all-gather runs in the background
   enum BufferKind { kSend, kRecv, kGrad, kUnsharded, kNumBufferKinds };
-  torch::Tensor take_buffer(BufferKind kind);
+  torch::Tensor take_buffer(BufferKind kind, int64_t bytes);
   void give_buffer(BufferKind kind, torch::Tensor t);
   c10::Device device() const { return device_; }  // where the pools live: meta in a dry run
   int64_t pooled_bytes() const { return pooled_bytes_; }  // every buffer the pools ever allocated
 
  private:
   // The constructor's stages: a unit, one parameter sharded into its unit,
-  // the pools sized for the largest unit, the mixed-precision casts at a
+  // each unit's buffer sizes, the mixed-precision casts at a
   // root, and a unit's gather and free hooks.
   void add_unit(const std::string& name, nn::Module* m, bool root);
   void shard_param(Unit& u, const std::string& name, const torch::Tensor& p, const std::vector<nn::Module*>& users);
@@ -170,7 +170,6 @@ class FullyShard {
   bool recording_ = true;  // the first forward records the unit order
   std::vector<Unit*> forward_order_;
   std::vector<torch::Tensor> pool_[kNumBufferKinds];  // reusable buffers, by kind
-  int64_t largest_[kNumBufferKinds] = {};
   int64_t pooled_bytes_ = 0;
   c10::Device device_ = c10::kCPU;
   std::vector<std::unique_ptr<Unit>> units_;
