@@ -110,9 +110,10 @@ std::vector<int64_t> dims_outer_first(const at::Tensor& t) {
   return order;
 }
 
-// Zeros of `sizes` laid out as `t` is, so that a transposed operand is probed transposed.
-at::Tensor zeros_laid_out_as(const at::Tensor& t, const std::vector<int64_t>& sizes, const at::TensorOptions& o) {
-  const std::vector<int64_t> order = dims_outer_first(t);
+// Zeros of `sizes` with their dims laid out in `order` (dims_outer_first of the operand they stand
+// for), so that a transposed operand is probed transposed.
+at::Tensor zeros_laid_out(const std::vector<int64_t>& order, const std::vector<int64_t>& sizes,
+                          const at::TensorOptions& o) {
   std::vector<int64_t> outer_first, inverse(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
     outer_first.push_back(sizes[static_cast<size_t>(order[i])]);
@@ -135,11 +136,12 @@ int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::T
   const int threads = CpuMatmulWorkspaces::threads();
   if (!threads || !installed.load() || (dtype != at::kBFloat16 && dtype != at::kHalf)) return 0;
   const std::vector<int64_t> as = probe_sizes(a), bs = probe_sizes(b);
+  const std::vector<int64_t> a_order = dims_outer_first(a), b_order = dims_outer_first(b);
   using Key = std::tuple<int, at::ScalarType, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
                          std::vector<int64_t>, int>;
   static std::mutex mu;
   static std::map<Key, int64_t> cache;
-  Key key{static_cast<int>(kind), dtype, as, dims_outer_first(a), bs, dims_outer_first(b), threads};
+  Key key{static_cast<int>(kind), dtype, as, a_order, bs, b_order, threads};
   {
     std::lock_guard<std::mutex> g(mu);
     auto it = cache.find(key);
@@ -153,8 +155,8 @@ int64_t matmul_workspace_bytes(MatmulKind kind, const at::Tensor& a, const at::T
   int64_t scratch = 0;
   {
     auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
-    auto x = zeros_laid_out_as(a, as, options);
-    auto y = zeros_laid_out_as(b, bs, options);
+    auto x = zeros_laid_out(a_order, as, options);
+    auto y = zeros_laid_out(b_order, bs, options);
     const int64_t n = y.size(-1);
     auto bias = kind == MatmulKind::kAddmm ? at::zeros({n}, options)
                 : kind == MatmulKind::kBaddbmm ? at::zeros({1, 1, n}, options)

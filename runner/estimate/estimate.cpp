@@ -158,24 +158,25 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
   // (data_parallel_runs), and pieces of the same shapes of every parameter.
   // Each rank of a class gets its figures.
   const std::vector<int64_t> runs = data_parallel_runs(c);
-  struct Class {
+  struct Position {  // the ranks of one position: the first dry run's placements, and a class per piece shapes
     std::vector<parallel::ShardSpec> specs;
-    std::vector<std::vector<int64_t>> pieces;
-    MemoryEstimate estimate;
+    std::vector<std::pair<std::vector<std::vector<int64_t>>, MemoryEstimate>> classes;
   };
-  std::map<std::vector<int64_t>, std::vector<Class>> classes;  // by the coordinates, runs collapsed
+  std::map<std::vector<int64_t>, Position> positions;  // by the coordinates, runs collapsed
   for (int r = 0; r < plan.world_size; ++r) {
     const std::vector<int64_t> coords = parallel::coords_of(r, c.mesh.shape);
-    std::vector<int64_t> position = coords;
-    for (size_t i = 0; i < position.size(); ++i) {
-      if (runs[i]) position[i] /= runs[i];
+    std::vector<int64_t> key = coords;
+    for (size_t i = 0; i < key.size(); ++i) {
+      if (runs[i]) key[i] /= runs[i];
     }
-    auto& known = classes[position];
-    if (!known.empty()) {
-      const auto pieces = pieces_at(known.front().specs, c, coords);
-      auto same = std::find_if(known.begin(), known.end(), [&](const Class& k) { return k.pieces == pieces; });
-      if (same != known.end()) {
-        out.push_back(same->estimate);
+    Position& position = positions[key];
+    std::vector<std::vector<int64_t>> pieces;
+    if (!position.classes.empty()) {
+      pieces = pieces_at(position.specs, c, coords);
+      auto same = std::find_if(position.classes.begin(), position.classes.end(),
+                               [&](const auto& k) { return k.first == pieces; });
+      if (same != position.classes.end()) {
+        out.push_back(same->second);
         out.back().rank = r;
         continue;
       }
@@ -184,7 +185,7 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     // On the CPU, a matmul's own scratch space depends on the rank's threads.
     std::optional<memory::CpuMatmulWorkspaces> workspaces;
     if (c.mesh.device == DeviceKind::kCpu) workspaces.emplace(rank_threads(c.train, local_ranks ? local_ranks : plan.world_size));
-    DryRun run = dry_run(c, plan, r, 2, meta_batch);
+    DryRun run = dry_run(c, plan, r, 2, meta_batch);  // not const: its specs move into the position
     MemoryEstimate e;
     e.rank = r;
     e.params = run.terms.params;
@@ -196,9 +197,11 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     e.data = data;
     e.comm = run.comm;
     out.push_back(e);
-    Class k{std::move(run.specs), {}, e};
-    k.pieces = pieces_at(known.empty() ? k.specs : known.front().specs, c, coords);
-    known.push_back(std::move(k));
+    if (position.classes.empty()) {
+      position.specs = std::move(run.specs);
+      pieces = pieces_at(position.specs, c, coords);
+    }
+    position.classes.emplace_back(std::move(pieces), e);
   }
   return out;
 }
