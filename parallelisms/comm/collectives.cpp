@@ -1,5 +1,7 @@
 #include "parallelisms/comm/collectives.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include <future>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -238,7 +240,9 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     return Handle(g.pg->_allgather_base(out, mine), [out] {});
   }
   Group* gp = &g;
-  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out] {
+  // The caller's thread-local state (the profiler's, among others) goes with the ring.
+  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out, tls = at::ThreadLocalState()] {
+    at::ThreadLocalStateGuard state(tls);
     delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
     ring_all_gather(*gp, out);
   }));

@@ -261,6 +261,23 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   return c;
 }
 
+ProfileConfig read_profile(YamlMap& root, int64_t steps) {
+  YamlMap m = section(root, "profile");
+  ProfileConfig c;
+  m.get("steps", c.steps);
+  m.get("dir", c.dir);
+  if (m.has("steps")) {
+    const bool ok = c.steps.size() == 2 && c.steps[0] >= 1 && c.steps[0] <= c.steps[1] && c.steps[1] <= steps;
+    if (!ok) {
+      throw ConfigError(m.ref("steps"), "steps must be [first, last] with 1 <= first <= last <= train.steps (" +
+                                            std::to_string(steps) + "), e.g. [" + std::to_string(std::min<int64_t>(2, steps)) +
+                                            ", " + std::to_string(std::min<int64_t>(3, steps)) + "]");
+    }
+  }
+  m.finish();
+  return c;
+}
+
 DebugConfig read_debug(YamlMap& root, int64_t world_size) {
   YamlMap m = section(root, "debug");
   DebugConfig c;
@@ -337,6 +354,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.data = read_data(root);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
+  c.profile = read_profile(root, c.train.steps);
   c.debug = read_debug(root, c.mesh.world_size());
   root.finish();
   return c;

@@ -157,6 +157,14 @@ struct CheckpointConfig {
   SourceRef resume_ref;       // where resume was given
 };
 
+// The PyTorch profiler (Kineto) over a range of steps: each rank writes a
+// Chrome trace of its operators and, on cuda, of its kernels and copies on
+// every stream (docs/configuration.md#profile).
+struct ProfileConfig {
+  std::vector<int64_t> steps;  // [first, last], 1-based and inclusive; empty = off
+  std::string dir;             // "" = the run's output folder + /profile
+};
+
 struct ExperimentConfig {
   std::string file;       // the YAML file it came from
   std::string name;       // experiment name (required): output and golden file names
@@ -168,6 +176,7 @@ struct ExperimentConfig {
   DataConfig data;
   CheckConfig check;
   CheckpointConfig checkpoint;
+  ProfileConfig profile;
   DebugConfig debug;
 };
 

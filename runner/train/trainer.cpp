@@ -11,6 +11,7 @@
 #include "runner/checkpoint/export.h"
 #include "runner/train/build.h"
 #include "runner/train/optim.h"
+#include "runner/train/profile.h"
 #include "runner/train/step.h"
 
 namespace composer {
@@ -123,8 +124,10 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
                   [&](int64_t step, int64_t begin, int64_t end) { return on_device(dataset.batch(step, begin, end), device); },
                   dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
   const int64_t buffers_before = par.buffer_bytes();
+  StepProfiler profiler(l.c.profile, l.out_dir, rank.rank, rank.cuda != nullptr);
   LoopResult out;
   for (int64_t step = l.first_step; step <= t.steps; ++step) {
+    profiler.begin_step(step);
     const auto start = std::chrono::steady_clock::now();
     const int64_t recomputes_before = par.ac ? par.ac->recomputes() : 0;
     const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
@@ -144,6 +147,11 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     }
     out.comm = comm_bytes(rank);
     measure(l, r, start, tcp_start);
+    profiler.end_step(step);
+    if (!profiler.path().empty() && step == l.c.profile.steps[1] && rank.is_main()) {
+      std::cout << rank.log_prefix << "profile: steps " << l.c.profile.steps[0] << "-" << step << " traced in "
+                << profiler.path() << " (one file per rank)\n";
+    }
     out.step_peaks.push_back(memory::peak_bytes());
     if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
     if (metrics) metrics->record(r);
