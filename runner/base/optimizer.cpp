@@ -9,15 +9,21 @@ torch::Tensor Optimizer::step(LossClosure closure) {
   TORCH_CHECK(!closure, "composer's optimizers take no closure");
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
+    std::vector<Update> updates;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       State& s = states_[p.unsafeGetTensorImpl()];
       s.step += 1;
-      update(p, p.grad(), s, group.options());
+      updates.push_back({p, p.grad(), &s});
     }
+    update_all(updates, group.options());
   }
   ++steps_;
   return {};
+}
+
+void Optimizer::update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& o) {
+  for (auto& u : updates) update(u.param, u.grad, *u.state, o);
 }
 
 Optimizer::State* Optimizer::state_of(const torch::Tensor& p) {

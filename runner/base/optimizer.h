@@ -33,8 +33,18 @@ class Optimizer : public torch::optim::Optimizer {
  protected:
   Optimizer(std::vector<torch::Tensor> params, std::unique_ptr<torch::optim::OptimizerOptions> defaults);
 
+  // A parameter with a gradient, in one step (its state's step already counts it).
+  struct Update {
+    torch::Tensor param;
+    torch::Tensor grad;
+    State* state;
+  };
+
  private:
   virtual void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& o) = 0;
+  // Every parameter of a group in one step: update() for each, unless an
+  // optimizer batches them (multi-tensor kernels on a GPU).
+  virtual void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& o);
   std::unordered_map<c10::TensorImpl*, State> states_;
   int64_t steps_ = 0;
 };

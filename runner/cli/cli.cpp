@@ -149,7 +149,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       return 0;
     case Command::kRun: {
       std::string dir = prepare_out_dir(o, c);
-      TrainResult r = train(c, p, rank, dir, /*checkpoints=*/true);
+      TrainResult r = train(c, p, rank, dir, /*checkpoints=*/c.checkpoint.enabled);
       if (rank.is_main()) print_train_summary(r, dir);
       return 0;
     }

@@ -246,6 +246,7 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   YamlMap m = section(root, "checkpoint");
   CheckpointConfig c;
   c.ref = m.self_ref();
+  m.get("enabled", c.enabled);
   m.get("dir", c.dir);
   m.get("interval", c.interval);
   require_non_negative(m.ref("interval"), static_cast<double>(c.interval), "interval");
@@ -257,6 +258,14 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   m.get("resume", c.resume);
   c.resume_ref = m.has("resume") ? m.ref("resume") : m.self_ref();
   if (c.resume.empty()) throw ConfigError(c.resume_ref, "resume must be auto, never or the path of a checkpoint");
+  if (!c.enabled) {  // a key that would do nothing
+    for (const char* key : {"dir", "interval", "keep_latest_k", "resume"}) {
+      if (m.has(key) && !(std::string(key) == "resume" && c.resume == "never")) {
+        throw ConfigError(m.ref(key), std::string(key) + " has no effect with enabled: false (nothing is saved or "
+                                                         "resumed); remove it, or set enabled: true");
+      }
+    }
+  }
   m.finish();
   return c;
 }

@@ -149,6 +149,7 @@ const char* name_of(Inject v);
 
 // Distributed checkpoints (runner/checkpoint.h).
 struct CheckpointConfig {
+  bool enabled = true;        // false: composer run neither saves nor resumes (as check and golden)
   std::string dir;            // "" = the run's output folder + /checkpoints
   int64_t interval = 0;       // save every N steps; 0 = only at the end of training
   int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted

@@ -104,7 +104,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
-  j["checkpoint"] = {{"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
+  j["checkpoint"] = {{"enabled", c.checkpoint.enabled}, {"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
                      {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume}};
   j["profile"] = {{"steps", c.profile.steps}, {"dir", c.profile.dir}};
   j["debug"] = {{"fail_rank", c.debug.fail_rank},

@@ -1,6 +1,7 @@
 #include "runner/train/optim.h"
 
 #include <cmath>
+#include <map>
 #include <unordered_map>
 
 namespace composer {
@@ -70,6 +71,57 @@ class Adam : public Optimizer {
     const double bias_correction2_sqrt = std::pow(1 - std::pow(beta2, s.step), 0.5);
     auto denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
     p.addcdiv_(exp_avg, denom, -step_size);
+  }
+
+  // On a GPU, the same arithmetic as torch.optim's multi-tensor (foreach)
+  // path, its default there: one kernel per operation for a whole list of
+  // parameters of one device and dtype instead of one per parameter. The CPU
+  // keeps the single-tensor path above, op for op what the goldens computed.
+  void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
+    std::map<std::pair<std::string, c10::ScalarType>, std::vector<Update*>> lists;
+    for (auto& u : updates) {
+      if (u.param.is_cuda() && u.grad.device() == u.param.device() && u.grad.scalar_type() == u.param.scalar_type()) {
+        lists[{u.param.device().str(), u.param.scalar_type()}].push_back(&u);
+      } else {
+        update(u.param, u.grad, *u.state, options);
+      }
+    }
+    for (auto& [key, list] : lists) update_list(list, static_cast<const torch::optim::AdamOptions&>(options));
+  }
+
+  void update_list(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
+    const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    std::vector<c10::Scalar> step_sizes, bias_corrections2_sqrt;
+    for (Update* u : list) {
+      auto& exp_avg = u->state->tensors["exp_avg"];
+      auto& exp_avg_sq = u->state->tensors["exp_avg_sq"];
+      if (!exp_avg.defined()) {
+        exp_avg = torch::zeros_like(u->param, torch::MemoryFormat::Preserve);
+        exp_avg_sq = torch::zeros_like(u->param, torch::MemoryFormat::Preserve);
+      }
+      params.push_back(u->param);
+      grads.push_back(u->grad);
+      exp_avgs.push_back(exp_avg);
+      exp_avg_sqs.push_back(exp_avg_sq);
+      const double step = u->state->step;
+      step_sizes.emplace_back(-lr / (1 - std::pow(beta1, step)));
+      bias_corrections2_sqrt.emplace_back(std::pow(1 - std::pow(beta2, step), 0.5));
+    }
+    if (o.weight_decay() != 0) {
+      if (decoupled_) {
+        at::_foreach_mul_(params, 1 - lr * o.weight_decay());
+      } else {
+        grads = at::_foreach_add(grads, params, o.weight_decay());
+      }
+    }
+    at::_foreach_lerp_(exp_avgs, grads, 1 - beta1);
+    at::_foreach_mul_(exp_avg_sqs, beta2);
+    at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2);
+    auto denoms = at::_foreach_sqrt(exp_avg_sqs);
+    at::_foreach_div_(denoms, bias_corrections2_sqrt);
+    at::_foreach_add_(denoms, o.eps());
+    at::_foreach_addcdiv_(params, exp_avgs, denoms, step_sizes);
   }
 
   bool decoupled_;

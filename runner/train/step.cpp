@@ -27,6 +27,33 @@ struct GradNorm {
   int64_t first_bad = -1;
   bool stop = false;
 };
+// Each gradient's sum of squares (0 without a gradient). On the CPU in double;
+// on a GPU as PyTorch's clip_grad_norm_ takes them there (one multi-tensor
+// norm kernel in the gradients' dtype, squared in double on the host), with one
+// copy to the host instead of a synchronisation per parameter.
+std::vector<double> grad_squares(const std::vector<torch::Tensor>& params) {
+  std::vector<double> out(params.size(), 0.0);
+  std::vector<torch::Tensor> on_gpu;
+  std::vector<size_t> at_index;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& g = params[k].grad();
+    if (!g.defined()) continue;
+    if (g.is_cuda()) {
+      on_gpu.push_back(g.detach());
+      at_index.push_back(k);
+    } else {
+      out[k] = value_of(g.detach().to(torch::kDouble).pow(2).sum());
+    }
+  }
+  if (on_gpu.empty()) return out;
+  std::vector<torch::Tensor> norms = at::_foreach_norm(on_gpu, 2);
+  for (auto& n : norms) n = n.to(torch::kDouble);
+  const auto host = torch::stack(norms).to(torch::kCPU);
+  const auto a = host.accessor<double, 1>();
+  for (size_t i = 0; i < at_index.size(); ++i) out[at_index[i]] = a[i] * a[i];
+  return out;
+}
+
 // On one device the norm is PyTorch's clip_grad_norm_'s (a float32 norm of the norms).
 GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Parallel& par) {
   GradNorm out;
@@ -44,10 +71,11 @@ GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Pa
     return out;
   }
   double sq = 0, bad = 0;
+  const std::vector<double> squares = grad_squares(params);
   for (size_t k = 0; k < params.size(); ++k) {
     const auto& p = params[k];
     if (!p.grad().defined()) continue;
-    const double s = value_of(p.grad().detach().to(torch::kDouble).pow(2).sum());
+    const double s = squares[k];
     if (!std::isfinite(s)) {
       bad += 1;
       if (out.first_bad < 0) out.first_bad = static_cast<int64_t>(k);
