@@ -10,6 +10,7 @@
 
 #include "models/layers.h"
 #include "models/select.h"
+#include "parallelisms/comm/trace_span.h"
 
 namespace composer::parallel {
 namespace {
@@ -123,7 +124,11 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       torch::AutoGradMode grad(true);
       for (size_t k = 1; k < n; ++k) leaves[k] = r->views[k - 1].view_as(r->views[k - 1]);
     }
-    torch::Tensor y = recompute(*r, leaves[0], leaves);
+    torch::Tensor y;
+    {
+      TraceSpan span([] { return std::string("recompute"); });
+      y = recompute(*r, leaves[0], leaves);
+    }
     r->recomputes->fetch_add(1);
     variable_list out(n + 1);  // the last: the Recompute argument
     std::vector<torch::Tensor> wrt;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/comm/trace_span.h"
 #include "parallelisms/fully_shard_units.h"
 #include "parallelisms/per_rank.h"
 
@@ -54,6 +55,7 @@ struct FullyShard::Unit {
   // An all-gather in flight (or finished but not yet copied out).
   Handle gather;
   torch::Tensor send_base, recv_base, recv;
+  std::unique_ptr<TraceSpan> forward_span;  // "forward <unit>" in a profiled step, pre- to post-hook
 };
 
 namespace {
@@ -432,6 +434,8 @@ void FullyShard::cast_at(nn::Module& root) {
 
 void FullyShard::install_hooks(Unit* u) {
   u->module->add_pre_hook([this, u](nn::Module&, torch::Tensor x) {
+    u->forward_span.reset();
+    u->forward_span = std::make_unique<TraceSpan>([u] { return "forward " + u->name; });
     if (recording_) record_forward(u);
     unshard(*u);  // every forward gathers the current shards (or finishes a prefetched gather)
     Unit* next = options_.prefetch && !recording_ ? next_in_forward(u) : nullptr;
@@ -439,6 +443,7 @@ void FullyShard::install_hooks(Unit* u) {
     return x;
   });
   u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+    u->forward_span.reset();
     if (!u->reshard_after_forward || !y.requires_grad()) return y;
     reshard_storage(*u);
     y.register_hook([this, u](torch::Tensor g) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/comm/trace_span.h"
 
 namespace composer::parallel {
 
@@ -94,6 +95,12 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
   return s;
 }
 
+// "all_gather dp 1048576 B": a collective's span in the profiler's trace, with
+// the payload its counter adds (tools/trace-overlap and the merged trace read it).
+auto span_name(const Group& g, const char* kind, int64_t bytes) {
+  return [&g, kind, bytes] { return std::string(kind) + " " + g.name + " " + std::to_string(bytes) + " B"; };
+}
+
 int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
   int64_t o = 0;
   for (int i = 0; i < rank; ++i) o += sizes[i];
@@ -110,6 +117,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
   auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
   g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
+  TraceSpan span(span_name(g, "all_reduce", nbytes(wire)));
   std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
@@ -131,6 +139,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
   g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
+  TraceSpan span(span_name(g, "broadcast", nbytes(t)));
   auto wire = t.to(wire_device(g, t));
   std::vector<torch::Tensor> ts{unowned(wire)};
   c10d::BroadcastOptions o;
@@ -157,6 +166,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   std::vector<torch::Tensor> ins{unowned(padded)};
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
   g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
+  TraceSpan span(span_name(g, "all_gather", nbytes(padded)));
   if (g.pg) {
     g.pg->allgather(outs, ins)->wait();
   } else {  // a dry run (no process group): Gloo's flat staging buffer of every rank's piece
@@ -184,6 +194,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   }
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  TraceSpan span(span_name(g, "reduce_scatter", nbytes(flat)));
   auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
@@ -230,19 +241,23 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
   if (g.size == 1) return {};
   g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
   if (!async || !g.pg) {
+    TraceSpan span(span_name(g, "all_gather", nbytes(flat)));
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
     ring_all_gather(g, out);
     return {};
   }
   if (nccl(g)) {  // asynchronous on the device already; the handle keeps `out` alive until its wait
+    TraceSpan span(span_name(g, "all_gather", nbytes(flat)));
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
     auto mine = out[g.rank];
     return Handle(g.pg->_allgather_base(out, mine), [out] {});
   }
   Group* gp = &g;
   // The caller's thread-local state (the profiler's, among others) goes with the ring.
-  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out, tls = at::ThreadLocalState()] {
+  const int64_t bytes = nbytes(flat);
+  auto done = std::make_shared<std::future<void>>(std::async(std::launch::async, [gp, out, bytes, tls = at::ThreadLocalState()] {
     at::ThreadLocalStateGuard state(tls);
+    TraceSpan span(span_name(*gp, "all_gather", bytes));  // the ring's span, on its own thread
     delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
     ring_all_gather(*gp, out);
   }));
@@ -254,6 +269,7 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   if (g.size == 1) return flat.view({-1});
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  TraceSpan span(span_name(g, "reduce_scatter", nbytes(flat)));
   auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
   if (op == Reduce::kAvg) mine.div_(g.size);
   return mine;
@@ -263,6 +279,7 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   delay_at(g.delays, DelayPoint::kBeforeSend);
   auto c = t.to(wire_device(g, t)).contiguous();
   g.counter->add("send", nbytes(c), nbytes(c));
+  TraceSpan span(span_name(g, "send", nbytes(c)));
   std::vector<torch::Tensor> ts{c};
   Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
   if (!async) h.wait();
@@ -278,6 +295,7 @@ void recv(Group& g, torch::Tensor& t, int src, int tag) {
   }
   delay_at(g.delays, DelayPoint::kBeforeRecv);
   g.counter->add("recv", nbytes(t), nbytes(t));
+  TraceSpan span(span_name(g, "recv", nbytes(t)));
   std::vector<torch::Tensor> ts{t};
   if (g.pg) g.pg->recv(ts, src, tag)->wait();
 }

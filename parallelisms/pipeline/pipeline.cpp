@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "models/layers.h"
+#include "parallelisms/comm/trace_span.h"
 
 namespace composer::parallel {
 
@@ -295,6 +296,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   for (const Action& a : actions_[group_.rank]) {
     const double start = now_ms(t0);
     try {
+      TraceSpan span([&a] { return "pipeline " + a.str(); });
       act(a, run);
     } catch (const c10::Error& e) {  // name the action: a schedule runs many
       TORCH_CHECK(false, "pipeline action ", a.str(), ": ", e.what_without_backtrace());

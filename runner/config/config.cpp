@@ -270,6 +270,21 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   return c;
 }
 
+MetricsConfig read_metrics(YamlMap& root) {
+  YamlMap m = section(root, "metrics");
+  MetricsConfig c;
+  m.get("tensorboard", c.tensorboard);
+#if !COMPOSER_TENSORBOARD
+  if (!c.tensorboard.empty()) {
+    throw ConfigError(m.ref("tensorboard"), "this composer was built without TensorBoard event files (protobuf, "
+                                            "protoc or python's tensorboard package was missing when CMake "
+                                            "configured it); run tools/setup and rebuild, or remove the key");
+  }
+#endif
+  m.finish();
+  return c;
+}
+
 ProfileConfig read_profile(YamlMap& root, int64_t steps) {
   YamlMap m = section(root, "profile");
   ProfileConfig c;
@@ -363,6 +378,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.data = read_data(root);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
+  c.metrics = read_metrics(root);
   c.profile = read_profile(root, c.train.steps);
   c.debug = read_debug(root, c.mesh.world_size());
   root.finish();

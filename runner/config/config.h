@@ -158,6 +158,11 @@ struct CheckpointConfig {
   SourceRef resume_ref;       // where resume was given
 };
 
+// What a run records beyond metrics.jsonl.
+struct MetricsConfig {
+  std::string tensorboard;  // a folder for TensorBoard event files; "" = none
+};
+
 // The PyTorch profiler (Kineto) over a range of steps: each rank writes a
 // Chrome trace of its operators and, on cuda, of its kernels and copies on
 // every stream (docs/configuration.md#profile).
@@ -177,6 +182,7 @@ struct ExperimentConfig {
   DataConfig data;
   CheckConfig check;
   CheckpointConfig checkpoint;
+  MetricsConfig metrics;
   ProfileConfig profile;
   DebugConfig debug;
 };

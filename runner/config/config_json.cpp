@@ -106,6 +106,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
   j["checkpoint"] = {{"enabled", c.checkpoint.enabled}, {"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
                      {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume}};
+  j["metrics"] = {{"tensorboard", c.metrics.tensorboard}};
   j["profile"] = {{"steps", c.profile.steps}, {"dir", c.profile.dir}};
   j["debug"] = {{"fail_rank", c.debug.fail_rank},
                 {"fail_step", c.debug.fail_step},

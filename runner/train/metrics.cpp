@@ -4,6 +4,7 @@
 #include <linux/tcp.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/base/errors.h"
+#include "runner/train/tensorboard.h"
 
 namespace composer {
 
@@ -79,12 +81,33 @@ std::string history_until(const std::string& path, int64_t step) {
 
 }  // namespace
 
-Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix, int64_t resumed_at)
-    : total_(total), every_(every), prefix_(std::move(prefix)), tty_(isatty(STDOUT_FILENO)) {
+std::vector<std::pair<std::string, double>> scalars_of(const nlohmann::json& line) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [key, v] : line.items()) {
+    if (key == "step") continue;
+    if (v.is_number()) out.emplace_back(key, v.get<double>());
+    if (v.is_object()) {
+      for (const auto& [name, x] : v.items()) {
+        if (x.is_number()) out.emplace_back(key + "/" + name, x.get<double>());
+      }
+    }
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i].is_number()) out.emplace_back(key + "/" + std::to_string(i), v[i].get<double>());
+      }
+    }
+  }
+  return out;
+}
+
+Metrics::Metrics(const std::string& path, int64_t total, int64_t every, std::string prefix, std::string label,
+                 int64_t resumed_at, const std::string& tensorboard)
+    : total_(total), every_(every), prefix_(std::move(prefix)), label_(std::move(label)), tty_(isatty(STDOUT_FILENO)) {
   const std::string history = resumed_at > 0 ? history_until(path, resumed_at) : "";
   jsonl_.open(path, std::ios::trunc);
   if (!jsonl_) throw RuntimeFailure("cannot write metrics file " + path);
   jsonl_ << history;
+  if (!tensorboard.empty()) tb_ = std::make_unique<TensorBoardWriter>(tensorboard);
 }
 
 Metrics::~Metrics() {
@@ -120,19 +143,44 @@ void Metrics::record(const StepRecord& r) {
     j["comm_bytes"] = r.comm_bytes;
     j["comm_ring_bytes"] = r.comm_ring_bytes;
     if (r.tcp_tx_bytes >= 0) j["tcp_tx_bytes"] = r.tcp_tx_bytes;
+    if (!r.comm_bytes_by_group.empty()) j["comm_bytes_by_group"] = r.comm_bytes_by_group;
   }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
+  if (tb_) tb_->scalars(r.step, scalars_of(j));
 
-  char line[256];
-  std::snprintf(line, sizeof line, "step %lld/%lld  loss %.6g  grad_norm %.4g  lr %.3g  %.1f ms  %.0f samples/s",
-                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm, r.lr,
-                r.step_ms, r.samples_per_s);
-  if (tty_) {
+  if (first_ < 0) first_ = r.step;
+  elapsed_ms_ += r.step_ms;
+  const double eta_s = elapsed_ms_ / static_cast<double>(r.step - first_ + 1) * static_cast<double>(total_ - r.step) / 1e3;
+  char eta[32];
+  if (eta_s >= 3600) {
+    std::snprintf(eta, sizeof eta, "%dh%02dm", static_cast<int>(eta_s / 3600), static_cast<int>(eta_s / 60) % 60);
+  } else {
+    std::snprintf(eta, sizeof eta, "%dm%02ds", static_cast<int>(eta_s / 60), static_cast<int>(eta_s) % 60);
+  }
+  char rate[48];
+  if (r.tokens_per_s > 0) {
+    std::snprintf(rate, sizeof rate, "%.0f tokens/s", r.tokens_per_s);
+  } else {
+    std::snprintf(rate, sizeof rate, "%.0f samples/s", r.samples_per_s);
+  }
+  const double mem_mb = r.device_peak_allocated_mb >= 0 ? r.device_peak_allocated_mb
+                        : r.peak_alloc_mb >= 0           ? r.peak_alloc_mb
+                                                         : r.peak_rss_mb;
+  char line[384];
+  std::snprintf(line, sizeof line,
+                "%s step %lld/%lld  loss %.6g  grad_norm %.4g  lr %.3g  %.1f ms  %s  %.0f MiB%s  ETA %s",
+                label_.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm,
+                r.lr, r.step_ms, rate, mem_mb, r.device_peak_allocated_mb >= 0 ? " on the device" : "", eta);
+  if (tty_) {  // one line, rewritten in place and cut to the terminal's width
     const int width = 24;
     int done = static_cast<int>(width * r.step / std::max<int64_t>(1, total_));
-    std::printf("\r%s[%s%s] %s", prefix_.c_str(), std::string(done, '#').c_str(),
-                std::string(width - done, '.').c_str(), line);
+    std::string text = prefix_ + "[" + std::string(done, '#') + std::string(width - done, '.') + "] " + line;
+    winsize ws{};
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && text.size() >= ws.ws_col) {
+      text.resize(ws.ws_col - 1);
+    }
+    std::printf("\r%s\033[K", text.c_str());
     std::fflush(stdout);
   } else if (r.step % every_ == 0 || r.step == total_ || r.step == 1) {
     std::printf("%s%s\n", prefix_.c_str(), line);

@@ -2,8 +2,12 @@
 // log line, and a progress bar when stdout is a terminal.
 #pragma once
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace composer {
 
@@ -35,6 +39,7 @@ struct StepRecord {
   int64_t comm_calls = 0;
   int64_t comm_bytes = 0;       // payload handed to collectives
   int64_t comm_ring_bytes = 0;  // bytes a rank sends under the ring algorithms
+  std::map<std::string, int64_t> comm_bytes_by_group;  // comm_bytes per process group (mesh dim, or dims joined)
   double tcp_tx_bytes = -1;     // bytes the logging rank's TCP sockets sent (kernel counters), -1 unknown
 };
 
@@ -48,21 +53,32 @@ double tcp_tx_bytes();
 double peak_rss_mb();
 void reset_peak_rss();
 
+class TensorBoardWriter;
+
+// A step's metrics.jsonl line as TensorBoard scalars: every number by its key,
+// nested ones as key/name (comm_bytes_by_group/dp) and lists as key/index.
+std::vector<std::pair<std::string, double>> scalars_of(const nlohmann::json& line);
+
 class Metrics {
  public:
-  // `log_prefix` starts every log line (e.g. "[rank 0/1] ").
-  // With `resumed_at` > 0 the file keeps its lines of steps up to that step
-  // (a resumed run's history) and this run's lines follow them.
+  // `log_prefix` starts every log line (e.g. "[rank 0/1] "), `label` names the
+  // run in it (the experiment and its mesh). With `resumed_at` > 0 the file
+  // keeps its lines of steps up to that step (a resumed run's history) and
+  // this run's lines follow them. With `tensorboard` every line's numbers also
+  // go to an event file there.
   Metrics(const std::string& jsonl_path, int64_t total_steps, int64_t log_every, std::string log_prefix,
-          int64_t resumed_at = 0);
+          std::string label, int64_t resumed_at = 0, const std::string& tensorboard = "");
   ~Metrics();
   void record(const StepRecord& r);
 
  private:
   std::ofstream jsonl_;
   int64_t total_, every_;
-  std::string prefix_;
+  std::string prefix_, label_;
   bool tty_;
+  int64_t first_ = -1;       // the first step this run recorded
+  double elapsed_ms_ = 0;    // its steps' time so far, for the ETA
+  std::unique_ptr<TensorBoardWriter> tb_;
 };
 
 }  // namespace composer

@@ -6,12 +6,21 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "parallelisms/comm/trace_span.h"
 #include "runner/base/errors.h"
 
 namespace composer {
 namespace {
 
 namespace prof = torch::profiler::impl;
+
+// The span each rank records right after the barrier that starts profiling.
+constexpr const char* kClockSync = "clock sync";
 
 std::set<prof::ActivityType> activities(bool cuda) {
   std::set<prof::ActivityType> a{prof::ActivityType::CPU};
@@ -25,15 +34,18 @@ prof::ProfilerConfig config() {
 
 }  // namespace
 
-StepProfiler::StepProfiler(const ProfileConfig& c, const std::string& out_dir, int rank, bool cuda) : cuda_(cuda) {
+StepProfiler::StepProfiler(const ProfileConfig& c, const std::string& out_dir, int rank, int world_size, bool cuda,
+                           std::function<void()> barrier)
+    : cuda_(cuda), rank_(rank), world_(world_size), barrier_(std::move(barrier)) {
   if (c.steps.size() != 2) return;
   first_ = c.steps[0];
   last_ = c.steps[1];
-  const std::string dir = c.dir.empty() ? out_dir + "/profile" : c.dir;
+  dir_ = c.dir.empty() ? out_dir + "/profile" : c.dir;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw FileError(dir, "cannot create the profile folder: " + ec.message() + "; check profile.dir");
-  path_ = dir + "/kineto.rank" + std::to_string(rank) + ".json";
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) throw FileError(dir_, "cannot create the profile folder: " + ec.message() + "; check profile.dir");
+  path_ = dir_ + "/kineto.rank" + std::to_string(rank) + ".json";
+  if (rank == 0) merged_ = dir_ + "/trace.json";
   // A CUDA build of Kineto asks for GPUs even when it records only the CPU,
   // and logs the failure as an error; a cpu run silences it (unless
   // KINETO_LOG_LEVEL is set).
@@ -52,6 +64,8 @@ void StepProfiler::begin_step(int64_t step) {
   if (!on_) {  // the first chosen step, or the first after a resume inside the range
     torch::autograd::profiler::enableProfiler(config(), activities(cuda_));
     on_ = true;
+    barrier_();  // every rank leaves it at about the same moment: the merge aligns the clocks there
+    parallel::TraceSpan sync([] { return std::string(kClockSync); });
   }
   mark_name_ = "step " + std::to_string(step);
   mark_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
@@ -69,6 +83,110 @@ void StepProfiler::end_step(int64_t step) {
   std::error_code ec;
   std::filesystem::rename(tmp, path_, ec);
   if (ec) throw FileError(path_, "cannot write the profiler's trace: " + ec.message());
+  barrier_();  // every rank's file is written
+  if (rank_ != 0) return;
+  try {
+    merge_traces(dir_, world_, merged_);
+  } catch (const std::exception& e) {  // e.g. ranks on other machines wrote to their own disks
+    std::cerr << "profile: no merged trace (" << e.what() << "); each rank's own trace is kineto.rank<R>.json\n";
+    merged_.clear();
+  }
+}
+
+namespace {
+
+bool is_collective(const std::string& name) {
+  for (const char* kind : {"all_reduce ", "broadcast ", "all_gather ", "reduce_scatter ", "send ", "recv "}) {
+    if (name.rfind(kind, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int64_t merge_traces(const std::string& dir, int world_size, const std::string& out) {
+  nlohmann::json events = nlohmann::json::array();
+  double sync0 = 0;
+  for (int r = 0; r < world_size; ++r) {
+    const std::string path = dir + "/kineto.rank" + std::to_string(r) + ".json";
+    std::ifstream in(path);
+    if (!in) throw FileError(path, "cannot read rank " + std::to_string(r) + "'s trace to merge it");
+    nlohmann::json trace = nlohmann::json::parse(in);
+    auto& evs = trace["traceEvents"];
+    // This rank's clock at the barrier, its host process and training thread.
+    double sync = 0;
+    nlohmann::json host_pid, main_tid;
+    for (const auto& e : evs) {
+      if (e.value("name", "") == kClockSync) {
+        sync = e["ts"].get<double>();
+        host_pid = e["pid"];
+        main_tid = e["tid"];
+        break;
+      }
+    }
+    if (host_pid.is_null()) throw FileError(path, "has no clock-sync mark; was it written by this composer?");
+    if (r == 0) sync0 = sync;
+    const double shift = sync0 - sync;
+    const int host = 2 * r, device = 2 * r + 1;
+    std::set<nlohmann::json> comm_threads;
+    for (const auto& e : evs) {
+      if (e.value("ph", "") == "X" && e["pid"] == host_pid && is_collective(e.value("name", ""))) {
+        comm_threads.insert(e["tid"]);
+      }
+    }
+    bool has_device = false;
+    for (auto& e : evs) {
+      const std::string ph = e.value("ph", "");
+      if (ph == "M" && e.value("name", "") != "thread_name") continue;  // process names are given below
+      const bool on_host = e["pid"] == host_pid;
+      const std::string cat = e.value("cat", "");
+      const bool on_device = cat == "kernel" || cat.rfind("gpu_", 0) == 0;
+      if (!on_host && !on_device && ph != "M") continue;  // the profiler's own spans of its session
+      if (on_device) has_device = true;
+      e["pid"] = on_host ? host : device;
+      if (e.contains("ts") && e["ts"].is_number()) e["ts"] = e["ts"].get<double>() + shift;
+      if ((ph == "s" || ph == "f") && e.contains("id")) e["id"] = static_cast<int64_t>(r) * 1000000000 + e["id"].get<int64_t>();
+      if (ph == "X" && on_host && is_collective(e.value("name", ""))) {  // "all_gather dp 1048576 B"
+        const std::string name = e["name"];
+        const auto a = name.find(' '), b = name.rfind(' ', name.size() - 3);
+        e["cat"] = "collective";
+        e["args"]["kind"] = name.substr(0, a);
+        e["args"]["group"] = name.substr(a + 1, b - a - 1);
+        e["args"]["bytes"] = std::stoll(name.substr(b + 1));
+      }
+      if (ph == "M" && on_host) {  // the threads by their role
+        if (e["tid"] == main_tid) {
+          e["args"]["name"] = "compute (training thread)";
+        } else if (comm_threads.count(e["tid"])) {
+          e["args"]["name"] = "communication";
+        }
+      }
+      events.push_back(std::move(e));
+    }
+    for (const auto& tid : comm_threads) {
+      if (tid == main_tid) continue;
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", host}, {"tid", tid},
+                        {"args", {{"name", "communication"}}}});
+    }
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", host}, {"tid", main_tid},
+                      {"args", {{"name", "compute (training thread)"}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", host}, {"args", {{"name", "rank " + std::to_string(r)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", host}, {"args", {{"sort_index", host}}}});
+    if (has_device) {
+      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", device},
+                        {"args", {{"name", "rank " + std::to_string(r) + " device"}}}});
+      events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", device}, {"args", {{"sort_index", device}}}});
+    }
+  }
+  const int64_t n = static_cast<int64_t>(events.size());
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream o(tmp);
+    o << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump();
+    if (!o) throw FileError(out, "cannot write the merged trace");
+  }
+  std::filesystem::rename(tmp, out);
+  return n;
 }
 
 }  // namespace composer

@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "parallelisms/comm/trace_span.h"
 #include "runner/train/optim.h"
 
 namespace composer {
@@ -235,6 +236,7 @@ void add_comm(RankContext& rank, StepRecord& r) {
       if (op == "recv") continue;  // the sender's payload, counted at its send
       r.comm_calls += e.calls;
       r.comm_bytes += e.bytes;
+      if (e.bytes > 0) r.comm_bytes_by_group[g->name] += e.bytes;
       r.comm_ring_bytes += e.ring_bytes;
     }
   }
@@ -347,7 +349,10 @@ void run_step(StepState& s, StepRecord& r) {
   }
   s.skipped_in_a_row = 0;
   if (s.c.train.grad_clip > 0) clip_grads(s.params, r.grad_norm, s.c.train.grad_clip);
-  s.optimizer.step();
+  {
+    parallel::TraceSpan span([] { return std::string("optimizer step"); });
+    s.optimizer.step();
+  }
   r.optimizer_ms = ms_since(phase);
 }
 

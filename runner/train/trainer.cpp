@@ -13,6 +13,7 @@
 #include "runner/train/optim.h"
 #include "runner/train/profile.h"
 #include "runner/train/step.h"
+#include "runner/train/tensorboard.h"
 
 namespace composer {
 namespace {
@@ -56,6 +57,24 @@ std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) 
     if (!d.ranks.empty() && std::find(d.ranks.begin(), d.ranks.end(), rank) == d.ranks.end()) continue;
     out += (out.empty() ? "" : ", ") + std::to_string(d.ms) + " ms " + parallel::name_of(d.point);
   }
+  return out;
+}
+
+// "name (dp2 x tp2)": the experiment and its mesh, for the progress line.
+std::string run_label(const ExperimentConfig& c) {
+  std::string mesh;
+  for (size_t i = 0; i < c.mesh.shape.size(); ++i) {
+    mesh += (i ? " x " : "") + (i < c.mesh.names.size() ? c.mesh.names[i] : "") + std::to_string(c.mesh.shape[i]);
+  }
+  return c.name + (mesh.empty() || c.mesh.world_size() == 1 ? "" : " (" + mesh + ")");
+}
+
+// A rank's own figures of a step, for its TensorBoard run.
+std::vector<std::pair<std::string, double>> rank_scalars(const StepRecord& r) {
+  std::vector<std::pair<std::string, double>> out{{"step_ms", r.step_ms}, {"peak_rss_mb", r.peak_rss_mb}};
+  if (r.peak_alloc_mb >= 0) out.emplace_back("peak_alloc_mb", r.peak_alloc_mb);
+  if (r.device_peak_allocated_mb >= 0) out.emplace_back("device_peak_allocated_mb", r.device_peak_allocated_mb);
+  if (r.parallel) out.emplace_back("comm_bytes", static_cast<double>(r.comm_bytes));
   return out;
 }
 
@@ -110,8 +129,13 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
   parallel::Parallel& par = l.rm.par;
   std::unique_ptr<Metrics> metrics;
   if (rank.is_main()) {
-    metrics = std::make_unique<Metrics>(l.out_dir + "/metrics.jsonl", t.steps, t.log_every,
-                                        rank.log_prefix, l.first_step - 1);
+    metrics = std::make_unique<Metrics>(l.out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix,
+                                        run_label(l.c), l.first_step - 1, l.c.metrics.tensorboard);
+  }
+  // Each rank's own memory and time per step, as a TensorBoard run of its own.
+  std::unique_ptr<TensorBoardWriter> rank_tb;
+  if (!l.c.metrics.tensorboard.empty()) {
+    rank_tb = std::make_unique<TensorBoardWriter>(l.c.metrics.tensorboard + "/rank" + std::to_string(rank.rank));
   }
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
   const Injection inject = injection(l.c, l.plan, dp_rank, rank);
@@ -124,7 +148,11 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
                   [&](int64_t step, int64_t begin, int64_t end) { return on_device(dataset.batch(step, begin, end), device); },
                   dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
   const int64_t buffers_before = par.buffer_bytes();
-  StepProfiler profiler(l.c.profile, l.out_dir, rank.rank, rank.cuda != nullptr);
+  StepProfiler profiler(l.c.profile, l.out_dir, rank.rank, rank.world_size, rank.cuda != nullptr, [&par, device] {
+    if (!par.world) return;
+    auto t = torch::zeros({1}, torch::TensorOptions().device(device));
+    parallel::all_reduce(*par.world, t);
+  });
   LoopResult out;
   for (int64_t step = l.first_step; step <= t.steps; ++step) {
     profiler.begin_step(step);
@@ -150,11 +178,13 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     profiler.end_step(step);
     if (!profiler.path().empty() && step == l.c.profile.steps[1] && rank.is_main()) {
       std::cout << rank.log_prefix << "profile: steps " << l.c.profile.steps[0] << "-" << step << " traced in "
-                << profiler.path() << " (one file per rank)\n";
+                << (profiler.merged_path().empty() ? profiler.path() : profiler.merged_path() + " (every rank)")
+                << "\n";
     }
     out.step_peaks.push_back(memory::peak_bytes());
     if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
     if (metrics) metrics->record(r);
+    if (rank_tb) rank_tb->scalars(step, rank_scalars(r));
     out.steps.push_back(r);
     const bool saves = l.checkpoints && (l.checkpointer.due(step) || (r.stop && step < t.steps));
     if (saves) l.checkpointer.save(step, l.held, l.optimizer);
@@ -192,11 +222,17 @@ void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_byte
   if (rank.mesh && !res.step_peaks.empty()) {
     write_json(out_dir + "/comm.rank" + r + ".json", {{"rank", rank.rank}, {"bytes", res.comm}});
   }
-  if (par.pipe) {
+  if (par.pipe) {  // a Chrome trace of the last step's actions (rank as process, times in us)
     nlohmann::json tl = nlohmann::json::array();
-    for (const auto& e : par.pipe->timeline()) tl.push_back({{"action", e.action}, {"start_ms", e.start_ms}, {"end_ms", e.end_ms}});
-    write_json(out_dir + "/timeline.rank" + r + ".json",
-               {{"rank", rank.rank}, {"stages", par.pipe->local_stages()}, {"timeline", tl}});
+    tl.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank.rank}, {"args", {{"name", "rank " + r}}}});
+    for (const auto& e : par.pipe->timeline()) {
+      tl.push_back({{"ph", "X"}, {"name", e.action}, {"cat", e.action.substr(0, 1)}, {"pid", rank.rank}, {"tid", 0},
+                    {"ts", e.start_ms * 1e3}, {"dur", (e.end_ms - e.start_ms) * 1e3}});
+    }
+    write_json(out_dir + "/timeline.rank" + r + ".json", {{"traceEvents", tl},
+                                                          {"displayTimeUnit", "ms"},
+                                                          {"rank", rank.rank},
+                                                          {"stages", par.pipe->local_stages()}});
   }
   if (par.any) {
     write_final_weights(*l.rm.model, par.placements.get(), par.world, rank.rank, out_dir + "/final.safetensors");
