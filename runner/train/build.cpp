@@ -103,7 +103,7 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
     model->to(scalar_type_of(c.train.dtype));
     data = plan_data(c, *model);
   }
-  make_dataset(c, data);  // opens the data files and checks their sizes and dtypes
+  make_dataset(c, data)->check_all();  // opens the data files, checks their sizes, dtypes and values
   if (!resume) return;
   const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
   if (!from.empty()) check_resumable(c, from);

@@ -148,7 +148,7 @@ class FileData : public DataSet {
 class TokenFileData : public DataSet {
  public:
   TokenFileData(const ExperimentConfig& c, const DataPlan& p)
-      : path_(c.data.path), seed_(c.seed), global_batch_(c.train.global_batch), seq_len_(p.seq_len),
+      : path_(c.data.path), path_ref_(data_ref(c, "path")), seed_(c.seed), global_batch_(c.train.global_batch), seq_len_(p.seq_len),
         vocab_(p.input.vocab_size), width_(c.data.token_dtype == TokenDType::kUint32 ? 4 : 2) {
     if (p.inputs != InputKind::kTokens) {
       throw ConfigError(data_ref(c, "source"), "data.source tokens feeds token models; model " + c.model.name +
@@ -180,6 +180,24 @@ class TokenFileData : public DataSet {
     if (map_ == MAP_FAILED) throw FileError(path_, std::string("cannot map the token file: ") + std::strerror(errno));
   }
   ~TokenFileData() override { munmap(map_, bytes_); }
+
+  void check_all() const override {
+    int64_t largest = -1, at = 0;
+    for (int64_t i = 0; i < tokens_; ++i) {
+      const int64_t id = token(i);
+      if (id > largest) {
+        largest = id;
+        at = i;
+      }
+    }
+    if (largest >= vocab_) {
+      throw ConfigError(path_ref_, path_ + ": its largest token id is " + std::to_string(largest) + " (token " +
+                                       std::to_string(at) + "), not below the model's vocab_size " +
+                                       std::to_string(vocab_) + "; prepare the data with the model's tokenizer "
+                                       "(tools/prepare-data) or raise model.args.vocab_size above " +
+                                       std::to_string(largest));
+    }
+  }
   TokenFileData(const TokenFileData&) = delete;
   TokenFileData& operator=(const TokenFileData&) = delete;
 
@@ -212,6 +230,7 @@ class TokenFileData : public DataSet {
   }
 
   std::string path_;
+  SourceRef path_ref_;
   uint64_t seed_;
   int64_t global_batch_, seq_len_, vocab_;
   int width_;

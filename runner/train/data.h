@@ -37,6 +37,9 @@ class DataSet {
   virtual ~DataSet() = default;
   // Samples [begin, end) of the global batch of `step` (1-based).
   virtual Batch batch(int64_t step, int64_t begin, int64_t end) const = 0;
+  // Reads every value once before launch and refuses what training would
+  // trip over later (a token file's ids against the model's vocabulary).
+  virtual void check_all() const {}
 };
 
 std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan);
