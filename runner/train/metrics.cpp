@@ -169,9 +169,10 @@ void Metrics::record(const StepRecord& r) {
                                                          : r.peak_rss_mb;
   char line[384];
   std::snprintf(line, sizeof line,
-                "%s step %lld/%lld  loss %.6g  grad_norm %.4g  lr %.3g  %.1f ms  %s  %.0f MiB%s  ETA %s",
-                label_.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, r.grad_norm,
-                r.lr, r.step_ms, rate, mem_mb, r.device_peak_allocated_mb >= 0 ? " on the device" : "", eta);
+                "step %lld/%lld  loss %.6g  ETA %s  %.1f ms  %s  %.*f MiB%s  grad_norm %.4g  lr %.3g  %s",
+                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, eta, r.step_ms, rate,
+                mem_mb < 10 ? 2 : 0, mem_mb, r.device_peak_allocated_mb >= 0 ? " on the device" : "", r.grad_norm, r.lr,
+                label_.c_str());
   if (tty_) {  // one line, rewritten in place and cut to the terminal's width
     const int width = 24;
     int done = static_cast<int>(width * r.step / std::max<int64_t>(1, total_));

@@ -25,11 +25,15 @@ eos = tok.token_to_id("<|endoftext|>")
 texts = [open(f, encoding="utf-8").read() for f in files]
 texts += [json.loads(l)["text"] for l in open(f"{work}/extra.jsonl")]
 ids = np.fromfile(f"{work}/docs.bin", dtype="<u2")
-want = np.concatenate([np.asarray(tok.encode(t, add_special_tokens=False).ids + [eos]) for t in texts])
+docs = [tok.encode(t, add_special_tokens=False).ids + [eos] for t in texts]
+want = np.concatenate([np.asarray(d) for d in docs])
+ends = np.cumsum([len(d) for d in docs]) - 1  # where each document's end-of-text id must be
 said = re.search(r"(\d+) documents, (\d+) tokens .* (\d+) bytes as uint16", open(f"{work}/prepare.txt").read())
-print(f"documents {len(texts)}, tokens {len(ids)} (the tokenizer's: {np.array_equal(ids, want)}), "
-      f"end-of-text ids {int((ids == eos).sum())}, printed {said.groups()}")
-ok = np.array_equal(ids, want) and int((ids == eos).sum()) == len(texts)
+same = np.array_equal(ids, want)
+closed = same and bool((ids[ends] == eos).all())
+print(f"documents {len(texts)}, tokens {len(ids)} (the tokenizer's: {same}), every document followed by "
+      f"<|endoftext|>: {closed}, printed {said.groups()}")
+ok = same and closed
 ok &= said.groups() == (str(len(texts)), str(len(ids)), str(2 * len(ids)))
 sys.exit(0 if ok else 1)
 PY
