@@ -101,6 +101,13 @@ auto span_name(const Group& g, const char* kind, int64_t bytes) {
   return [&g, kind, bytes] { return std::string(kind) + " " + g.name + " " + std::to_string(bytes) + " B"; };
 }
 
+// Counts a collective in its group's counter and opens its span: the two
+// always name the same kind and payload.
+TraceSpan counted(Group& g, const char* kind, int64_t bytes, int64_t ring_bytes) {
+  g.counter->add(kind, bytes, ring_bytes);
+  return TraceSpan(span_name(g, kind, bytes));
+}
+
 int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
   int64_t o = 0;
   for (int i = 0; i < rank; ++i) o += sizes[i];
@@ -116,8 +123,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   // result that is the same at any group size.
   const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
   auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
-  g.counter->add("all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
-  TraceSpan span(span_name(g, "all_reduce", nbytes(wire)));
+  TraceSpan span = counted(g, "all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
@@ -138,8 +144,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
 
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
-  g.counter->add("broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
-  TraceSpan span(span_name(g, "broadcast", nbytes(t)));
+  TraceSpan span = counted(g, "broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
   auto wire = t.to(wire_device(g, t));
   std::vector<torch::Tensor> ts{unowned(wire)};
   c10d::BroadcastOptions o;
@@ -165,8 +170,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   }
   std::vector<torch::Tensor> ins{unowned(padded)};
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  g.counter->add("all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
-  TraceSpan span(span_name(g, "all_gather", nbytes(padded)));
+  TraceSpan span = counted(g, "all_gather", nbytes(padded), (g.size - 1) * nbytes(padded));
   if (g.pg) {
     g.pg->allgather(outs, ins)->wait();
   } else {  // a dry run (no process group): Gloo's flat staging buffer of every rank's piece
@@ -193,8 +197,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
     offset += sizes[i] * row;
   }
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
-  TraceSpan span(span_name(g, "reduce_scatter", nbytes(flat)));
+  TraceSpan span = counted(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
@@ -268,8 +271,7 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   const int64_t chunk = flat.numel() / g.size;
   if (g.size == 1) return flat.view({-1});
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  g.counter->add("reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
-  TraceSpan span(span_name(g, "reduce_scatter", nbytes(flat)));
+  TraceSpan span = counted(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
   if (op == Reduce::kAvg) mine.div_(g.size);
   return mine;
@@ -278,8 +280,7 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   delay_at(g.delays, DelayPoint::kBeforeSend);
   auto c = t.to(wire_device(g, t)).contiguous();
-  g.counter->add("send", nbytes(c), nbytes(c));
-  TraceSpan span(span_name(g, "send", nbytes(c)));
+  TraceSpan span = counted(g, "send", nbytes(c), nbytes(c));
   std::vector<torch::Tensor> ts{c};
   Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
   if (!async) h.wait();
@@ -294,8 +295,7 @@ void recv(Group& g, torch::Tensor& t, int src, int tag) {
     return;
   }
   delay_at(g.delays, DelayPoint::kBeforeRecv);
-  g.counter->add("recv", nbytes(t), nbytes(t));
-  TraceSpan span(span_name(g, "recv", nbytes(t)));
+  TraceSpan span = counted(g, "recv", nbytes(t), nbytes(t));
   std::vector<torch::Tensor> ts{t};
   if (g.pg) g.pg->recv(ts, src, tag)->wait();
 }
