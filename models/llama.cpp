@@ -12,11 +12,12 @@ namespace {
 using nn::Linear;
 
 struct LlamaArgs {
-  int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len;
+  int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len, hidden_dim;
   double ffn_dim_multiplier, norm_eps, rope_theta;
-  bool depth_init;
+  bool depth_init, weight_tying;
   int64_t head_dim() const { return dim / n_heads; }
   int64_t ffn_hidden() const {
+    if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
     int64_t hidden = 2 * (4 * dim) / 3;
     if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * hidden);
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
@@ -144,8 +145,10 @@ class Llama : public Model {
       layers->push_back(block);
     }
     norm = add("norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
-    output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false));
+    output = add("output", std::make_shared<Linear>(a.dim, a.vocab_size, false,
+                                                    a.weight_tying ? tok_embeddings->weight : torch::Tensor()));
     nn::init_param(tok_embeddings->weight, [](torch::Tensor& w) { w.normal_(); });
+    if (a.weight_tying) return;  // the output projection is the embedding, drawn once
     const double cutoff = 3.0 / std::sqrt(static_cast<double>(a.dim)), scale = 1.0 / std::sqrt(static_cast<double>(a.dim));
     nn::init_param(output->weight, [scale, cutoff](torch::Tensor& w) { nn::trunc_normal_(w, 0, scale, -cutoff, cutoff); });
   }
@@ -192,12 +195,16 @@ std::vector<ModelSpec> llama_specs() {
             {"norm_eps", ArgType::kFloat, 1e-5, "RMSNorm epsilon"},
             {"rope_theta", ArgType::kFloat, 10000.0, "rotary embedding base"},
             {"max_seq_len", ArgType::kInt, int64_t{2048}, "longest sequence"},
-            {"depth_init", ArgType::kBool, true, "scale output-projection init by layer depth"}};
+            {"depth_init", ArgType::kBool, true, "scale output-projection init by layer depth"},
+            {"hidden_dim", ArgType::kInt, int64_t{0},
+             "SwiGLU hidden width; 0 derives it from dim, ffn_dim_multiplier and multiple_of"},
+            {"weight_tying", ArgType::kBool, false, "output.weight is tok_embeddings.weight"}};
   s.check = [](const ModelArgs& a) {
     for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
       require_arg_positive(a, n);
     }
     require_arg_divides(a, "n_heads", "dim");
+    if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
     if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
       throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
     }
@@ -210,8 +217,8 @@ std::vector<ModelSpec> llama_specs() {
   s.build = [](const ModelArgs& a) -> ModelPtr {
     LlamaArgs l{a.i("dim"), a.i("n_layers"), a.i("n_heads"),
                 a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"), a.i("vocab_size"),
-                a.i("multiple_of"), a.i("max_seq_len"), a.f("ffn_dim_multiplier"), a.f("norm_eps"),
-                a.f("rope_theta"), a.b("depth_init")};
+                a.i("multiple_of"), a.i("max_seq_len"), a.i("hidden_dim"), a.f("ffn_dim_multiplier"),
+                a.f("norm_eps"), a.f("rope_theta"), a.b("depth_init"), a.b("weight_tying")};
     return std::make_shared<Llama>(l);
   };
   s.logits = "output";

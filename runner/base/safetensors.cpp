@@ -198,6 +198,20 @@ std::vector<SafetensorsEntry> read_safetensors_entries(const std::string& path) 
   return out;
 }
 
+torch::Tensor read_safetensors_tensor(const std::string& path, const SafetensorsEntry& entry) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FileError(path, "cannot open the safetensors file; check the path");
+  unsigned char len[8] = {};
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  torch::Tensor t = torch::empty(entry.shape, torch::dtype(entry.dtype));
+  in.seekg(static_cast<std::streamoff>(8 + header_len + entry.begin));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(entry.end - entry.begin));
+  if (!in) throw FileError(path, "cannot read tensor '" + entry.name + "'; the file is truncated");
+  return t;
+}
+
 NamedTensors read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FileError(path, "cannot open the safetensors file; check the path");

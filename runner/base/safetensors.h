@@ -28,6 +28,9 @@ struct SafetensorsEntry {
 };
 std::vector<SafetensorsEntry> read_safetensors_entries(const std::string& path);
 
+// The tensor of `entry` (one of read_safetensors_entries(path)), reading only its bytes.
+torch::Tensor read_safetensors_tensor(const std::string& path, const SafetensorsEntry& entry);
+
 // The header of `path` (the JSON object: each tensor's dtype, shape and
 // data_offsets, and __metadata__), without reading the data.
 nlohmann::json read_safetensors_header(const std::string& path);

@@ -17,6 +17,7 @@
 
 #include "parallelisms/comm/collectives.h"
 #include "runner/checkpoint/checkpoint_reader.h"
+#include "runner/checkpoint/weight_source.h"
 #include "runner/launch/rank.h"
 #include "runner/base/errors.h"
 
@@ -28,57 +29,7 @@ NamedTensors snapshot_params(models::Model& model) {
   return out;
 }
 
-namespace {
-
-// Checks that `path`'s tensors (name -> shape, floating point) are exactly the
-// model's parameters; returns the parameters by name.
-std::map<std::string, torch::Tensor> check_weights(models::Model& model, const std::string& path,
-                                                   const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>>& file) {
-  std::map<std::string, torch::Tensor> params;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
-  std::set<std::string> loaded;
-  for (const auto& [name, shape_float] : file) {
-    const auto& [shape, floating] = shape_float;
-    auto it = params.find(name);
-    if (it == params.end()) {
-      throw FileError(path, "unexpected tensor '" + name + "': model " + model.type() +
-                                " has no parameter of that name");
-    }
-    if (it->second.sizes().vec() != shape) {
-      throw FileError(path, "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(shape)) +
-                                " but the model's is " + c10::str(it->second.sizes()));
-    }
-    if (!floating) throw FileError(path, "tensor '" + name + "' is not floating point");
-    loaded.insert(name);
-    // A tied weight is loaded under any of its names.
-    for (auto& [other, q] : params) {
-      if (q.unsafeGetTensorImpl() == it->second.unsafeGetTensorImpl()) loaded.insert(other);
-    }
-  }
-  for (auto& [name, p] : params) {
-    if (!loaded.count(name)) throw FileError(path, "missing tensor '" + name + "' that the model needs");
-  }
-  return params;
-}
-
-}  // namespace
-
-void load_weights(models::Model& model, const std::string& path) {
-  auto tensors = read_safetensors(path);
-  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>> file;
-  for (auto& [name, t] : tensors) file.push_back({name, {t.sizes().vec(), t.is_floating_point()}});
-  auto params = check_weights(model, path, file);
-  torch::NoGradGuard no_grad;
-  for (auto& [name, t] : tensors) params.at(name).copy_(t);
-}
-
-void check_weights_file(models::Model& model, const std::string& path) {
-  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, bool>>> file;
-  for (const auto& e : read_safetensors_entries(path)) {
-    file.push_back({e.name, {e.shape, c10::isFloatingType(e.dtype)}});
-  }
-  check_weights(model, path, file);
-}
+void load_weights(models::Model& model, const std::string& path) { load_weights(model, *WeightSource::file(path)); }
 
 void check_resumable(const ExperimentConfig& c, const std::string& path) {
   CheckpointReader reader(path);

@@ -28,11 +28,9 @@ namespace composer {
 // The model's parameters (each tensor once), detached, by FQN.
 NamedTensors snapshot_params(models::Model& model);
 
-// Copies every tensor of `path` into the parameter of the same name.
+// Copies every tensor of safetensors file `path` into the parameter of the
+// same name (runner/checkpoint/weight_source.h checks names and shapes).
 void load_weights(models::Model& model, const std::string& path);
-// The same checks as load_weights on `path`'s header alone (names, shapes,
-// floating point), reading no tensor data: what `composer plan` checks.
-void check_weights_file(models::Model& model, const std::string& path);
 // Refuses a checkpoint folder whose index was saved by a config with another
 // seed, model, train or data section, as resuming from it would.
 void check_resumable(const ExperimentConfig& c, const std::string& path);

@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "parallelisms/comm/collectives.h"
 #include "runner/checkpoint/checkpoint_reader.h"
+#include "runner/checkpoint/weight_source.h"
+#include "runner/config/hf_config.h"
 #include "runner/base/errors.h"
 #include "runner/base/safetensors.h"
 #include "models/registry.h"
@@ -174,17 +177,59 @@ std::vector<Item> model_items(const ExperimentConfig& c) {
   return items;
 }
 
-// Each item's entry in the exported files, in the dtype the checkpoint holds it in; refuses an item it lacks.
-std::vector<SafetensorsWriter::Entry> export_entries(const std::vector<Item>& items, const CheckpointReader& reader,
-                                                     const std::string& model_name) {
-  std::vector<SafetensorsWriter::Entry> entries;
-  for (const auto& it : items) {
-    auto e = reader.index().tensors.find(it.key);
-    if (e == reader.index().tensors.end()) {
-      throw FileError(reader.index_path(), "missing tensor '" + it.key + "' that model " + model_name + " needs");
+// Where exported tensors come from: a checkpoint (any plan) or a safetensors
+// file in composer's names (a run's init or final weights).
+class ExportSource {
+ public:
+  ExportSource(const ExperimentConfig& c, const ExportOptions& o) : model_name_(c.model.name) {
+    if (!o.checkpoint.empty()) {
+      if (!fs::exists(fs::path(o.checkpoint) / "index.json")) {
+        throw UserError("--checkpoint " + o.checkpoint +
+                        ": not a complete checkpoint (no index.json in it); give a step-N "
+                        "folder that has one");
+      }
+      reader_ = std::make_unique<CheckpointReader>(o.checkpoint);
+      check_saved_by(*reader_, c, o.checkpoint);
+      what_ = "step " + std::to_string(reader_->index().step) + " of " + o.checkpoint;
+      return;
     }
-    entries.push_back({it.name, scalar_type_of_name(e->second.dtype, reader.index_path()), it.shape});
+    weights_ = WeightSource::file(o.weights);
+    nn::ShapeOnly shapes;
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    const auto stored = weights_->match(*model);
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) stored_of_[name] = stored.at(p.unsafeGetTensorImpl());
+    what_ = o.weights;
   }
+  // The dtype the source holds `key` in; refuses a key it lacks.
+  torch::ScalarType dtype(const std::string& key) const {
+    if (weights_) return weights_->dtype(stored_of_.at(key));
+    auto e = reader_->index().tensors.find(key);
+    if (e == reader_->index().tensors.end()) {
+      throw FileError(reader_->index_path(), "missing tensor '" + key + "' that model " + model_name_ + " needs");
+    }
+    return scalar_type_of_name(e->second.dtype, reader_->index_path());
+  }
+  // Tensor `key`, whole, with `shape` and `dtype`.
+  torch::Tensor read(const std::string& key, const std::vector<int64_t>& shape, torch::ScalarType dtype) {
+    if (weights_) return weights_->read(stored_of_.at(key));
+    torch::Tensor t = torch::empty(shape, torch::dtype(dtype));
+    const std::vector<int64_t> box = shape.empty() ? std::vector<int64_t>{1} : shape;
+    reader_->read_box(key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
+    return t;
+  }
+  const std::string& what() const { return what_; }
+
+ private:
+  std::string model_name_, what_;
+  std::unique_ptr<CheckpointReader> reader_;
+  std::unique_ptr<WeightSource> weights_;
+  std::map<std::string, std::string> stored_of_;  // each parameter's name in weights_
+};
+
+// Each item's entry in the exported files, in the dtype the source holds it in.
+std::vector<SafetensorsWriter::Entry> export_entries(const std::vector<Item>& items, const ExportSource& source) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& it : items) entries.push_back({it.name, source.dtype(it.key), it.shape});
   return entries;
 }
 
@@ -235,21 +280,20 @@ std::vector<std::string> shard_names(const fs::path& out, const std::string& ste
   return names;
 }
 
-// Writes every shard, each tensor read whole from the checkpoint; returns the weight map (name to shard file).
-nlohmann::ordered_json write_shards(CheckpointReader& reader, const std::vector<Item>& items,
+// Writes every shard, each tensor read whole from the source and passed
+// through `convert`; returns the weight map (name to shard file).
+nlohmann::ordered_json write_shards(ExportSource& source, const std::vector<Item>& items,
                                     const std::vector<SafetensorsWriter::Entry>& entries,
                                     const std::vector<std::vector<size_t>>& shards,
-                                    const std::vector<std::string>& names) {
+                                    const std::vector<std::string>& names,
+                                    const std::function<torch::Tensor(const Item&, torch::Tensor)>& convert) {
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     std::vector<SafetensorsWriter::Entry> mine;
     for (size_t i : shards[s]) mine.push_back(entries[i]);
     SafetensorsWriter w(names[s], mine, {{"format", "pt"}});
     for (size_t i : shards[s]) {
-      torch::Tensor t = torch::empty(entries[i].shape, torch::dtype(entries[i].dtype));
-      const std::vector<int64_t> box = entries[i].shape.empty() ? std::vector<int64_t>{1} : entries[i].shape;
-      reader.read_box(items[i].key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
-      w.write(t);
+      w.write(convert(items[i], source.read(items[i].key, entries[i].shape, entries[i].dtype)));
       weight_map[entries[i].name] = fs::path(names[s]).filename().string();
     }
     w.finish();
@@ -301,29 +345,52 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option) {
   throw UserError(option + " " + text + ": expected a positive size such as 5GB, 500MB, 64KiB or a byte count");
 }
 
-std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const ExportOptions& o) {
-  if (!fs::exists(fs::path(o.checkpoint) / "index.json")) {
-    throw UserError("--checkpoint " + o.checkpoint +
-                    ": not a complete checkpoint (no index.json in it); give a step-N "
-                    "folder that has one");
+std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
+  const bool hf = o.format == ExportFormat::kHf;
+  if (hf && c.model.name != "llama") {
+    throw UserError("composer export --format hf writes Llama folders (LlamaForCausalLM); model " + c.model.name +
+                    " has no Hugging Face layout composer knows; use --format pt");
   }
-  CheckpointReader reader(o.checkpoint);
-  check_saved_by(reader, c, o.checkpoint);
-  const std::vector<Item> items = model_items(c);
-  const std::vector<SafetensorsWriter::Entry> entries = export_entries(items, reader, c.model.name);
+  ExportSource source(c, o);
+  std::vector<Item> items = model_items(c);
+  int64_t intermediate_size = 0;
+  if (hf) {  // Hugging Face's names; a tied weight once, under the embedding's name
+    std::vector<Item> renamed;
+    for (const auto& it : items) {
+      if (it.name == "layers.0.feed_forward.w1.weight") intermediate_size = it.shape.at(0);
+      if (it.name != it.key) continue;
+      renamed.push_back(it);
+      renamed.back().name = hf_name_of_llama(it.name);
+      TORCH_INTERNAL_ASSERT(!renamed.back().name.empty(), "llama parameter ", it.name, " has no Hugging Face name");
+    }
+    items = renamed;
+  }
+  const std::vector<SafetensorsWriter::Entry> entries = export_entries(items, source);
   const uint64_t total = total_bytes(entries);
   const std::vector<std::vector<size_t>> shards = plan_shards(entries, o.max_shard_bytes);
-  const fs::path out(o.out);
+  const fs::path out = hf ? fs::path(o.out) / "model.safetensors" : fs::path(o.out);
   const std::string stem = shard_stem(out);
   const std::vector<std::string> names = shard_names(out, stem, shards.size());
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-  const nlohmann::ordered_json weight_map = write_shards(reader, items, entries, shards, names);
+  const int64_t heads = hf ? c.model.args.i("n_heads") : 0;
+  const int64_t kv_heads = hf && c.model.args.i("n_kv_heads") ? c.model.args.i("n_kv_heads") : heads;
+  const nlohmann::ordered_json weight_map =
+      write_shards(source, items, entries, shards, names, [&](const Item& it, torch::Tensor t) {
+        return hf ? llama_to_hf_layout(it.key, t, heads, kv_heads).contiguous() : t;
+      });
   char line[300];
-  std::snprintf(line, sizeof line, "exported step %lld of %s: %zu tensors, %.3f MB",
-                static_cast<long long>(reader.index().step), o.checkpoint.c_str(), entries.size(), total / 1e6);
+  std::snprintf(line, sizeof line, "exported %s: %zu tensors, %.3f MB", source.what().c_str(), entries.size(),
+                total / 1e6);
   std::vector<std::string> report{line};
+  if (hf) {
+    const std::string config = (fs::path(o.out) / "config.json").string();
+    std::ofstream f(config);
+    f << hf_llama_config(c.model.args, intermediate_size).dump(2) << "\n";
+    if (!f) throw RuntimeFailure("cannot write " + config);
+    report.push_back("wrote " + config + " (LlamaForCausalLM)");
+  }
   if (shards.size() == 1) {
-    report.push_back("wrote " + o.out);
+    report.push_back("wrote " + out.string());
     return report;
   }
   const std::string index_path = (out.parent_path() / (stem + ".safetensors.index.json")).string();

@@ -2,7 +2,8 @@
 // PyTorch and Hugging Face. The end of a run writes final.safetensors from the
 // ranks' pieces one tensor at a time; `composer export` writes a checkpoint's
 // weights (sharded with a model.safetensors.index.json when large) from its
-// chunks, in one process.
+// chunks, or a weights file's, in one process, as PyTorch names or as a
+// Hugging Face Llama folder.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,9 +22,16 @@ namespace composer {
 void write_final_weights(models::Model& model, const parallel::Placements* placements, parallel::Group* world, int rank,
                          const std::string& path);
 
+enum class ExportFormat {
+  kPt,  // PyTorch names in one safetensors file (or shards beside it)
+  kHf,  // a Hugging Face Llama folder: config.json and model.safetensors (or shards and their index)
+};
+
 struct ExportOptions {
-  std::string checkpoint;                 // a step-N folder with index.json
-  std::string out;                        // the file; shards go next to it
+  std::string checkpoint;                 // a step-N folder with index.json, or
+  std::string weights;                    // a safetensors file in composer's names (a run's final.safetensors)
+  std::string out;                        // pt: the file (shards go next to it); hf: the folder
+  ExportFormat format = ExportFormat::kPt;
   uint64_t max_shard_bytes = 5000000000;  // larger exports are sharded (Hugging Face's default, 5GB)
 };
 
@@ -31,10 +39,13 @@ struct ExportOptions {
 uint64_t parse_byte_size(const std::string& text, const std::string& option);
 
 // Writes the parameters of checkpoint `o.checkpoint` (saved by config `c`,
-// under any plan) under every PyTorch name, tied weights under each of theirs.
-// Up to max_shard_bytes: one file, o.out. Above: <stem>-0000k-of-0000n.safetensors
-// and <stem>.safetensors.index.json beside o.out (Hugging Face's layout).
+// under any plan) or of weights file `o.weights`. pt: under every PyTorch
+// name, tied weights under each of theirs; up to max_shard_bytes one file,
+// o.out, above it <stem>-0000k-of-0000n.safetensors and
+// <stem>.safetensors.index.json beside o.out (Hugging Face's layout). hf (llama
+// only): folder o.out with config.json and model.safetensors (or its shards),
+// in Hugging Face's names and rotary row order, a tied weight once.
 // Returns the lines it reports.
-std::vector<std::string> export_checkpoint(const ExperimentConfig& c, const ExportOptions& o);
+std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o);
 
 }  // namespace composer

@@ -17,7 +17,8 @@ namespace {
 
 const char kUsage[] =
     "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR] [--json]\n"
-    "       composer export --config FILE --checkpoint DIR --out FILE [--max-shard-size 5GB]\n"
+    "       composer export --config FILE (--checkpoint DIR | --weights FILE) --out PATH [--format pt|hf]\n"
+    "                       [--max-shard-size 5GB]\n"
     "\n"
     "commands:\n"
     "  run     train the experiment (default)\n"
@@ -25,8 +26,9 @@ const char kUsage[] =
     "  golden  train on one device and write the golden file (check.golden)\n"
     "  plan    validate the config and summarise the plan: placements, memory and communication\n"
     "          per rank (--json: the resolved config and every figure, for tools)\n"
-    "  export  write a checkpoint's weights as one safetensors file for PyTorch (in shards with a\n"
-    "          model.safetensors.index.json above --max-shard-size); runs in this process\n"
+    "  export  write a checkpoint's or a weights file's weights as one safetensors file for PyTorch (in\n"
+    "          shards with an index above --max-shard-size), or with --format hf a Hugging Face Llama\n"
+    "          folder (config.json and model.safetensors) that transformers loads; runs in this process\n"
     "\n"
     "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
 
@@ -85,6 +87,10 @@ CliOptions parse_cli(int argc, char** argv) {
       "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)")(
       "out", po::value<std::string>(&o.out), "output directory (default runs/<name>); export: the file to write")(
       "checkpoint", po::value<std::string>(&o.checkpoint), "export: the checkpoint (a step-N folder with index.json)")(
+      "weights", po::value<std::string>(&o.weights),
+      "export: a weights file instead of a checkpoint (a run's final.safetensors or init.safetensors)")(
+      "format", po::value<std::string>(&o.format),
+      "export: pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face Llama folder)")(
       "max-shard-size", po::value<std::string>(&o.max_shard_size),
       "export: shard above this size (default 5GB; 500MB, 64KiB or bytes)")(
       "nnodes", po::value<int>(&o.node.nnodes), "invocations (nodes) that form the job (default 1)")(
@@ -127,13 +133,17 @@ CliOptions parse_cli(int argc, char** argv) {
   }
   if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
   const bool exporting = o.command == Command::kExport;
-  if (exporting && (o.checkpoint.empty() || o.out.empty())) {
-    throw UserError("composer export needs --checkpoint DIR (a step-N folder) and --out FILE; see composer --help");
+  if (exporting && (o.checkpoint.empty() == o.weights.empty() || o.out.empty())) {
+    throw UserError("composer export needs one of --checkpoint DIR (a step-N folder) or --weights FILE (a run's "
+                    "final.safetensors), and --out FILE (a folder with --format hf); see composer --help");
+  }
+  if (exporting && !o.format.empty() && o.format != "pt" && o.format != "hf") {
+    throw UserError("--format " + o.format + ": use pt (a safetensors file) or hf (a Hugging Face Llama folder)");
   }
   if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
-  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty())) {
-    throw UserError("--checkpoint and --max-shard-size belong to composer export; to resume a run, set "
-                    "checkpoint.resume (--set checkpoint.resume=DIR)");
+  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty() || !o.weights.empty() || !o.format.empty())) {
+    throw UserError("--checkpoint, --weights, --format and --max-shard-size belong to composer export; to resume a "
+                    "run, set checkpoint.resume (--set checkpoint.resume=DIR)");
   }
   return o;
 }
@@ -171,9 +181,11 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
     case Command::kExport: {
       ExportOptions e;
       e.checkpoint = o.checkpoint;
+      e.weights = o.weights;
       e.out = o.out;
+      e.format = o.format == "hf" ? ExportFormat::kHf : ExportFormat::kPt;
       if (!o.max_shard_size.empty()) e.max_shard_bytes = parse_byte_size(o.max_shard_size, "--max-shard-size");
-      for (const auto& line : export_checkpoint(c, e)) std::cout << line << "\n";
+      for (const auto& line : export_weights(c, e)) std::cout << line << "\n";
       return 0;
     }
   }

@@ -20,6 +20,8 @@ struct CliOptions {
   std::vector<std::string> sets;  // --set a.b=value, in order
   std::string out;                // --out; "" = runs/<name> (export: the file)
   std::string checkpoint;         // --checkpoint (export)
+  std::string weights;            // --weights (export)
+  std::string format;             // --format (export); "" = pt
   std::string max_shard_size;     // --max-shard-size (export); "" = 5GB
   NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
   std::vector<std::string> argv;  // the invocation, to start ranks with

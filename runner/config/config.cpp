@@ -7,6 +7,7 @@
 #include "models/registry.h"
 #include "runner/config/config_delay.h"
 #include "runner/config/config_document.h"
+#include "runner/config/hf_config.h"
 #include "runner/config/yaml_reader.h"
 
 namespace composer {
@@ -70,12 +71,31 @@ ModelConfig read_model(YamlMap& root) {
   }
   m.get("init_from", c.init_from);
   if (m.has("init_from")) c.init_from_ref = m.ref("init_from");
+  m.get("from_hf", c.from_hf);
+  const bool hf = m.has("from_hf");
+  if (hf) {
+    c.from_hf_ref = m.ref("from_hf");
+    if (c.name != "llama") {
+      throw ConfigError(m.ref("name"), "from_hf reads a Hugging Face Llama folder into model llama, not " + c.name +
+                                           "; set model.name: llama");
+    }
+    if (m.has("init_from")) {
+      throw ConfigError(m.ref("init_from"), "init_from and from_hf both give the initial weights; keep one");
+    }
+  }
   YamlMap args(m.has("args") ? m.node("args") : YAML::Node(), "model.args", root.context());
   for (const auto& a : spec->args) {
+    if (hf && args.has(a.name) && a.name != "max_seq_len") {
+      throw ConfigError(args.ref(a.name), "this argument comes from from_hf's config.json; remove it (only "
+                                          "max_seq_len may be given, to shorten the rotary tables)");
+    }
     c.args.set(a.name, args.has(a.name) ? read_arg(args, a) : a.default_value);
   }
   args.finish();
   m.finish();
+  if (hf) {
+    naming_config_key(c.from_hf_ref, [&] { read_hf_llama_config(c.from_hf, c.args, args.has("max_seq_len")); });
+  }
   if (spec->check) {
     try {
       spec->check(c.args);

@@ -73,6 +73,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["name"] = c.name;
   j["seed"] = c.seed;
   j["model"] = {{"name", c.model.name}, {"args", args_json(c.model.args)}, {"init_from", c.model.init_from}};
+  if (!c.model.from_hf.empty()) j["model"]["from_hf"] = c.model.from_hf;
   j["mesh"] = {{"shape", c.mesh.shape},
                {"names", c.mesh.names},
                {"device", name_of(c.mesh.device)},

@@ -10,10 +10,14 @@
 
 #include "models/registry.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/weight_source.h"
 #include "runner/train/materialise.h"
 
 namespace composer {
 namespace {
+
+// The key that names the model's initial weights (from_hf or init_from), for errors.
+const SourceRef& weights_ref(const ModelConfig& m) { return m.from_hf.empty() ? m.init_from_ref : m.from_hf_ref; }
 
 using parallel::Overloaded;
 
@@ -86,8 +90,10 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
   torch::manual_seed(c.seed);
   models::ModelPtr model = spec->build(c.model.args);
-  if (!c.model.init_from.empty() && !nn::param_options().device().is_meta()) {  // values, not shapes
-    naming_config_key(c.model.init_from_ref, [&] { load_weights(*model, c.model.init_from); });
+  if (!nn::param_options().device().is_meta()) {  // values, not shapes
+    naming_config_key(weights_ref(c.model), [&] {
+      if (auto source = WeightSource::open(c.model)) load_weights(*model, *source);
+    });
   }
   return model;
 }
@@ -97,9 +103,9 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
   {
     nn::ShapeOnly shapes;  // names and shapes: no values, no random draws
     models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-    if (!c.model.init_from.empty()) {
-      naming_config_key(c.model.init_from_ref, [&] { check_weights_file(*model, c.model.init_from); });
-    }
+    naming_config_key(weights_ref(c.model), [&] {
+      if (auto source = WeightSource::open(c.model)) source->match(*model);
+    });
     model->to(scalar_type_of(c.train.dtype));
     data = plan_data(c, *model);
   }
@@ -222,9 +228,12 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
     m.own_seed = own_seed(plan, rank);
     m.dtype = scalar_type_of(c.train.dtype);
     m.placements = out.par.placements.get();
-    m.init_from = c.model.init_from;
     if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
-    naming_config_key(c.model.init_from_ref, [&] { materialise(model, init_steps, m); });
+    naming_config_key(weights_ref(c.model), [&] {
+      const std::unique_ptr<WeightSource> source = WeightSource::open(c.model);
+      m.init = source.get();
+      materialise(model, init_steps, m);
+    });
   }
   out.par.derive_grad_sync();
   return out;

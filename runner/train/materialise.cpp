@@ -24,67 +24,6 @@ void take_values(const torch::Tensor& p, const torch::Tensor& value) {
   p.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
 }
 
-// Tensor `name` of safetensors file `path`, whose header read_safetensors_header
-// has read and validated (dtypes, shapes and offsets): only its bytes are read.
-torch::Tensor read_tensor(const std::string& path, const nlohmann::json& header, const std::string& name) {
-  std::ifstream in(path, std::ios::binary);
-  unsigned char len[8] = {};
-  in.read(reinterpret_cast<char*>(len), 8);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
-  if (!header.contains(name)) throw FileError(path, "missing tensor '" + name + "'");
-  const auto& e = header.at(name);
-  const auto shape = e.at("shape").get<std::vector<int64_t>>();
-  const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
-  torch::Tensor t = torch::empty(shape, torch::dtype(scalar_type_of_name(e.at("dtype").get<std::string>(), path)));
-  in.seekg(static_cast<std::streamoff>(8 + header_len + offsets.at(0)));
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(offsets.at(1) - offsets.at(0)));
-  if (!in) throw FileError(path, "cannot read tensor '" + name + "'; the file is truncated");
-  return t;
-}
-
-// The tensors of `path` by name (its header read once), for init_from.
-class InitFile {
- public:
-  InitFile(const std::string& path, models::Model& model) : path_(path), header_(read_safetensors_header(path)) {
-    std::map<std::string, bool> names;
-    for (const auto& item : model.named_parameters(/*recurse=*/true)) names[item.key()] = true;
-    for (const auto& [name, entry] : header_.items()) {
-      if (name == "__metadata__") continue;
-      if (!names.count(name)) {
-        throw FileError(path, "unexpected tensor '" + name + "': model " + model.type() + " has no parameter of that name");
-      }
-    }
-    // A tied weight is read under whichever of its names the file has.
-    std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> aliases;
-    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-      aliases[item.value().unsafeGetTensorImpl()].push_back(item.key());
-    }
-    for (auto& [impl, list] : aliases) {
-      for (const auto& n : list) {
-        if (header_.contains(n)) key_[impl] = n;
-      }
-      if (!key_.count(impl)) throw FileError(path, "missing tensor '" + list.front() + "' that the model needs");
-    }
-  }
-
-  torch::Tensor read(const torch::Tensor& p, const std::vector<int64_t>& shape) const {
-    const std::string& name = key_.at(p.unsafeGetTensorImpl());
-    torch::Tensor t = read_tensor(path_, header_, name);
-    if (t.sizes().vec() != shape) {
-      throw FileError(path_, "tensor '" + name + "' has shape " + c10::str(t.sizes()) + " but the model's is " +
-                                 c10::str(c10::IntArrayRef(shape)));
-    }
-    if (!t.is_floating_point()) throw FileError(path_, "tensor '" + name + "' is not floating point");
-    return t.to(torch::kFloat);  // what copying it into the float32 parameter gives
-  }
-
- private:
-  std::string path_;
-  nlohmann::json header_;
-  std::unordered_map<const c10::TensorImpl*, std::string> key_;
-};
-
 // A model's parameters, the recorded initialisations that set them, and where their values go.
 struct Materialising {
   // Refuses an initialisation of no parameter, and a parameter without one.
@@ -136,6 +75,22 @@ struct Materialising {
   std::vector<std::vector<int64_t>> shapes;
 };
 
+// The initial weights of every parameter, by the name `source` stores it under.
+class InitFile {
+ public:
+  InitFile(const WeightSource& source, models::Model& model, const WeightSource::ShapeOf& full_shape)
+      : source_(source), key_(source.match(model, full_shape)) {}
+
+  torch::Tensor read(const torch::Tensor& p) const {
+    torch::Tensor t = source_.read(key_.at(p.unsafeGetTensorImpl()));
+    return t.to(torch::kFloat);  // what copying it into the float32 parameter gives
+  }
+
+ private:
+  const WeightSource& source_;
+  std::unordered_map<const c10::TensorImpl*, std::string> key_;
+};
+
 // The file write_init names, ready for every parameter's full float32 value; null when it names none.
 std::unique_ptr<SafetensorsWriter> init_writer(const Materialising& m) {
   if (m.o.write_init.empty()) return nullptr;
@@ -180,13 +135,17 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
   torch::NoGradGuard no_grad;
   const Materialising m(model, steps, o);
   std::unique_ptr<InitFile> file;
-  if (!o.init_from.empty()) file = std::make_unique<InitFile>(o.init_from, model);
+  if (o.init) {
+    file = std::make_unique<InitFile>(*o.init, model, [&m](const torch::Tensor& p) {
+      return m.shapes.at(m.index.at(p.unsafeGetTensorImpl()));
+    });
+  }
   std::unique_ptr<SafetensorsWriter> init = init_writer(m);
   const bool seeded = o.own && o.own_seed >= 0;
   std::map<size_t, torch::Tensor> own_values;
   if (seeded) own_values = draw_own_values(m);
   m.replay([&](size_t i, torch::Tensor full) {
-    if (file) full = file->read(m.params[i].second, m.shapes[i]);  // under init_from, its values replace the drawn ones
+    if (file) full = file->read(m.params[i].second);  // under init_from or from_hf, its values replace the drawn ones
     if (init) init->write(i, seeded && m.own(i) ? own_values.at(i) : full);
     const torch::Tensor& p = m.params[i].second;
     if (m.own(i)) {  // the rank's own values, whole (not cut to the stacked placement)

@@ -1,7 +1,7 @@
 // Giving a model built under nn::DeferInit (parameters on meta, their
 // initialisations recorded) its values one parameter at a time, after the
 // transforms have decided what this rank holds: each full tensor is drawn (or
-// read from `init_from`) exactly as a single-device build draws it, cut to
+// read from model.init_from or from_hf) exactly as a single-device build draws it, cut to
 // this rank's piece and freed before the next, so a rank's setup peak is what
 // it holds plus the largest single tensor, never the whole model.
 #pragma once
@@ -14,13 +14,14 @@
 #include "models/model.h"
 #include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
+#include "runner/checkpoint/weight_source.h"
 
 namespace composer {
 
 struct MaterialiseOptions {
   c10::ScalarType dtype = c10::kFloat;                // the training dtype each value is cast to
   const parallel::Placements* placements = nullptr;  // this rank's piece of each parameter (none: all of it)
-  std::string init_from;   // a safetensors file whose values replace the recorded initialisations
+  const WeightSource* init = nullptr;  // weights whose values replace the recorded initialisations
   std::string write_init;  // where to write every full initial value (float32), or nothing
   // Where each parameter's piece goes (the values are always drawn on the CPU,
   // from the single-device generator stream); nullptr: the CPU. A piece going

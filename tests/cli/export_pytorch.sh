@@ -52,6 +52,6 @@ PY
 "$expect" 2 "was saved by a config with another seed, model, train or data section than --config" \
   "$composer" export --config "$cfg" --checkpoint "$ck" --out "$work/x.safetensors" --set train.steps=7 ||
   fail "another config"
-"$expect" 2 "composer export needs --checkpoint DIR" "$composer" export --config "$cfg" --out "$work/x.safetensors" ||
+"$expect" 2 "composer export needs one of --checkpoint DIR" "$composer" export --config "$cfg" --out "$work/x.safetensors" ||
   fail "no --checkpoint"
 echo "ok: a missing checkpoint, another config and no --checkpoint are exit-2 errors"

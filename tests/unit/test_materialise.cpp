@@ -238,7 +238,8 @@ TEST(Materialise, WritesTheInitFileASingleDeviceRunWrites) {
   auto other = saved_build(1, other_path);
   Deferred e = build_deferred(*spec, args, 9);
   o.write_init.clear();
-  o.init_from = other_path;
+  const auto source = WeightSource::file(other_path);
+  o.init = source.get();
   materialise(*e.model, e.steps, o);
   auto want = other->named_parameters(/*recurse=*/true);
   for (auto& [name, p] : nn::unique_named_parameters(*e.model)) EXPECT_TRUE(p.equal(want[name])) << name;

@@ -248,12 +248,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaFeedForward(nn.Module):
-    def __init__(self, dim, hidden_dim, multiple_of, ffn_dim_multiplier):
+    def __init__(self, dim, hidden_dim, multiple_of, ffn_dim_multiplier, given=0):
         super().__init__()
         hidden_dim = int(2 * hidden_dim / 3)
         if ffn_dim_multiplier:
             hidden_dim = int(ffn_dim_multiplier * hidden_dim)
         hidden_dim = multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+        if given:
+            hidden_dim = given
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
@@ -266,7 +268,8 @@ class LlamaBlock(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.attention = LlamaAttention(a)
-        self.feed_forward = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"])
+        self.feed_forward = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
+                                             a.get("hidden_dim", 0))
         self.attention_norm = RMSNorm(a["dim"], a["norm_eps"])
         self.ffn_norm = RMSNorm(a["dim"], a["norm_eps"])
 
@@ -284,6 +287,8 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): LlamaBlock(a) for i in range(a["n_layers"])})
         self.norm = RMSNorm(a["dim"], a["norm_eps"])
         self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
+        if a.get("weight_tying"):
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens):
         h = self.tok_embeddings(tokens)

@@ -1,0 +1,200 @@
+#include "runner/checkpoint/weight_source.h"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "runner/base/errors.h"
+
+namespace composer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Hugging Face's per-layer names and composer llama's.
+const std::pair<const char*, const char*> kLayerNames[] = {
+    {"input_layernorm.weight", "attention_norm.weight"},
+    {"self_attn.q_proj.weight", "attention.wq.weight"},
+    {"self_attn.k_proj.weight", "attention.wk.weight"},
+    {"self_attn.v_proj.weight", "attention.wv.weight"},
+    {"self_attn.o_proj.weight", "attention.wo.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "feed_forward.w1.weight"},
+    {"mlp.down_proj.weight", "feed_forward.w2.weight"},
+    {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
+const std::pair<const char*, const char*> kTopNames[] = {
+    {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
+    {"lm_head.weight", "output.weight"}};
+
+// Heads of parameter `name`'s rows when its rows are rotary (wq, wk); 0 otherwise.
+int64_t rotary_heads(const std::string& name, int64_t n_heads, int64_t n_kv_heads) {
+  auto ends = [&](const char* tail) {
+    const std::string t(tail);
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  if (ends("attention.wq.weight")) return n_heads;
+  if (ends("attention.wk.weight")) return n_kv_heads;
+  return 0;
+}
+
+std::unique_ptr<WeightSource> make() { return std::unique_ptr<WeightSource>(new WeightSource()); }
+
+}  // namespace
+
+std::string llama_name_of_hf(const std::string& hf) {
+  for (const auto& [h, c] : kTopNames) {
+    if (hf == h) return c;
+  }
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, layer)) return "";
+  for (const auto& [h, c] : kLayerNames) {
+    if (m[2] == h) return "layers." + m[1].str() + "." + c;
+  }
+  return "";
+}
+
+std::string hf_name_of_llama(const std::string& name) {
+  for (const auto& [h, c] : kTopNames) {
+    if (name == c) return h;
+  }
+  static const std::regex layer(R"(layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(name, m, layer)) return "";
+  for (const auto& [h, c] : kLayerNames) {
+    if (m[2] == c) return "model.layers." + m[1].str() + "." + h;
+  }
+  return "";
+}
+
+torch::Tensor llama_to_hf_layout(const std::string& name, const torch::Tensor& w, int64_t n_heads, int64_t n_kv_heads) {
+  const int64_t heads = rotary_heads(name, n_heads, n_kv_heads);
+  if (!heads) return w;
+  const int64_t head_dim = w.size(0) / heads, dim = w.size(1);
+  return w.view({heads, head_dim / 2, 2, dim}).transpose(1, 2).reshape({heads * head_dim, dim});
+}
+
+torch::Tensor hf_to_llama_layout(const std::string& name, const torch::Tensor& w, int64_t n_heads, int64_t n_kv_heads) {
+  const int64_t heads = rotary_heads(name, n_heads, n_kv_heads);
+  if (!heads) return w;
+  const int64_t head_dim = w.size(0) / heads, dim = w.size(1);
+  return w.view({heads, 2, head_dim / 2, dim}).transpose(1, 2).reshape({heads * head_dim, dim});
+}
+
+std::unique_ptr<WeightSource> WeightSource::file(const std::string& path) {
+  auto s = make();
+  s->where_ = path;
+  for (auto& e : read_safetensors_entries(path)) s->tensors_[e.name] = {path, e};
+  return s;
+}
+
+std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, const models::ModelArgs& args) {
+  auto s = make();
+  s->where_ = dir;
+  s->n_heads_ = args.i("n_heads");
+  s->n_kv_heads_ = args.i("n_kv_heads") ? args.i("n_kv_heads") : s->n_heads_;
+  const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
+  std::map<std::string, std::string> file_of;  // Hugging Face name -> shard file (sharded folders)
+  std::vector<std::string> files;
+  if (fs::exists(index)) {
+    nlohmann::json j;
+    try {
+      std::ifstream in(index);
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw FileError(index.string(), std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
+      throw FileError(index.string(), "expected an object with a weight_map (tensor name -> shard file)");
+    }
+    std::set<std::string> seen;
+    for (const auto& [name, f] : j.at("weight_map").items()) {
+      if (!f.is_string()) throw FileError(index.string(), "weight_map." + name + ": expected a file name");
+      file_of[name] = (fs::path(dir) / f.get<std::string>()).string();
+      if (seen.insert(file_of[name]).second) files.push_back(file_of[name]);
+    }
+  } else if (fs::exists(single)) {
+    files.push_back(single.string());
+  } else {
+    throw FileError(dir, "no model.safetensors or model.safetensors.index.json in the folder; from_hf names a "
+                         "folder that transformers' save_pretrained wrote");
+  }
+  for (const auto& f : files) {
+    for (auto& e : read_safetensors_entries(f)) {
+      static const std::string kInvFreq = "rotary_emb.inv_freq";  // older folders kept the rotary buffer
+      if (e.name.size() >= kInvFreq.size() && e.name.compare(e.name.size() - kInvFreq.size(), kInvFreq.size(), kInvFreq) == 0) {
+        continue;
+      }
+      if (!file_of.empty() && file_of.count(e.name) && file_of.at(e.name) != f) continue;  // the index names another
+      const std::string name = llama_name_of_hf(e.name);
+      if (name.empty()) {
+        throw FileError(f, "unexpected tensor '" + e.name + "': not a parameter of a LlamaForCausalLM that "
+                           "composer's llama has (biases and other architectures are not supported)");
+      }
+      s->tensors_[name] = {f, e};
+    }
+  }
+  for (const auto& [name, f] : file_of) {
+    const std::string mine = llama_name_of_hf(name);
+    if (!mine.empty() && (!s->tensors_.count(mine) || s->tensors_.at(mine).file != f)) {
+      throw FileError(f, "missing tensor '" + name + "' that " + index.string() + " places in it");
+    }
+  }
+  return s;
+}
+
+std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c) {
+  if (!c.from_hf.empty()) return hf_folder(c.from_hf, c.args);
+  if (!c.init_from.empty()) return file(c.init_from);
+  return nullptr;
+}
+
+std::string WeightSource::describe(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return "'" + name + "'";
+  return "'" + it->second.entry.name + "' of " + it->second.file;
+}
+
+std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(models::Model& model,
+                                                                          const ShapeOf& shape_of) const {
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
+  std::unordered_map<const c10::TensorImpl*, std::string> out;
+  for (const auto& [name, stored] : tensors_) {
+    const SafetensorsEntry& e = stored.entry;
+    auto it = params.find(name);
+    if (it == params.end()) {
+      throw FileError(stored.file, "unexpected tensor '" + e.name + "': model " + model.type() +
+                                       " has no parameter of that name");
+    }
+    const std::vector<int64_t> shape = shape_of ? shape_of(it->second) : it->second.sizes().vec();
+    if (shape != e.shape) {
+      throw FileError(stored.file, "tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
+                                       " but the model's " + (e.name == name ? "" : name + " ") +
+                                       "is " + c10::str(c10::IntArrayRef(shape)));
+    }
+    if (!c10::isFloatingType(e.dtype)) throw FileError(stored.file, "tensor '" + e.name + "' is not floating point");
+    out[it->second.unsafeGetTensorImpl()] = name;  // a tied weight is read under any of its names
+  }
+  for (const auto& [name, p] : params) {
+    if (out.count(p.unsafeGetTensorImpl())) continue;
+    const std::string stored = n_heads_ ? hf_name_of_llama(name) : name;
+    throw FileError(where_, "missing tensor '" + (stored.empty() ? name : stored) + "' that the model needs");
+  }
+  return out;
+}
+
+torch::Tensor WeightSource::read(const std::string& name) const {
+  const Stored& s = tensors_.at(name);
+  torch::Tensor t = read_safetensors_tensor(s.file, s.entry);
+  return n_heads_ ? hf_to_llama_layout(name, t, n_heads_, n_kv_heads_) : t;
+}
+
+void load_weights(models::Model& model, const WeightSource& source) {
+  const auto names = source.match(model);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) p.copy_(source.read(names.at(p.unsafeGetTensorImpl())));
+}
+
+}  // namespace composer

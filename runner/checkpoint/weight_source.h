@@ -1,0 +1,73 @@
+// Initial weights read by composer's parameter names, one tensor at a time:
+// model.init_from (a safetensors file in composer's own names) or
+// model.from_hf (a Hugging Face Llama folder, model.safetensors or the shards
+// of model.safetensors.index.json, whose names are mapped and whose q/k rows
+// are put back in composer's rotary order). Opening reads headers only.
+//
+// Hugging Face applies rotary embeddings to the two halves of each head's
+// dimensions (rotate_half); composer's llama, like torchtitan and Meta's code,
+// to interleaved pairs (dims 2i, 2i+1). Each head's rows of wq and wk are
+// permuted between the two; wv, wo and the rest are the same matrices.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "models/model.h"
+#include "runner/base/safetensors.h"
+#include "runner/config/config.h"
+
+namespace composer {
+
+class WeightSource {
+ public:
+  // A safetensors file in composer's names.
+  static std::unique_ptr<WeightSource> file(const std::string& path);
+  // A Hugging Face Llama folder for llama with `args` (its heads order the q/k rows).
+  static std::unique_ptr<WeightSource> hf_folder(const std::string& dir, const models::ModelArgs& args);
+  // The config's model.init_from or model.from_hf; null when it names neither.
+  static std::unique_ptr<WeightSource> open(const ModelConfig& c);
+
+  // Checks that the tensors are exactly `model`'s parameters (a tied one
+  // under any of its names), with their shapes and floating point; a
+  // FileError names the tensor as stored and its file otherwise. Returns the
+  // name to read each parameter under. `shape_of` gives a parameter's full
+  // shape where the transforms have already cut it (default: its sizes).
+  using ShapeOf = std::function<std::vector<int64_t>(const torch::Tensor&)>;
+  std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model, const ShapeOf& shape_of = {}) const;
+  // Parameter `name`'s value in composer's layout, in the stored dtype.
+  torch::Tensor read(const std::string& name) const;
+  // The dtype parameter `name` is stored in.
+  torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).entry.dtype; }
+  // The name and file `name` is stored under, for messages.
+  std::string describe(const std::string& name) const;
+
+ private:
+  struct Stored {
+    std::string file;
+    SafetensorsEntry entry;  // entry.name: the stored name
+  };
+  std::map<std::string, Stored> tensors_;  // by composer name
+  std::string where_;                      // the file or folder
+  int64_t n_heads_ = 0, n_kv_heads_ = 0;   // a Hugging Face folder's heads (0: composer's layout)
+};
+
+// Copies every tensor of `source` into the parameter of its name.
+void load_weights(models::Model& model, const WeightSource& source);
+
+// composer llama's name of a Hugging Face LlamaForCausalLM tensor, and back;
+// "" for a name the other side does not have.
+std::string llama_name_of_hf(const std::string& hf_name);
+std::string hf_name_of_llama(const std::string& name);
+
+// Llama parameter `name` with value `w`, its wq/wk rows permuted between
+// composer's interleaved rotary pairs and Hugging Face's halves (other
+// parameters unchanged).
+torch::Tensor llama_to_hf_layout(const std::string& name, const torch::Tensor& w, int64_t n_heads, int64_t n_kv_heads);
+torch::Tensor hf_to_llama_layout(const std::string& name, const torch::Tensor& w, int64_t n_heads, int64_t n_kv_heads);
+
+}  // namespace composer

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Hugging Face Llama in and out, proven with transformers itself.
+
+Random LlamaForCausalLM models (grouped-query attention, tied and untied,
+weights drawn wide enough that a wrong rotary order or name moves the loss by
+far more than the tolerance) are saved with save_pretrained, offline. Parts:
+
+  load       composer trains the folder on one device with SGD; each step's loss
+             equals transformers' model trained by torch.optim.SGD on the same
+             batches, and transformers loads composer's export of the result
+             (no missing, unexpected or mismatched keys) with the same logits.
+  plan3d     the same folder under tensor_parallel x fully_shard x pipeline
+             (dp 2, tp 2, pp 2); the export of the step-2 checkpoint, loaded by
+             transformers, gives composer's step-3 loss on step 3's batch.
+  roundtrip  Hugging Face -> composer (its init.safetensors) -> Hugging Face is
+             bit-identical, tensor by tensor, tied and untied.
+  fsdp       the same from a sharded folder under fully_shard dp 2 (each rank
+             reads its pieces from the shards), exported in shards again.
+  refusals   a missing or mis-shaped tensor is refused before launch (exit 2)
+             naming the tensor and its file.
+
+Usage: hf_llama.py COMPOSER WORK_DIR PART
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "reference"))
+from reference import Data, load_config  # noqa: E402
+
+COMPOSER, WORK, PART = sys.argv[1], sys.argv[2], sys.argv[3]
+VOCAB, LR, STEPS = 96, 0.1, 3
+# float32 on both sides; summation orders differ (~1e-7 relative per step).
+LOSS_RTOL = 1e-5
+
+
+def fail(message):
+    sys.exit(f"hf_llama {PART}: {message}")
+
+
+def hf_model(tied, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=0.25)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # norms away from 1, so a swapped norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def save(model, folder, shard=None):
+    shutil.rmtree(folder, ignore_errors=True)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **kwargs)
+
+
+def tokens_file():
+    path = os.path.join(WORK, "tokens.bin")
+    np.random.default_rng(0).integers(0, VOCAB, size=6000).astype("<u2").tofile(path)
+    return path
+
+
+def write_config(name, hf_dir, mesh="", extra=""):
+    path = os.path.join(WORK, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"""name: {name}
+seed: 3
+model: {{name: llama, from_hf: {hf_dir}}}
+{mesh}
+train:
+  steps: {STEPS}
+  global_batch: 8
+  optimizer: {{name: sgd, lr: {LR}}}
+  loss: {{name: cross_entropy}}
+data: {{source: tokens, path: {tokens_file()}, token_dtype: uint16, seq_len: 16}}
+{extra}
+""")
+    return path
+
+
+def composer(*args, expect=0):
+    r = subprocess.run([COMPOSER, *args], capture_output=True, text=True)
+    if r.returncode != expect:
+        fail(f"composer {' '.join(args)} exited {r.returncode}, expected {expect}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout + r.stderr
+
+
+def run(config):
+    out = os.path.join(WORK, os.path.basename(config)[:-5])
+    shutil.rmtree(out, ignore_errors=True)
+    composer("run", "--config", config, "--out", out)
+    return out
+
+
+def composer_losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f if '"loss"' in line]
+
+
+def batch_loss(model, data, step):
+    x, y = data.batch(step, 0, data.global_batch)
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), logits
+
+
+def train_in_torch(model, run_dir, steps, dtype=torch.float32):
+    """transformers' model trained by torch.optim.SGD on composer's batches: the losses."""
+    data = Data(load_config(run_dir), dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(1, steps + 1):
+        loss, _ = batch_loss(model, data, step)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
+def compare_losses(got, want, what):
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    print(f"{what}: losses {['%.6f' % g for g in got]}, transformers {['%.6f' % w for w in want]}, "
+          f"max rel err {worst:.3g}")
+    if len(got) != len(want) or worst > LOSS_RTOL:
+        fail(f"{what}: composer's losses {got} differ from transformers' {want} (max rel err {worst:.3g})")
+
+
+def load_export(folder):
+    model, info = LlamaForCausalLM.from_pretrained(folder, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    if bad:
+        fail(f"transformers loaded {folder} with {bad}")
+    return model.float()
+
+
+def export(config, out, *source, shard=None):
+    shutil.rmtree(out, ignore_errors=True)
+    extra = ["--max-shard-size", shard] if shard else []
+    print(composer("export", "--config", config, *source, "--out", out, "--format", "hf", *extra).strip())
+
+
+def folder_tensors(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else [
+        "model.safetensors"]
+    out = {}
+    for f in files:
+        out.update(load_file(os.path.join(folder, f)))
+    return out
+
+
+def bit_identical(a_dir, b_dir):
+    a, b = folder_tensors(a_dir), folder_tensors(b_dir)
+    if sorted(a) != sorted(b):
+        fail(f"{b_dir} has tensors {sorted(set(a) ^ set(b))} that {a_dir} does not, or the reverse")
+    for name in a:
+        if a[name].dtype != b[name].dtype or a[name].shape != b[name].shape or not torch.equal(
+                a[name].view(torch.int32), b[name].view(torch.int32)):
+            fail(f"{name}: {b_dir}'s differs from {a_dir}'s")
+    want = LlamaConfig.from_pretrained(a_dir).to_dict()
+    got = LlamaConfig.from_pretrained(b_dir).to_dict()
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                "tie_word_embeddings", "rope_parameters", "head_dim", "hidden_act"):
+        if want.get(key) != got.get(key):
+            fail(f"config.json {key}: {got.get(key)} in {b_dir}, {want.get(key)} in {a_dir}")
+    return len(a)
+
+
+def part_load():
+    for tied in (False, True):
+        tag = "tied" if tied else "untied"
+        model = hf_model(tied)
+        exact = hf_model(tied).double()  # the same model in float64: what float32 rounding is measured against
+        hf_dir = os.path.join(WORK, f"hf_{tag}")
+        save(model, hf_dir)
+        config = write_config(f"load_{tag}", hf_dir)
+        run_dir = run(config)
+        compare_losses(composer_losses(run_dir), train_in_torch(model, run_dir, STEPS), f"one device, {tag}")
+        train_in_torch(exact, run_dir, STEPS, torch.float64)
+        exported = os.path.join(WORK, f"export_{tag}")
+        export(config, exported, "--weights", os.path.join(run_dir, "final.safetensors"))
+        back = load_export(exported)
+        if tied and back.lm_head.weight.data_ptr() != back.model.embed_tokens.weight.data_ptr():
+            fail("transformers did not tie lm_head to embed_tokens in the export of a tied model")
+        # After training, float32 rounding (amplified by the steps) is of the
+        # order of 1e-5 of the largest logit on either side: composer's logits
+        # must be as close to the float64 training's as transformers' own are.
+        data = Data(load_config(run_dir), torch.float32)
+        with torch.no_grad():
+            _, ref = batch_loss(exact, Data(load_config(run_dir), torch.float64), 1)
+            _, theirs = batch_loss(model, data, 1)
+            _, ours = batch_loss(back, data, 1)
+        scale = ref.abs().max()
+        err, their_err = [((x.double() - ref).abs().max() / scale).item() for x in (ours, theirs)]
+        print(f"{tag}: logits after {STEPS} steps against float64 training, max abs err / max abs: composer's "
+              f"export {err:.3g}, transformers in float32 {their_err:.3g}")
+        if err > 2 * their_err + 1e-7:
+            fail(f"{tag}: the exported model's logits are {err:.3g} from float64 training's, transformers' "
+                 f"{their_err:.3g}")
+
+
+def part_plan3d():
+    model = hf_model(False, seed=1)
+    hf_dir = os.path.join(WORK, "hf_3d")
+    save(model, hf_dir)
+    config = write_config("plan3d", hf_dir, mesh="""mesh: {shape: [2, 2, 2], names: [pp, dp, tp]}
+parallelize:
+  - pipeline: {mesh_dim: pp, schedule: 1f1b, layers_per_stage: 1}
+  - tensor_parallel: {mesh_dim: tp}
+  - fully_shard: {mesh_dim: dp, units: [tok_embeddings, layers.*, norm, output]}""",
+                          extra="checkpoint: {interval: 2}")
+    run_dir = run(config)
+    losses = composer_losses(run_dir)
+    compare_losses(losses, train_in_torch(hf_model(False, seed=1), run_dir, STEPS), "dp 2 x tp 2 x pp 2")
+    exported = os.path.join(WORK, "export_3d")
+    export(config, exported, "--checkpoint", os.path.join(run_dir, "checkpoints", "step-000002"))
+    back = load_export(exported)
+    with torch.no_grad():
+        loss, _ = batch_loss(back, Data(load_config(run_dir), torch.float32), 3)
+    compare_losses([losses[2]], [loss.item()], "step 3 from transformers' load of the step-2 export")
+
+
+def part_roundtrip():
+    for tied in (False, True):
+        tag = "tied" if tied else "untied"
+        hf_dir = os.path.join(WORK, f"hf_rt_{tag}")
+        save(hf_model(tied, seed=2), hf_dir)
+        config = write_config(f"rt_{tag}", hf_dir)
+        run_dir = run(config)
+        back = os.path.join(WORK, f"rt_back_{tag}")
+        export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"))
+        n = bit_identical(hf_dir, back)
+        print(f"{tag}: Hugging Face -> composer -> Hugging Face: {n} tensors bit-identical, config.json equal")
+
+
+def part_fsdp():
+    model = hf_model(False, seed=4)
+    hf_dir = os.path.join(WORK, "hf_sharded")
+    save(model, hf_dir, shard="40KB")
+    shards = [f for f in os.listdir(hf_dir) if f.endswith(".safetensors")]
+    if len(shards) < 3 or not os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")):
+        fail(f"save_pretrained wrote {shards}: the test needs a sharded folder")
+    config = write_config("fsdp_dp2", hf_dir, mesh="""mesh: {shape: [2], names: [dp]}
+parallelize:
+  - fully_shard: {mesh_dim: dp}""")
+    run_dir = run(config)
+    compare_losses(composer_losses(run_dir), train_in_torch(model, run_dir, STEPS), "fully_shard dp 2 from shards")
+    back = os.path.join(WORK, "fsdp_back")
+    export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"), shard="40KB")
+    if not os.path.exists(os.path.join(back, "model.safetensors.index.json")):
+        fail("the export of a model above --max-shard-size is not sharded")
+    n = bit_identical(hf_dir, back)
+    load_export(back)
+    print(f"{len(shards)} shards -> fully_shard dp 2 -> Hugging Face: {n} tensors bit-identical")
+
+
+def part_refusals():
+    hf_dir = os.path.join(WORK, "hf_bad")
+    save(hf_model(False), hf_dir)
+    config = write_config("refusals", hf_dir)
+    weights = os.path.join(hf_dir, "model.safetensors")
+    tensors = load_file(weights)
+    from safetensors.torch import save_file
+    cut = dict(tensors)
+    del cut["model.layers.1.mlp.up_proj.weight"]
+    save_file(cut, weights, metadata={"format": "pt"})
+    out = composer("plan", "--config", config, expect=2)
+    if "missing tensor 'model.layers.1.mlp.up_proj.weight'" not in out or hf_dir not in out:
+        fail(f"a missing tensor was not named with its folder: {out}")
+    print("missing:", out.strip().splitlines()[-1])
+    bad = dict(tensors)
+    bad["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(64, 64)
+    save_file(bad, weights, metadata={"format": "pt"})
+    out = composer("plan", "--config", config, expect=2)
+    if "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]" not in out or weights not in out:
+        fail(f"a mis-shaped tensor was not named with its file: {out}")
+    print("mis-shaped:", out.strip().splitlines()[-1])
+    extra = dict(tensors)
+    extra["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    save_file(extra, weights, metadata={"format": "pt"})
+    out = composer("plan", "--config", config, expect=2)
+    if "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'" not in out:
+        fail(f"an attention bias was not refused by name: {out}")
+    print("unexpected:", out.strip().splitlines()[-1])
+
+
+os.makedirs(WORK, exist_ok=True)
+{"load": part_load, "plan3d": part_plan3d, "roundtrip": part_roundtrip, "fsdp": part_fsdp,
+ "refusals": part_refusals}[PART]()
+print(f"hf_llama {PART}: passed")
