@@ -444,8 +444,9 @@ void FullyShard::install_hooks(Unit* u) {
   });
   u->module->add_post_hook([this, u](nn::Module&, const torch::Tensor&, torch::Tensor y) {
     u->forward_span.reset();
-    if (!u->reshard_after_forward || !y.requires_grad()) return y;
+    if (!u->reshard_after_forward || (!y.requires_grad() && !forward_only_)) return y;
     reshard_storage(*u);
+    if (forward_only_) return y;
     y.register_hook([this, u](torch::Tensor g) {
       refill_storage(*u);  // runs before this unit's backward
       Unit* prev = options_.prefetch ? prev_in_forward(u) : nullptr;  // the next unit in backward

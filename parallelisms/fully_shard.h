@@ -141,6 +141,10 @@ class FullyShard {
   const ShardInfo* shard_info(const torch::Tensor& p) const;
   // Whether `p`'s shard lives in host memory (offload).
   bool offloads(const torch::Tensor& p) const;
+  // Forward-only passes (evaluation): a unit that reshards after forward
+  // does so even though no backward will regather it, so an evaluation holds
+  // one unit gathered at a time, as a training forward does.
+  void set_forward_only(bool on) { forward_only_ = on; }
 
   // Internal: the unit whose forward comes after `u` (nullptr at the end).
   Unit* next_in_forward(const Unit* u) const;
@@ -168,6 +172,7 @@ class FullyShard {
   FullyShardOptions options_;
   bool sync_ = true;
   bool recording_ = true;  // the first forward records the unit order
+  bool forward_only_ = false;
   std::vector<Unit*> forward_order_;
   std::vector<torch::Tensor> pool_[kNumBufferKinds];  // reusable buffers, by kind
   int64_t pooled_bytes_ = 0;

@@ -51,7 +51,9 @@ int run(int argc, char** argv) {
   const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
   if (options.command != Command::kExport && !std::getenv("COMPOSER_LAUNCHED") && (!env || env->rank == 0)) {
     // once per job, before any rank starts: the files a run opens (check and golden never resume)
-    preflight(config, out_dir_of(options, config), options.command == Command::kRun || options.command == Command::kPlan);
+    const bool resumes =
+        config.checkpoint.enabled && (options.command == Command::kRun || options.command == Command::kPlan);
+    preflight(config, out_dir_of(options, config), resumes);
   }
   if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
     check_fit(config, estimate_memory(config, plan, local_ranks), local_ranks);

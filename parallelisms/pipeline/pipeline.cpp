@@ -313,4 +313,35 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   return run.loss_sum;
 }
 
+double Pipeline::evaluate(const std::function<torch::Tensor(int)>& input_of,
+                          const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of) {
+  TORCH_INTERNAL_ASSERT(!torch::GradMode::is_enabled(), "Pipeline::evaluate runs without gradients");
+  const std::vector<double> kept = losses_;
+  losses_.assign(shape_.microbatches, 0.0);
+  Run run{input_of, loss_of, 0.0, {}, {}, 0};
+  const int last = shape_.stages() - 1;
+  // In one global order (microbatch, then stage) every rank posts each
+  // receive after the send it waits for was issued (sends are asynchronous).
+  for (int mb = 0; mb < shape_.microbatches; ++mb) {
+    for (int s = 0; s <= last; ++s) {
+      if (!local(s)) continue;
+      std::vector<Action> actions;
+      if (s > 0 && !local(s - 1)) actions.push_back({Op::kRecvActivation, s, mb});
+      actions.push_back({Op::kForward, s, mb});
+      if (s < last && !local(s + 1)) actions.push_back({Op::kSendActivation, s, mb});
+      for (const Action& a : actions) {
+        try {
+          TraceSpan span([&a] { return "eval pipeline " + a.str(); });
+          act(a, run);
+        } catch (const c10::Error& e) {
+          TORCH_CHECK(false, "eval pipeline action ", a.str(), ": ", e.what_without_backtrace());
+        }
+      }
+    }
+  }
+  for (auto& h : run.sends) h.wait();
+  losses_ = kept;
+  return run.loss_sum;
+}
+
 }  // namespace composer::parallel

@@ -85,6 +85,13 @@ class Pipeline {
   // the microbatch losses (before the factor) on the last stage's rank, 0 elsewhere.
   double run(const std::function<torch::Tensor(int)>& input_of,
              const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor);
+  // Forward only (the caller holds a NoGradGuard), for evaluation: every
+  // microbatch through every stage in order, activations sent to the next
+  // stage's rank; `loss_of` on the last stage. Returns the sum of the
+  // microbatch losses on the last stage's rank, 0 elsewhere. The last run()'s
+  // timeline and microbatch losses are kept.
+  double evaluate(const std::function<torch::Tensor(int)>& input_of,
+                  const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of);
   // Whether this rank computes with `p` (one of its stages holds it).
   bool holds(const torch::Tensor& p) const;
   // This rank's timeline of the last run (compute actions, ms since its start).

@@ -290,6 +290,50 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   return c;
 }
 
+EvalConfig read_eval(YamlMap& root, const DataConfig& train_data) {
+  YamlMap m = section(root, "eval");
+  EvalConfig c;
+  c.ref = m.self_ref();
+  m.get("every", c.every);
+  require_non_negative(m.ref("every"), static_cast<double>(c.every), "every");
+  m.get("batches", c.batches);
+  require_positive(m.ref("batches"), static_cast<double>(c.batches), "batches");
+  c.data = train_data;
+  if (m.has("data")) {
+    YamlMap d(m.node("data"), "eval.data", root.context());
+    c.has_data = true;
+    c.data.source = DataSource::kSynthetic;
+    c.data.path.clear();
+    c.data.path_ref = {};
+    d.get_enum("source", c.data.source, kSources);
+    d.get("path", c.data.path);
+    if (d.has("path")) c.data.path_ref = d.ref("path");
+    if (c.data.source != DataSource::kSynthetic && c.data.path.empty()) {
+      throw ConfigError(d.self_ref(), "eval.data.source " + std::string(name_of(c.data.source)) +
+                                          " needs eval.data.path (the held-out file)");
+    }
+    if (c.data.source == DataSource::kSynthetic && !c.data.path.empty()) {
+      throw ConfigError(d.ref("path"), "eval.data.path is only read with source file or tokens; set source or remove path");
+    }
+    if (d.has("token_dtype") && c.data.source != DataSource::kTokens) {
+      throw ConfigError(d.ref("token_dtype"), "eval.data.token_dtype is only read with source: tokens; remove it");
+    }
+    d.get_enum("token_dtype", c.data.token_dtype, kTokenDTypes);
+    for (const auto* key : {"inputs", "targets", "seq_len"}) {
+      if (d.has(key)) {
+        throw ConfigError(d.ref(key), std::string("eval.data.") + key + " is the training data's (data." + key +
+                                          "): the plan's shapes are fixed by it; remove it");
+      }
+    }
+    d.finish();
+    if (c.every == 0) {
+      throw ConfigError(m.ref("data"), "eval.data is read only when eval.every is set; set eval.every: N");
+    }
+  }
+  m.finish();
+  return c;
+}
+
 MetricsConfig read_metrics(YamlMap& root) {
   YamlMap m = section(root, "metrics");
   MetricsConfig c;
@@ -398,11 +442,19 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.data = read_data(root);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
+  c.eval = read_eval(root, c.data);
   c.metrics = read_metrics(root);
   c.profile = read_profile(root, c.train.steps);
   c.debug = read_debug(root, c.mesh.world_size());
   root.finish();
   return c;
+}
+
+ExperimentConfig eval_data_config(const ExperimentConfig& c) {
+  ExperimentConfig e = c;
+  e.data = c.eval.data;
+  e.seed = c.seed ^ 0x6576616c2d736565ull;  // eval's own samples and windows, not training's
+  return e;
 }
 
 ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {

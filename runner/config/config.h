@@ -160,6 +160,22 @@ struct CheckpointConfig {
   SourceRef resume_ref;       // where resume was given
 };
 
+// A held-out loss during training (docs/configuration.md#eval): after every
+// `every`-th step and the last, the mean loss of `batches` global batches of
+// held-out data, computed without gradients under the run's plan. It does not
+// change training: a run with eval trains what the same run without it trains.
+struct EvalConfig {
+  int64_t every = 0;    // evaluate after every N-th step and the last; 0 = no eval
+  int64_t batches = 1;  // global batches (train.global_batch samples each) per evaluation
+  // The held-out data (source, path, token_dtype); inputs, targets and
+  // seq_len are the training data's. Without it: the training data's source.
+  // Eval draws synthetic samples and token windows under its own seed (the
+  // run's seed xor a constant), so they are not training's.
+  DataConfig data;
+  bool has_data = false;
+  SourceRef ref;
+};
+
 // What a run records beyond metrics.jsonl.
 struct MetricsConfig {
   std::string tensorboard;  // a folder for TensorBoard event files; "" = none
@@ -184,6 +200,7 @@ struct ExperimentConfig {
   DataConfig data;
   CheckConfig check;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   MetricsConfig metrics;
   ProfileConfig profile;
   DebugConfig debug;
@@ -196,6 +213,10 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
 // The same from YAML text (tests); `file` names it in errors.
 ExperimentConfig parse_config(const std::string& yaml_text, const std::string& file,
                               const std::vector<std::string>& overrides = {});
+
+// `c` with its data section replaced by eval's held-out data (and the seed
+// eval draws samples under): what the eval data set is made from.
+ExperimentConfig eval_data_config(const ExperimentConfig& c);
 
 // The resolved config as JSON (every default filled in).
 nlohmann::json to_json(const ExperimentConfig& c);

@@ -107,6 +107,11 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
   j["checkpoint"] = {{"enabled", c.checkpoint.enabled}, {"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
                      {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume}};
+  j["eval"] = {{"every", c.eval.every}, {"batches", c.eval.batches}};
+  if (c.eval.has_data) {
+    j["eval"]["data"] = {{"source", name_of(c.eval.data.source)}, {"path", c.eval.data.path}};
+    if (c.eval.data.source == DataSource::kTokens) j["eval"]["data"]["token_dtype"] = name_of(c.eval.data.token_dtype);
+  }
   j["metrics"] = {{"tensorboard", c.metrics.tensorboard}};
   j["profile"] = {{"steps", c.profile.steps}, {"dir", c.profile.dir}};
   j["debug"] = {{"fail_rank", c.debug.fail_rank},

@@ -110,6 +110,7 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
     data = plan_data(c, *model);
   }
   make_dataset(c, data)->check_all();  // opens the data files, checks their sizes, dtypes and values
+  if (c.eval.every > 0) make_dataset(eval_data_config(c), data)->check_all();
   if (!resume) return;
   const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
   if (!from.empty()) check_resumable(c, from);
@@ -213,6 +214,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   out.data = plan_data(c, model);
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
   out.dataset = make_dataset(c, out.data);
+  if (c.eval.every > 0) out.eval_dataset = make_dataset(eval_data_config(c), out.data);
   const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
   const torch::Tensor example = pp_mb ? out.dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
   out.par = apply_plan(model, c, plan, rank, example);

@@ -47,6 +47,7 @@ struct RankModel {
   parallel::Parallel par;
   DataPlan data;
   std::unique_ptr<DataSet> dataset;
+  std::unique_ptr<DataSet> eval_dataset;  // eval's held-out data (the training data's plan); null without eval
 };
 
 // Builds this rank's model for training: a plan that shards or splits the

@@ -125,6 +125,7 @@ void Metrics::record(const StepRecord& r) {
                       {"optimizer_ms", r.optimizer_ms},
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
+  if (r.has_eval) j["eval_loss"] = r.eval_loss;
   if (r.recomputes >= 0) j["recomputes"] = r.recomputes;
   if (r.skipped) j["skipped"] = true;
   if (r.pipeline_bubble >= 0) {
@@ -167,10 +168,12 @@ void Metrics::record(const StepRecord& r) {
   const double mem_mb = r.device_peak_allocated_mb >= 0 ? r.device_peak_allocated_mb
                         : r.peak_alloc_mb >= 0           ? r.peak_alloc_mb
                                                          : r.peak_rss_mb;
-  char line[384];
+  char eval[48] = "";
+  if (r.has_eval) std::snprintf(eval, sizeof eval, "  eval_loss %.6g", r.eval_loss);
+  char line[448];
   std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %.6g  ETA %s  %.1f ms  %s  %.*f MiB%s  grad_norm %.4g  lr %.3g  %s",
-                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, eta, r.step_ms, rate,
+                "step %lld/%lld  loss %.6g%s  ETA %s  %.1f ms  %s  %.*f MiB%s  grad_norm %.4g  lr %.3g  %s",
+                static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, eval, eta, r.step_ms, rate,
                 mem_mb < 10 ? 2 : 0, mem_mb, r.device_peak_allocated_mb >= 0 ? " on the device" : "", r.grad_norm, r.lr,
                 label_.c_str());
   if (tty_) {  // one line, rewritten in place and cut to the terminal's width
@@ -183,7 +186,7 @@ void Metrics::record(const StepRecord& r) {
     }
     std::printf("\r%s\033[K", text.c_str());
     std::fflush(stdout);
-  } else if (r.step % every_ == 0 || r.step == total_ || r.step == 1) {
+  } else if (r.step % every_ == 0 || r.step == total_ || r.step == 1 || r.has_eval) {
     std::printf("%s%s\n", prefix_.c_str(), line);
     std::fflush(stdout);
   }

@@ -16,6 +16,8 @@ struct StepRecord {
   bool skipped = false;  // the loss or gradient was not finite and train.on_nonfinite: skip left the update out
   bool stop = false;     // some rank was asked to stop (SIGTERM, SIGINT): the job stops after this step
   double loss = 0;
+  bool has_eval = false;  // eval ran after this step (eval.every)
+  double eval_loss = 0;   // its mean held-out loss
   double grad_norm = 0;
   double lr = 0;
   double step_ms = 0;

@@ -356,4 +356,41 @@ void run_step(StepState& s, StepRecord& r) {
   r.optimizer_ms = ms_since(phase);
 }
 
+double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_t)>& batch, int64_t batches) {
+  parallel::Parallel& par = s.par;
+  const auto& t = s.c.train;
+  torch::NoGradGuard no_grad;
+  const bool training = s.model.is_training();
+  s.model.eval();
+  if (par.fsdp) par.fsdp->set_forward_only(true);
+  const int64_t begin = (par.dp ? par.dp->rank : 0) * s.plan.local_batch;
+  double sum = 0;
+  for (int64_t j = 1; j <= batches; ++j) {
+    double share = 0;
+    if (par.pipe) {
+      const Batch b = local_part(par, batch(j, begin, begin + s.plan.local_batch));
+      const int64_t k = s.plan.local_batch / s.plan.pp_microbatches;
+      const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
+      share = par.pipe->evaluate([&](int mb) { return b.inputs.narrow(0, mb * k, k); },
+                                 [&](int mb, const torch::Tensor& out) {
+                                   return compute_loss(t.loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets,
+                                                       k, t.global_batch, par.vocab);
+                                 });
+    } else {
+      const int64_t mb = s.plan.local_microbatch;
+      for (int64_t m = 0; m < t.microbatches; ++m) {
+        const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));
+        share += value_of(compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab));
+      }
+    }
+    par.reshard();
+    StepRecord r;
+    gather_loss(par, share, r);  // the batch loss, as training's
+    sum += r.loss;
+  }
+  if (par.fsdp) par.fsdp->set_forward_only(false);
+  s.model.train(training);
+  return sum / static_cast<double>(batches);
+}
+
 }  // namespace composer

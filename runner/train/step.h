@@ -69,4 +69,14 @@ MemoryTerms memory_terms(const parallel::Parallel& par, const std::vector<torch:
 // gradient norm and the optimizer step. A dry run runs it on meta tensors.
 void run_step(StepState& s, StepRecord& r);
 
+// The mean loss of `batches` global batches of held-out data (`batch` gives
+// this rank's samples of eval batch 1, 2, ...), computed without gradients
+// under the plan: each rank's part of every batch as in training (its data-
+// parallel share, its microbatches, a pipeline forward only, its sequence
+// slice), the shares summed over the ranks. The model is in eval mode for it
+// and returns to training mode; parameters, gradients and the optimizer are
+// untouched.
+double evaluate(StepState& s, const std::function<Batch(int64_t step, int64_t begin, int64_t end)>& batch,
+                int64_t batches);
+
 }  // namespace composer

@@ -147,6 +147,9 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
   StepState state{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer,
                   [&](int64_t step, int64_t begin, int64_t end) { return on_device(dataset.batch(step, begin, end), device); },
                   dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
+  const std::function<Batch(int64_t, int64_t, int64_t)> eval_batch = [&](int64_t step, int64_t begin, int64_t end) {
+    return on_device(l.rm.eval_dataset->batch(step, begin, end), device);
+  };
   const int64_t buffers_before = par.buffer_bytes();
   StepProfiler profiler(l.c.profile, l.out_dir, rank.rank, rank.world_size, rank.cuda != nullptr, [&par, device] {
     if (!par.world) return;
@@ -183,6 +186,10 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     }
     out.step_peaks.push_back(memory::peak_bytes());
     if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
+    if (l.rm.eval_dataset && (step % l.c.eval.every == 0 || step == t.steps)) {  // after the step's figures
+      r.has_eval = true;
+      r.eval_loss = evaluate(state, eval_batch, l.c.eval.batches);
+    }
     if (metrics) metrics->record(r);
     if (rank_tb) rank_tb->scalars(step, rank_scalars(r));
     out.steps.push_back(r);

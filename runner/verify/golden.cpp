@@ -89,6 +89,14 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
       }
       if (!err.ok) fail(r, describe("step " + std::to_string(e.step) + " " + what, ev, av, err, rtol, atol));
     }
+    if (e.has_eval && a.has_eval) {  // a golden made with eval checks a run with it; eval does not change training
+      Err err = err_of(e.eval_loss, a.eval_loss, rtol, atol);
+      r.max_eval_rel_err = std::max(r.max_eval_rel_err, err.rel);
+      ++r.eval_losses;
+      if (!err.ok) {
+        fail(r, describe("step " + std::to_string(e.step) + " eval_loss", e.eval_loss, a.eval_loss, err, rtol, atol));
+      }
+    }
   }
 }
 
@@ -192,6 +200,10 @@ StepRecord parse_golden_step(const nlohmann::json& s, const std::string& path) {
   r.loss = s.at("loss").get<double>();
   r.grad_norm = s.at("grad_norm").get<double>();
   r.lr = s.at("lr").get<double>();
+  if (s.contains("eval_loss")) {
+    r.has_eval = true;
+    r.eval_loss = s.at("eval_loss").get<double>();
+  }
   return r;
 }
 
@@ -281,6 +293,7 @@ void write_golden(const std::string& path, const Golden& g) {
   j["steps"] = nlohmann::json::array();
   for (const auto& s : g.steps) {
     j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr}});
+    if (s.has_eval) j["steps"].back()["eval_loss"] = s.eval_loss;
   }
   j["params"] = nlohmann::json::array();
   for (const auto& p : g.params) j["params"].push_back(param_json(p));

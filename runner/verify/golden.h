@@ -52,6 +52,8 @@ struct CompareReport {
   double max_loss_abs_err = 0, max_loss_rel_err = 0, max_grad_norm_rel_err = 0;
   double max_param_abs_err = 0, max_param_rel_err = 0;
   std::string worst_param;
+  int eval_losses = 0;  // eval losses compared (steps where the golden and the run both evaluated)
+  double max_eval_rel_err = 0;
 };
 
 // Compares a run with a golden under the tolerances of `tol`. A golden made

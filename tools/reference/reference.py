@@ -149,6 +149,34 @@ def loss_fn(cfg, out, target, n, global_batch):
     return l * (n / global_batch * scale)
 
 
+def eval_loss_fn(cfg, model, dtype, mixed, B, M):
+    """composer's eval (cfg["eval"]): the mean loss of eval.batches global batches of the held-out data
+    (eval.data's source, path and token_dtype over the training data plan; samples drawn under the seed
+    xor "eval-see"), in eval mode and without gradients; None without eval."""
+    ev = cfg.get("eval", {})
+    if not ev.get("every"):
+        return None
+    if mixed:
+        sys.exit("reference: eval with --param-dtype or --all-gather is not supported; drop eval from the config")
+    ecfg = dict(cfg)
+    ecfg["data"] = dict(cfg["data"])
+    ecfg["data"].update({k: v for k, v in ev.get("data", {}).items() if k in ("source", "path", "token_dtype")})
+    ecfg["seed"] = cfg["seed"] ^ 0x6576616C2D736565
+    data, mb = Data(ecfg, dtype), B // M
+
+    def evaluate():
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for j in range(1, ev["batches"] + 1):
+                for m in range(M):
+                    x, y = data.batch(j, m * mb, (m + 1) * mb)
+                    total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B).item()
+        model.train()
+        return total / ev["batches"]
+    return evaluate
+
+
 def make_optimizer(o, params):
     if o["name"] == "sgd":
         return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
@@ -343,6 +371,7 @@ def main():
     steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
     mb = B // M
     records = []
+    evaluate = eval_loss_fn(cfg, model, dtype, mixed, B, M)
     for step in range(1, steps + 1):
         lr = opt.param_groups[0]["lr"]
         opt.zero_grad(set_to_none=True)
@@ -376,6 +405,8 @@ def main():
         if mixed:
             mixed.restore_masters()
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
+        if evaluate and (step % cfg["eval"]["every"] == 0 or step == steps):
+            records[-1]["eval_loss"] = evaluate()
         print(f"reference step {step}/{steps} loss {total:.6g} grad_norm {norm:.4g}")
 
     # The policy a plan must use to be checked against this golden (composer's comparator reads it).
