@@ -2,10 +2,11 @@
 # `composer plan` of a planning example (configs/examples/): it plans without a
 # GPU (mesh.memory_per_rank_mb stands for the GPUs' memory), and its memory
 # table gives every rank of the world exactly once (ranks whose dry runs are
-# provably the same share a row). Usage: plan_example.sh COMPOSER CONFIG
+# provably the same share a row). Usage: plan_example.sh COMPOSER CONFIG [--set ...]
 set -u
 composer=$1 cfg=$2
-out=$("$composer" plan --config "$cfg" 2>&1) || { echo "FAIL: composer plan exited $?"; echo "$out"; exit 1; }
+shift 2
+out=$("$composer" plan --config "$cfg" "$@" 2>&1) || { echo "FAIL: composer plan exited $?"; echo "$out"; exit 1; }
 echo "$out" | /usr/bin/python3 -c '
 import re, sys
 text = sys.stdin.read()
