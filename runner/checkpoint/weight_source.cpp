@@ -188,7 +188,69 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
 torch::Tensor WeightSource::read(const std::string& name) const {
   const Stored& s = tensors_.at(name);
   torch::Tensor t = read_safetensors_tensor(s.file, s.entry);
+  bytes_read_ += s.entry.end - s.entry.begin;
   return n_heads_ ? hf_to_llama_layout(name, t, n_heads_, n_kv_heads_) : t;
+}
+
+// The box of a stored tensor: one read per run of contiguous bytes (a row of
+// the box's last dim, or more where the trailing dims are whole).
+torch::Tensor WeightSource::read_stored_box(const Stored& s, const std::vector<int64_t>& offset,
+                                            const std::vector<int64_t>& size) const {
+  const auto& shape = s.entry.shape;
+  TORCH_INTERNAL_ASSERT(offset.size() == shape.size() && size.size() == shape.size(), "a box of ", shape.size(),
+                        " dims for tensor ", s.entry.name);
+  torch::Tensor out = torch::empty(size, torch::dtype(s.entry.dtype));
+  if (out.numel() == 0) return out;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(s.entry.dtype));
+  const int64_t dims = static_cast<int64_t>(shape.size());
+  // The innermost dims the box spans whole (after the first it cuts) are read with it in one run.
+  int64_t run_dims = dims, run = 1;
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (int64_t d = dims - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
+  for (int64_t d = dims - 1; d >= 0; --d) {
+    run *= size[d];
+    run_dims = d;
+    if (offset[d] != 0 || size[d] != shape[d]) break;
+  }
+  std::ifstream in(s.file, std::ios::binary);
+  if (!in) throw FileError(s.file, "cannot open the safetensors file; check the path");
+  unsigned char len[8] = {};
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+  const int64_t data = static_cast<int64_t>(8 + header_len + s.entry.begin);
+  char* dst = static_cast<char*>(out.data_ptr());
+  std::vector<int64_t> index(static_cast<size_t>(run_dims), 0);  // over the dims before the run
+  while (true) {
+    int64_t at = 0;
+    for (int64_t d = 0; d < run_dims; ++d) at += (offset[d] + index[d]) * stride[d];
+    if (run_dims < dims) at += offset[run_dims] * stride[run_dims];
+    in.seekg(static_cast<std::streamoff>(data + at * elem));
+    in.read(dst, static_cast<std::streamsize>(run * elem));
+    if (!in) throw FileError(s.file, "cannot read tensor '" + s.entry.name + "'; the file is truncated");
+    dst += run * elem;
+    bytes_read_ += static_cast<uint64_t>(run * elem);
+    int64_t d = run_dims - 1;
+    while (d >= 0 && ++index[d] == size[d]) index[d--] = 0;
+    if (d < 0) break;
+  }
+  return out;
+}
+
+torch::Tensor WeightSource::read_box(const std::string& name, const std::vector<int64_t>& offset,
+                                     const std::vector<int64_t>& size) const {
+  const Stored& s = tensors_.at(name);
+  const int64_t heads = n_heads_ ? rotary_heads(name, n_heads_, n_kv_heads_) : 0;
+  if (!heads) return read_stored_box(s, offset, size);
+  // Hugging Face's rows of the whole heads the box touches, put in composer's order, then cut.
+  const int64_t head_dim = s.entry.shape.at(0) / heads;
+  const int64_t first = offset[0] / head_dim, last = (offset[0] + size[0] + head_dim - 1) / head_dim;
+  std::vector<int64_t> o = offset, z = size;
+  o[0] = first * head_dim;
+  z[0] = (last - first) * head_dim;
+  torch::Tensor rows = read_stored_box(s, o, z);
+  rows = rows.view({last - first, 2, head_dim / 2, z[1]}).transpose(1, 2).reshape({z[0], z[1]});
+  return rows.narrow(0, offset[0] - o[0], size[0]).contiguous();
 }
 
 void load_weights(models::Model& model, const WeightSource& source) {

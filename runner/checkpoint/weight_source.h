@@ -41,6 +41,15 @@ class WeightSource {
   std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model, const ShapeOf& shape_of = {}) const;
   // Parameter `name`'s value in composer's layout, in the stored dtype.
   torch::Tensor read(const std::string& name) const;
+  // The box (per dim: offset and size in the full tensor) of it, reading only
+  // the bytes of the box's rows (for wq and wk of a Hugging Face folder: of the
+  // whole heads the box touches, whose rows are permuted within each head).
+  torch::Tensor read_box(const std::string& name, const std::vector<int64_t>& offset,
+                         const std::vector<int64_t>& size) const;
+  // Bytes of tensor data read so far.
+  uint64_t bytes_read() const { return bytes_read_; }
+  // The shape parameter `name` is stored with.
+  const std::vector<int64_t>& shape(const std::string& name) const { return tensors_.at(name).entry.shape; }
   // The dtype parameter `name` is stored in.
   torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).entry.dtype; }
   // The name and file `name` is stored under, for messages.
@@ -54,6 +63,9 @@ class WeightSource {
   std::map<std::string, Stored> tensors_;  // by composer name
   std::string where_;                      // the file or folder
   int64_t n_heads_ = 0, n_kv_heads_ = 0;   // a Hugging Face folder's heads (0: composer's layout)
+  mutable uint64_t bytes_read_ = 0;
+  torch::Tensor read_stored_box(const Stored& s, const std::vector<int64_t>& offset,
+                                const std::vector<int64_t>& size) const;
 };
 
 // Copies every tensor of `source` into the parameter of its name.

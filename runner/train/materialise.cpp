@@ -85,6 +85,12 @@ class InitFile {
     torch::Tensor t = source_.read(key_.at(p.unsafeGetTensorImpl()));
     return t.to(torch::kFloat);  // what copying it into the float32 parameter gives
   }
+  // Box `b` of parameter p's full value (a 0-dim parameter's box is its one element).
+  torch::Tensor read_box(const torch::Tensor& p, const parallel::Box& b) const {
+    const std::string& name = key_.at(p.unsafeGetTensorImpl());
+    if (b.size.size() != source_.shape(name).size()) return source_.read(name).reshape(b.size);
+    return source_.read_box(name, b.offset, b.size);
+  }
 
  private:
   const WeightSource& source_;
@@ -145,14 +151,25 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
   std::map<size_t, torch::Tensor> own_values;
   if (seeded) own_values = draw_own_values(m);
   m.replay([&](size_t i, torch::Tensor full) {
-    if (file) full = file->read(m.params[i].second);  // under init_from or from_hf, its values replace the drawn ones
-    if (init) init->write(i, seeded && m.own(i) ? own_values.at(i) : full);
     const torch::Tensor& p = m.params[i].second;
+    const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
+    // Under init_from or from_hf the file's values replace the drawn ones. A
+    // rank that writes no init file reads only its piece's bytes (nothing for
+    // a tensor it does not hold); the one that writes it reads every tensor.
+    if (file && !init && !m.own(i) && spec) {
+      if (!spec->held()) {
+        take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(o.device_of ? o.device_of(p) : c10::kCPU)));
+      } else {
+        m.place(i, file->read_box(p, spec->box()).to(torch::kFloat).to(o.dtype));
+      }
+      return;
+    }
+    if (file) full = file->read(p);
+    if (init) init->write(i, seeded && m.own(i) ? own_values.at(i) : full);
     if (m.own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
       if (!seeded) m.place(i, full.to(o.dtype));
       return;
     }
-    const parallel::ShardSpec* spec = o.placements ? o.placements->find(p) : nullptr;
     if (spec && !spec->held()) {
       take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(o.device_of ? o.device_of(p) : c10::kCPU)));
       return;

@@ -267,6 +267,19 @@ parallelize:
     n = bit_identical(hf_dir, back)
     load_export(back)
     print(f"{len(shards)} shards -> fully_shard dp 2 -> Hugging Face: {n} tensors bit-identical")
+    # The same weights in composer's names (model.init_from), each rank reading its pieces: the same run.
+    same = write_config("fsdp_dp2_init_from", hf_dir, mesh="""mesh: {shape: [2], names: [dp]}
+parallelize:
+  - fully_shard: {mesh_dim: dp}""")
+    text = open(same).read().replace(f"from_hf: {hf_dir}",
+                                     "args: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 96, "
+                                     "hidden_dim: 96, max_seq_len: 64, norm_eps: 1.0e-6}, init_from: "
+                                     + os.path.join(run_dir, "init.safetensors"))
+    open(same, "w").write(text)
+    again = run(same)
+    if composer_losses(again) != composer_losses(run_dir):
+        fail(f"init_from of the same weights trained {composer_losses(again)}, from_hf {composer_losses(run_dir)}")
+    print("the same weights as init_from (composer's names) under fully_shard dp 2: the same losses, bit for bit")
 
 
 def part_refusals():
