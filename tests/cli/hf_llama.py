@@ -283,33 +283,26 @@ parallelize:
 
 
 def part_refusals():
+    from safetensors.torch import save_file
     hf_dir = os.path.join(WORK, "hf_bad")
     save(hf_model(False), hf_dir)
     config = write_config("refusals", hf_dir)
     weights = os.path.join(hf_dir, "model.safetensors")
     tensors = load_file(weights)
-    from safetensors.torch import save_file
-    cut = dict(tensors)
-    del cut["model.layers.1.mlp.up_proj.weight"]
-    save_file(cut, weights, metadata={"format": "pt"})
-    out = composer("plan", "--config", config, expect=2)
-    if "missing tensor 'model.layers.1.mlp.up_proj.weight'" not in out or hf_dir not in out:
-        fail(f"a missing tensor was not named with its folder: {out}")
-    print("missing:", out.strip().splitlines()[-1])
-    bad = dict(tensors)
-    bad["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(64, 64)
-    save_file(bad, weights, metadata={"format": "pt"})
-    out = composer("plan", "--config", config, expect=2)
-    if "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]" not in out or weights not in out:
-        fail(f"a mis-shaped tensor was not named with its file: {out}")
-    print("mis-shaped:", out.strip().splitlines()[-1])
-    extra = dict(tensors)
-    extra["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
-    save_file(extra, weights, metadata={"format": "pt"})
-    out = composer("plan", "--config", config, expect=2)
-    if "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'" not in out:
-        fail(f"an attention bias was not refused by name: {out}")
-    print("unexpected:", out.strip().splitlines()[-1])
+    missing = dict(tensors)
+    del missing["model.layers.1.mlp.up_proj.weight"]
+    misshaped = dict(tensors, **{"model.layers.0.self_attn.k_proj.weight": torch.zeros(64, 64)})
+    bias = dict(tensors, **{"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)})
+    # (what, the folder's tensors, the message, where it must point)
+    for what, folder, message, where in [
+            ("missing", missing, "missing tensor 'model.layers.1.mlp.up_proj.weight'", hf_dir),
+            ("mis-shaped", misshaped, "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 64]", weights),
+            ("unexpected", bias, "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'", weights)]:
+        save_file(folder, weights, metadata={"format": "pt"})
+        out = composer("plan", "--config", config, expect=2)
+        if message not in out or where not in out:
+            fail(f"a {what} tensor was not refused with '{message}' naming {where}: {out}")
+        print(f"{what}:", out.strip().splitlines()[-1])
 
 
 os.makedirs(WORK, exist_ok=True)
