@@ -182,6 +182,24 @@ Batch local_part(const parallel::Parallel& par, Batch b) {
 
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
+// Pipeline microbatch mb's inputs and its loss (its share of the global-batch
+// loss) over this rank's batch `b`; `after_loss` runs after each loss.
+struct Microbatches {
+  const Batch& b;
+  int64_t k;  // samples per microbatch
+  const LossConfig& loss;
+  int64_t global_batch;
+  const parallel::VocabParallel& vocab;
+  std::function<void()> after_loss;
+  torch::Tensor input(int mb) const { return b.inputs.narrow(0, mb * k, k); }
+  torch::Tensor loss_of(int mb, const torch::Tensor& out) const {
+    const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
+    auto l = compute_loss(loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets, k, global_batch, vocab);
+    if (after_loss) after_loss();
+    return l;
+  }
+};
+
 // One pipeline step over this rank's batch. Backward runs on each microbatch
 // loss x grad_scale x the factor that gives PyTorch's scale_grads semantics:
 // its microbatch loss is loss_fn over the microbatch (a mean-type loss is n x
@@ -194,16 +212,9 @@ double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const 
   const bool scale = plan.pipeline->scale_grads;
   const bool sum_type = t.loss.name == LossKind::kSum;
   const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
-  auto input_of = [&](int mb) { return b.inputs.narrow(0, mb * k, k); };
-  const bool per_sample_targets = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
-  auto loss_of = [&](int mb, const torch::Tensor& out) {
-    auto loss =
-        compute_loss(t.loss, out, per_sample_targets ? b.targets.narrow(0, mb * k, k) : b.targets, k, t.global_batch,
-                     vocab);
-    delays.at(parallel::DelayPoint::kAfterLoss);
-    return loss;
-  };
-  return pipe.run(input_of, loss_of, factor * grad_scale);
+  const Microbatches m{b, k, t.loss, t.global_batch, vocab, [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
+  return pipe.run([&](int mb) { return m.input(mb); }, [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); },
+                  factor * grad_scale);
 }
 
 // The idle fraction of the last step over the pipeline ranks: 1 - busy time
@@ -369,13 +380,9 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
     double share = 0;
     if (par.pipe) {
       const Batch b = local_part(par, batch(j, begin, begin + s.plan.local_batch));
-      const int64_t k = s.plan.local_batch / s.plan.pp_microbatches;
-      const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
-      share = par.pipe->evaluate([&](int mb) { return b.inputs.narrow(0, mb * k, k); },
-                                 [&](int mb, const torch::Tensor& out) {
-                                   return compute_loss(t.loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets,
-                                                       k, t.global_batch, par.vocab);
-                                 });
+      const Microbatches m{b, s.plan.local_batch / s.plan.pp_microbatches, t.loss, t.global_batch, par.vocab, {}};
+      share = par.pipe->evaluate([&](int mb) { return m.input(mb); },
+                                 [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); });
     } else {
       const int64_t mb = s.plan.local_microbatch;
       for (int64_t m = 0; m < t.microbatches; ++m) {

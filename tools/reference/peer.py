@@ -492,7 +492,7 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
         if timings:
             ms = (time.perf_counter() - start) * 1000.0
             timing.append({"step": step, "loss": total.item(), "step_ms": ms, "samples_per_s": B * 1000.0 / ms,
-                           "peak_rss_mb": peak_rss_mb(),
+                           "peak_rss_mb": peak_rss_mb(), "wall_time": time.time(),
                            **({"tcp_tx_bytes": tcp_tx_bytes() - tcp_start} if tcp_start is not None else {})})
         if rank == 0:
             print(f"peer step {step}/{steps} loss {total.item():.6g} grad_norm {norm:.4g}")
