@@ -123,9 +123,8 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
   for (const auto& f : files) {
     for (auto& e : read_safetensors_entries(f)) {
       static const std::string kInvFreq = "rotary_emb.inv_freq";  // older folders kept the rotary buffer
-      if (e.name.size() >= kInvFreq.size() && e.name.compare(e.name.size() - kInvFreq.size(), kInvFreq.size(), kInvFreq) == 0) {
-        continue;
-      }
+      const size_t n = kInvFreq.size();
+      if (e.name.size() >= n && e.name.compare(e.name.size() - n, n, kInvFreq) == 0) continue;
       if (!file_of.empty() && file_of.count(e.name) && file_of.at(e.name) != f) continue;  // the index names another
       const std::string name = llama_name_of_hf(e.name);
       if (name.empty()) {
@@ -148,12 +147,6 @@ std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c) {
   if (!c.from_hf.empty()) return hf_folder(c.from_hf, c.args);
   if (!c.init_from.empty()) return file(c.init_from);
   return nullptr;
-}
-
-std::string WeightSource::describe(const std::string& name) const {
-  auto it = tensors_.find(name);
-  if (it == tensors_.end()) return "'" + name + "'";
-  return "'" + it->second.entry.name + "' of " + it->second.file;
 }
 
 std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(models::Model& model,
@@ -188,7 +181,6 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
 torch::Tensor WeightSource::read(const std::string& name) const {
   const Stored& s = tensors_.at(name);
   torch::Tensor t = read_safetensors_tensor(s.file, s.entry);
-  bytes_read_ += s.entry.end - s.entry.begin;
   return n_heads_ ? hf_to_llama_layout(name, t, n_heads_, n_kv_heads_) : t;
 }
 
@@ -229,7 +221,6 @@ torch::Tensor WeightSource::read_stored_box(const Stored& s, const std::vector<i
     in.read(dst, static_cast<std::streamsize>(run * elem));
     if (!in) throw FileError(s.file, "cannot read tensor '" + s.entry.name + "'; the file is truncated");
     dst += run * elem;
-    bytes_read_ += static_cast<uint64_t>(run * elem);
     int64_t d = run_dims - 1;
     while (d >= 0 && ++index[d] == size[d]) index[d--] = 0;
     if (d < 0) break;

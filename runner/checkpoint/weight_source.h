@@ -38,7 +38,8 @@ class WeightSource {
   // name to read each parameter under. `shape_of` gives a parameter's full
   // shape where the transforms have already cut it (default: its sizes).
   using ShapeOf = std::function<std::vector<int64_t>(const torch::Tensor&)>;
-  std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model, const ShapeOf& shape_of = {}) const;
+  std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model,
+                                                                const ShapeOf& shape_of = {}) const;
   // Parameter `name`'s value in composer's layout, in the stored dtype.
   torch::Tensor read(const std::string& name) const;
   // The box (per dim: offset and size in the full tensor) of it, reading only
@@ -46,14 +47,10 @@ class WeightSource {
   // whole heads the box touches, whose rows are permuted within each head).
   torch::Tensor read_box(const std::string& name, const std::vector<int64_t>& offset,
                          const std::vector<int64_t>& size) const;
-  // Bytes of tensor data read so far.
-  uint64_t bytes_read() const { return bytes_read_; }
   // The shape parameter `name` is stored with.
   const std::vector<int64_t>& shape(const std::string& name) const { return tensors_.at(name).entry.shape; }
   // The dtype parameter `name` is stored in.
   torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).entry.dtype; }
-  // The name and file `name` is stored under, for messages.
-  std::string describe(const std::string& name) const;
 
  private:
   struct Stored {
@@ -63,7 +60,6 @@ class WeightSource {
   std::map<std::string, Stored> tensors_;  // by composer name
   std::string where_;                      // the file or folder
   int64_t n_heads_ = 0, n_kv_heads_ = 0;   // a Hugging Face folder's heads (0: composer's layout)
-  mutable uint64_t bytes_read_ = 0;
   torch::Tensor read_stored_box(const Stored& s, const std::vector<int64_t>& offset,
                                 const std::vector<int64_t>& size) const;
 };
