@@ -239,8 +239,7 @@ torch::Tensor WeightSource::read_box(const std::string& name, const std::vector<
   std::vector<int64_t> o = offset, z = size;
   o[0] = first * head_dim;
   z[0] = (last - first) * head_dim;
-  torch::Tensor rows = read_stored_box(s, o, z);
-  rows = rows.view({last - first, 2, head_dim / 2, z[1]}).transpose(1, 2).reshape({z[0], z[1]});
+  const torch::Tensor rows = hf_to_llama_layout(name, read_stored_box(s, o, z), last - first, last - first);
   return rows.narrow(0, offset[0] - o[0], size[0]).contiguous();
 }
 
