@@ -156,48 +156,44 @@ void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b)
 
 namespace composer::nn {
 namespace {
-thread_local bool fused_shapes = false;
+thread_local bool gpu_kernels = false;
 
-// Flash attention's allocations on meta tensors (see FusedAttentionShapes).
+// A fused kernel's allocations on meta tensors: the output, laid out (batch, seq, heads, head_dim)
+// and returned transposed as the flash kernels of both devices do (so the caller's transpose back
+// and contiguous() copy nothing), and a float32 log-sum-exp per query row, saved with q, k and v for
+// backward; backward returns the three gradients, and on a GPU also fills a float32 accumulator of
+// the query's gradient (see FusedAttentionShapes).
 struct FusedAttentionOnMeta : torch::autograd::Function<FusedAttentionOnMeta> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v) {
-    std::vector<int64_t> shape = q.sizes().vec();
-    shape.back() = v.size(-1);
-    auto out = at::empty(shape, q.options());
-    shape.pop_back();
-    auto logsumexp = at::empty(shape, q.options().dtype(at::kFloat));
+    const int64_t b = q.size(0), h = q.size(1), s = q.size(2);
+    auto out = at::empty({b, s, h, v.size(-1)}, q.options()).transpose(1, 2);
+    auto logsumexp = at::empty({b, h, s}, q.options().dtype(at::kFloat));
     ctx->save_for_backward({q, k, v, out, logsumexp});
     return out;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto accumulator = at::empty(saved[0].sizes(), saved[0].options().dtype(at::kFloat));
-    auto dq = at::empty_like(saved[0]);
-    return {dq, at::empty_like(saved[1]), at::empty_like(saved[2])};
+    torch::Tensor accumulator;
+    if (gpu_kernels) accumulator = at::empty(saved[0].sizes(), saved[0].options().dtype(at::kFloat));
+    return {at::empty_like(saved[0]), at::empty_like(saved[1]), at::empty_like(saved[2])};
   }
 };
 }  // namespace
 
-FusedAttentionShapes::FusedAttentionShapes(bool on) : previous_(fused_shapes) { fused_shapes = on; }
-FusedAttentionShapes::~FusedAttentionShapes() { fused_shapes = previous_; }
+FusedAttentionShapes::FusedAttentionShapes(bool on) : previous_(gpu_kernels) { gpu_kernels = on; }
+FusedAttentionShapes::~FusedAttentionShapes() { gpu_kernels = previous_; }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training) {
-  // On a GPU, LibTorch's fused kernels (flash or memory-efficient attention) never materialise the
-  // scores; the same masks (a causal mask on [seq, keys] hides key j > query i) and dropout.
-  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, training ? dropout_p : 0.0, causal);
-  if (fused_shapes && q.is_meta()) return FusedAttentionOnMeta::apply(q, k, v);
-  const int64_t seq = q.size(-2);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  if (causal) {
-    auto mask = torch::ones({seq, k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
-    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
-  }
-  auto probs = torch::softmax(scores, -1);
-  if (dropout_p > 0 && training) probs = torch::dropout(probs, dropout_p, true);
-  return torch::matmul(probs, v);
+  // LibTorch's scaled_dot_product_attention on every device; the PyTorch reference calls the same
+  // function, so both sides run the same kernel. It picks a fused kernel that never materialises the
+  // scores: on a GPU flash or memory-efficient attention, on the CPU its flash kernel, which the CPU
+  // takes only without dropout (with dropout it falls back to matmul, softmax, dropout, matmul).
+  const double p = training ? dropout_p : 0.0;
+  if (q.is_meta() && (gpu_kernels || p == 0.0)) return FusedAttentionOnMeta::apply(q, k, v);
+  return at::scaled_dot_product_attention(q, k, v, {}, p, causal);
 }
 }  // namespace composer::nn
 

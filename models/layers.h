@@ -109,16 +109,18 @@ void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b)
 }  // namespace composer::nn
 
 namespace composer::nn {
-// softmax(q k^T / sqrt(head_dim) [+ causal mask]) v on (batch, heads, seq, head_dim). On the CPU (and
-// the meta device of the estimate) it is written from matmul, mask and softmax, as the PyTorch reference
-// writes it for the goldens; on a GPU it is LibTorch's fused scaled_dot_product_attention.
+// softmax(q k^T / sqrt(head_dim) [+ causal mask]) v on (batch, heads, seq, head_dim), through
+// LibTorch's scaled_dot_product_attention, as the PyTorch reference computes it for the goldens
+// (F.scaled_dot_product_attention). Its fused kernels never materialise the seq x seq scores: flash
+// attention on the CPU when no dropout is active, flash or memory-efficient attention on a GPU. On the
+// meta device of the estimate's dry run, a fused kernel is stood for by its allocations.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training);
 
-// While one lives on this thread, attention() on meta tensors (the estimate's dry run) stands for
-// the GPU's fused kernel: it allocates and saves what flash attention does (the output and a
-// float32 log-sum-exp per query row; in backward a float32 query-gradient accumulator), never the
-// scores. The dry run of a cuda plan holds one.
+// While one lives on this thread, attention() on meta tensors (the estimate's dry run) stands for a
+// GPU's kernels: fused also under dropout, with a float32 query-gradient accumulator in backward.
+// Without it, for the CPU's: fused (the output and a float32 log-sum-exp per query row saved, never
+// the scores) only when no dropout is active. The dry run of a cuda plan holds one.
 class FusedAttentionShapes {
  public:
   explicit FusedAttentionShapes(bool on);

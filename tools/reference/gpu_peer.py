@@ -4,9 +4,9 @@
     gpu_peer.py --run-dir RUN --timings OUT.jsonl [--compile]
 
 RUN is the directory of a composer run of a one-rank fully_shard config (config.resolved.json and
-init.safetensors). The model is tools/reference/models.py's, given the run's initial weights, with
-attention through F.scaled_dot_product_attention (PyTorch's fused kernels), wrapped by FSDP2's
-fully_shard with the run's mixed-precision policy (float32 parameters, param_dtype compute,
+init.safetensors). The model is tools/reference/models.py's (attention through
+F.scaled_dot_product_attention, PyTorch's fused kernels), given the run's initial weights, wrapped by
+FSDP2's fully_shard with the run's mixed-precision policy (float32 parameters, param_dtype compute,
 reduce_dtype gradients) over a one-rank NCCL group, and trained with torch.optim.AdamW (its default,
 foreach) on the run's batches. --compile adds torch.compile. Each step is timed as composer times it
 (from its start until the device has finished it) and written as a JSON line: step, loss, step_ms,
@@ -20,16 +20,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import models  # noqa: E402
 import reference  # noqa: E402
-
-
-def fused_causal_attention(q, k, v, dropout_p, training):
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p if training else 0.0, is_causal=True)
 
 
 def main():
@@ -52,7 +46,6 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = False  # as composer runs (its float32 work rounds as float32)
     torch.backends.cudnn.allow_tf32 = False
-    models.causal_attention = fused_causal_attention
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     cuda = args.device == "cuda"

@@ -1,7 +1,6 @@
 """The seed models in plain PyTorch, with the fully-qualified names and math of
 PyTorch's composability tests (see docs/scenarios.md section 0). Written from the
 test sources, independently of composer's C++ models."""
-import math
 import warnings
 
 import torch
@@ -107,13 +106,14 @@ class SimpleModelUneven(nn.Module):  # M8
 
 # ---- M4: the DTensor tests' Transformer ------------------------------------
 
+def attention(q, k, v, causal, dropout_p, training):
+    # composer calls LibTorch's scaled_dot_product_attention with the same arguments: the same kernel
+    # (on the CPU flash attention without dropout, else matmul, softmax, dropout, matmul).
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p if training else 0.0, is_causal=causal)
+
+
 def causal_attention(q, k, v, dropout_p, training):
-    # scaled_dot_product_attention(is_causal=True), spelled out: 1.13 has no SDPA.
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).triu(1)
-    scores = scores.masked_fill(mask, float("-inf"))
-    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training)
-    return probs @ v
+    return attention(q, k, v, True, dropout_p, training)
 
 
 class Attention(nn.Module):
@@ -134,11 +134,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        if self.use_attn_mask:
-            out = causal_attention(q, k, v, self.dropout_p, self.training)
-        else:
-            probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim), dim=-1)
-            out = F.dropout(probs, self.dropout_p, self.training) @ v
+        out = attention(q, k, v, self.use_attn_mask, self.dropout_p, self.training)
         out = out.transpose(1, 2).contiguous().view(bsz, seq_len, -1)
         return self.resid_dropout(self.wo(out))
 
