@@ -192,7 +192,17 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   // scores: on a GPU flash or memory-efficient attention, on the CPU its flash kernel, which the CPU
   // takes only without dropout (with dropout it falls back to matmul, softmax, dropout, matmul).
   const double p = training ? dropout_p : 0.0;
-  if (q.is_meta() && (gpu_kernels || p == 0.0)) return FusedAttentionOnMeta::apply(q, k, v);
+  if (q.is_meta()) {
+    if (gpu_kernels || p == 0.0) return FusedAttentionOnMeta::apply(q, k, v);
+    // The CPU's fallback under dropout, spelled out in ops the meta device has kernels for (LibTorch's
+    // math path uses one it lacks): it keeps the scores, probabilities and dropout mask for backward.
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+    if (causal) {
+      auto mask = torch::ones({q.size(-2), k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
+      scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+    }
+    return torch::matmul(torch::dropout(torch::softmax(scores, -1), p, true), v);
+  }
   return at::scaled_dot_product_attention(q, k, v, {}, p, causal);
 }
 }  // namespace composer::nn

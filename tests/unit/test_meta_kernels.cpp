@@ -94,26 +94,30 @@ TEST(MetaMatmul, RefusesShapesThatCannotBeMultiplied) {
             (std::vector<int64_t>{8, 51}));
 }
 
-// A cuda plan's dry run counts attention as the GPU's fused kernel runs it: the
-// output and a float32 log-sum-exp per query row are what forward leaves alive,
-// never the [seq x seq] scores that the CPU's attention keeps for backward.
-TEST(MetaAttention, ACudaPlansAttentionKeepsNoScores) {
+// The dry run counts attention as the kernel LibTorch picks runs it: a fused kernel (a GPU's always,
+// the CPU's flash kernel without active dropout) leaves the output and a float32 log-sum-exp per query
+// row alive for backward, never the [seq x seq] scores; the CPU's math fallback under dropout keeps
+// them.
+TEST(MetaAttention, FusedKernelsKeepNoScores) {
   const int64_t b = 2, h = 4, s = 128, d = 16;
   auto o = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kMeta).requires_grad(true);
-  auto kept = [&](bool fused) {
+  auto kept = [&](bool cuda, double dropout, bool training) {
     memory::MetaCount count;
-    nn::FusedAttentionShapes shapes(fused);
+    nn::FusedAttentionShapes shapes(cuda);
     auto q = torch::empty({b, h, s, d}, o), k = torch::empty({b, h, s, d}, o), v = torch::empty({b, h, s, d}, o);
     const int64_t before = count.live();
-    auto out = nn::attention(q, k, v, /*causal=*/true, 0.0, /*training=*/true);
+    auto out = nn::attention(q, k, v, /*causal=*/true, dropout, training);
     const int64_t alive = count.live() - before;
     out.sum().backward();
     EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
     return alive;
   };
   const int64_t output = b * h * s * d * 2, logsumexp = b * h * s * 4, scores = b * h * s * s * 2;
-  EXPECT_EQ(kept(true), output + logsumexp);
-  EXPECT_GE(kept(false), output + scores);
+  EXPECT_EQ(kept(/*cuda=*/true, 0.0, true), output + logsumexp);
+  EXPECT_EQ(kept(/*cuda=*/true, 0.1, true), output + logsumexp);
+  EXPECT_EQ(kept(/*cuda=*/false, 0.0, true), output + logsumexp);
+  EXPECT_EQ(kept(/*cuda=*/false, 0.1, /*training=*/false), output + logsumexp);
+  EXPECT_GE(kept(/*cuda=*/false, 0.1, true), output + scores);
 }
 
 }  // namespace
