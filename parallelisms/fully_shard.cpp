@@ -233,10 +233,13 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
       out.emplace_back();
       continue;
     }
-    // The shard's gradient lives where the shard does (host memory when offloaded).
-    out.push_back(mine.narrow(0, p.grad_offset, numel_of(shape))
-                      .view(shape)
-                      .to(p.param.device(), p.param.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+    // The shard's gradient lives where the shard does (host memory when offloaded) in the shard's
+    // dtype: a view of the reduce-scatter's output where they are already its (no copy, as FSDP2's
+    // sharded gradients are views of its reduce output), else a copy.
+    auto grad = mine.narrow(0, p.grad_offset, numel_of(shape)).view(shape);
+    const bool in_place = grad.device() == p.param.device() && grad.scalar_type() == p.param.scalar_type();
+    out.push_back(in_place ? grad : grad.to(p.param.device(), p.param.scalar_type(), /*non_blocking=*/false,
+                                            /*copy=*/true));
   }
   std::fill(u.has_grad.begin(), u.has_grad.end(), 0);
   if (base.defined()) u.owner->give_buffer(FullyShard::kGrad, std::move(base));

@@ -157,8 +157,15 @@ void GradSync::finish() {
       // takes the common case, a gradient somewhere).
       if (!flags.is_meta() && flags.data_ptr<double>()[i] <= 0) continue;
       auto synced = b.buffer.narrow(0, static_cast<int64_t>(offset_of_[b.params[i]]), p.numel()).view(p.sizes());
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      p.mutable_grad().copy_(synced);
+      // The gradient becomes its view of the bucket (DDP's gradient_as_bucket_view): no copy back. It
+      // stays one until the next step drops every gradient; a gradient accumulated into it before
+      // that is copied onto itself by fill().
+      if (p.is_contiguous()) {
+        p.mutable_grad() = synced;
+      } else {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        p.mutable_grad().copy_(synced);
+      }
     }
     b.ready = 0;
   }

@@ -74,6 +74,7 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
   auto piece = [&](int i) { return acc.narrow(0, static_cast<int64_t>(i) * chunk, chunk); };
   auto incoming = torch::empty_like(piece(0));
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  torch::Tensor mine;
   for (int s = 0; s < n - 1 && g.pg; ++s) {
     int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
     std::vector<torch::Tensor> out{piece(send_idx).contiguous()}, in{incoming};
@@ -81,9 +82,11 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
     auto rw = g.pg->recv(in, prev, s);
     rw->wait();
     sw->wait();
-    piece(recv_idx).add_(incoming);
+    // The last step's sum (recv_idx == r) goes into a tensor of its own, as NCCL's output does.
+    if (s == n - 2) mine = piece(recv_idx) + incoming;
+    else piece(recv_idx).add_(incoming);
   }
-  return piece(r);
+  return mine.defined() ? mine : piece(r).clone();  // a dry run allocates the same
 }
 
 }  // namespace
@@ -198,7 +201,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   }
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   TraceSpan span = counted(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
-  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row).clone();
+  auto mine = ring_reduce_scatter(g, flat, max * row).narrow(0, 0, sizes[g.rank] * row);  // its own tensor
   if (op == Reduce::kAvg) mine.div_(g.size);
   auto shape = full.sizes().vec();
   shape[0] = sizes[g.rank];
@@ -269,7 +272,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
 
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   const int64_t chunk = flat.numel() / g.size;
-  if (g.size == 1) return flat.view({-1});
+  if (g.size == 1) return flat.reshape({-1}).clone();
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   TraceSpan span = counted(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
   auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);

@@ -52,8 +52,9 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op = Re
 // it; at most one may be in flight per group next to the blocking
 // collectives (it uses its own tags).
 Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async = false);
-// The sum (or average) of a [size * chunk] buffer's chunk of this rank,
-// reduced in place in `flat`.
+// The sum (or average) of a [size * chunk] buffer's chunk of this rank, in a
+// tensor of its own: it never aliases `flat` (whose chunks hold partial sums
+// afterwards), so the caller may keep views of it and reuse `flat`.
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
 // Point to point; an async send completes at the handle's wait().
