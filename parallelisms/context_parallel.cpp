@@ -16,10 +16,11 @@ constexpr int kForwardTag = 3 << 20;
 constexpr int kBackwardTag = kForwardTag + 1;
 constexpr int kGradTag = kForwardTag + 2;
 
-// The most tokens of a query or key tile: attention is computed tile pair by
-// tile pair and merged by log-sum-exp, so the scores held at once are at most
-// kTile x kTile per head, whatever the sequence (as a flash-attention kernel
-// bounds them), and tiles wholly in a query's future are skipped.
+// The most tokens of a query or key tile off the CPU: attention is computed
+// tile pair by tile pair and merged by log-sum-exp, so the scores held at once
+// are at most kTile x kTile per head, whatever the sequence (as a
+// flash-attention kernel bounds them), and tiles wholly in a query's future are
+// skipped. On the CPU the pairs are whole chunks given to the flash kernel.
 constexpr int64_t kTile = 256;
 
 // A run of consecutive tokens in a rank's local tensor: where it starts
@@ -29,16 +30,18 @@ struct Tile {
 };
 
 // The tiles of rank `rank`'s local sequence of `local_len` tokens: each of its
-// chunks (contiguous global positions) cut into runs of at most kTile.
-std::vector<Tile> tiles_of(const ContextParallel& cp, int rank, int64_t local_len) {
+// chunks (contiguous global positions) cut into runs of at most `most` tokens.
+// Chunks are of one length and cut alike, so a query tile and a key tile cover
+// the same positions or disjoint ones.
+std::vector<Tile> tiles_of(const ContextParallel& cp, int rank, int64_t local_len, int64_t most) {
   const auto chunks = sequence_chunks(cp.group().size, rank, cp.options().load_balance);
   const int64_t len = local_len / static_cast<int64_t>(chunks.size());
   TORCH_CHECK(len * static_cast<int64_t>(chunks.size()) == local_len, "context_parallel: a local sequence of ",
               local_len, " tokens does not split into ", chunks.size(), " chunks");
   std::vector<Tile> out;
   for (size_t i = 0; i < chunks.size(); ++i) {
-    for (int64_t at = 0; at < len; at += kTile) {
-      out.push_back({static_cast<int64_t>(i) * len + at, chunks[i] * len + at, std::min(kTile, len - at)});
+    for (int64_t at = 0; at < len; at += most) {
+      out.push_back({static_cast<int64_t>(i) * len + at, chunks[i] * len + at, std::min(most, len - at)});
     }
   }
   return out;
@@ -83,12 +86,46 @@ std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, in
   return {expand_heads(f[0], n_rep), expand_heads(f[1], n_rep)};
 }
 
+// Adds a partial result (`part` with its log-sum-exp `part_lse`) of some query
+// rows to theirs so far: both rescaled to the larger log-sum-exp.
+void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse) {
+  auto top = torch::maximum(lse_i, part_lse);
+  auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
+  out_i.copy_(out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1));
+  out_i.div_((kept + added).unsqueeze(-1));
+  lse_i.copy_(top + torch::log(kept + added));
+}
+
+// On the CPU each pair of chunks goes through LibTorch's flash attention kernel
+// (the one scaled_dot_product_attention runs), which returns the pair's
+// log-sum-exp for the merge and, in backward, takes the merged output and
+// log-sum-exp. Elsewhere (a GPU, the dry run's meta tensors) the pairs are
+// tiles computed below from matmul and exp.
+bool cpu_kernel(const torch::Tensor& q) { return q.device().is_cpu(); }
+constexpr int64_t kWholeChunk = std::numeric_limits<int64_t>::max();
+
 // This rank's queries (float32) against the block of rank `src`, merged into
 // `out` and its log-sum-exp `lse` by the partial results' log-sum-exp.
 void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
             torch::Tensor& out, torch::Tensor& lse) {
   auto [k, v] = key_value(block, q.size(1) / block.size(2));
-  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2)), kv_tiles = tiles_of(cp, src, k.size(2));
+  const bool flash = cpu_kernel(q);
+  const int64_t most = flash ? kWholeChunk : kTile;
+  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2), most), kv_tiles = tiles_of(cp, src, k.size(2), most);
+  if (flash) {
+    for (const Tile& qt : q_tiles) {
+      for (const Tile& kt : kv_tiles) {
+        const Pair pair = pair_of(qt, kt, causal);
+        if (pair == Pair::kSkip) continue;
+        TORCH_INTERNAL_ASSERT(pair == Pair::kFull || (qt.position == kt.position && qt.len == kt.len));
+        auto [part, part_lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+            q.narrow(2, qt.offset, qt.len), k.narrow(2, kt.offset, kt.len), v.narrow(2, kt.offset, kt.len), 0.0,
+            /*is_causal=*/pair == Pair::kPartial);
+        merge(out.narrow(2, qt.offset, qt.len), lse.narrow(2, qt.offset, qt.len), part, part_lse);
+      }
+    }
+    return;
+  }
   for (const Tile& qt : q_tiles) {
     auto qi = q.narrow(2, qt.offset, qt.len), out_i = out.narrow(2, qt.offset, qt.len);
     auto lse_i = lse.narrow(2, qt.offset, qt.len);
@@ -103,12 +140,7 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
       auto e = torch::exp(s - row_max);
       auto sum = e.sum(-1, /*keepdim=*/true);
       auto part = torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
-      auto part_lse = (row_max + torch::log(sum)).squeeze(-1);
-      auto top = torch::maximum(lse_i, part_lse);
-      auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
-      out_i.copy_(out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1));
-      out_i.div_((kept + added).unsqueeze(-1));
-      lse_i.copy_(top + torch::log(kept + added));
+      merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1));
     }
   }
 }
@@ -117,12 +149,32 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
 // `grad` (2, b, kv_heads, s, d), the block's key and value gradients.
 // `delta` is rowsum(dout * out).
 void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src,
-                     bool causal, const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
-                     torch::Tensor& dq, torch::Tensor& grad) {
+                     bool causal, const torch::Tensor& dout, const torch::Tensor& out, const torch::Tensor& lse,
+                     const torch::Tensor& delta, torch::Tensor& dq, torch::Tensor& grad) {
   const int64_t n_rep = q.size(1) / block.size(2);
   auto [k, v] = key_value(block, n_rep);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2)), kv_tiles = tiles_of(cp, src, k.size(2));
+  const bool flash = cpu_kernel(q);
+  const int64_t most = flash ? kWholeChunk : kTile;
+  const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2), most), kv_tiles = tiles_of(cp, src, k.size(2), most);
+  if (flash) {
+    for (const Tile& qt : q_tiles) {
+      auto dq_i = dq.narrow(2, qt.offset, qt.len);
+      for (const Tile& kt : kv_tiles) {
+        const Pair pair = pair_of(qt, kt, causal);
+        if (pair == Pair::kSkip) continue;
+        TORCH_INTERNAL_ASSERT(pair == Pair::kFull || (qt.position == kt.position && qt.len == kt.len));
+        auto [dq_part, dk_part, dv_part] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.narrow(2, qt.offset, qt.len), q.narrow(2, qt.offset, qt.len), k.narrow(2, kt.offset, kt.len),
+            v.narrow(2, kt.offset, kt.len), out.narrow(2, qt.offset, qt.len),
+            lse.narrow(2, qt.offset, qt.len).contiguous(), 0.0, /*is_causal=*/pair == Pair::kPartial);
+        dq_i.add_(dq_part);
+        grad[0].narrow(2, kt.offset, kt.len).add_(fold_heads(dk_part, n_rep));
+        grad[1].narrow(2, kt.offset, kt.len).add_(fold_heads(dv_part, n_rep));
+      }
+    }
+    return;
+  }
   for (const Tile& qt : q_tiles) {
     auto qi = q.narrow(2, qt.offset, qt.len), dout_i = dout.narrow(2, qt.offset, qt.len);
     auto dq_i = dq.narrow(2, qt.offset, qt.len);
@@ -247,10 +299,10 @@ struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     auto qf = q.to(torch::kFloat), dout = grads[0].to(torch::kFloat);
-    auto delta = (dout * out).sum(-1);
+    auto delta = cpu_kernel(qf) ? torch::Tensor() : (dout * out).sum(-1);  // the flash kernel takes out itself
     auto dq = torch::zeros(qf.sizes(), qf.options());
     auto dkv = each_block_backward(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block, torch::Tensor& grad) {
-      attend_backward(cp, qf, block, src, causal, dout, lse, delta, dq, grad);
+      attend_backward(cp, qf, block, src, causal, dout, out, lse, delta, dq, grad);
     });
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), torch::Tensor(),
             torch::Tensor()};
