@@ -4,6 +4,8 @@
 #include <map>
 #include <unordered_map>
 
+#include "runner/train/optim_kernels.h"
+
 namespace composer {
 
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
@@ -34,6 +36,42 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
 }
 
 namespace {
+
+// A parameter the fused CPU kernels (runner/train/optim_kernels.h) update:
+// float32 on the CPU, with its gradient and state tensors contiguous.
+bool fusable_on_cpu(const torch::Tensor& p, const torch::Tensor& grad) {
+  return p.device().is_cpu() && p.scalar_type() == torch::kFloat && grad.device().is_cpu() &&
+         grad.scalar_type() == torch::kFloat && p.is_contiguous() && grad.is_contiguous() && grad.numel() == p.numel();
+}
+
+// A state tensor the fused kernels can update in place (or none yet).
+bool contiguous_or_absent(const std::map<std::string, torch::Tensor>& state, const std::string& name) {
+  auto it = state.find(name);
+  return it == state.end() || !it->second.defined() || it->second.is_contiguous();
+}
+
+// Runs f(update, begin, length) over blocks of every update's elements, the
+// blocks of all parameters spread over the intra-op threads: one pass over a
+// block keeps its parameter, gradient and state in cache, where the
+// single-tensor path streams each whole tensor once per operation.
+constexpr int64_t kBlock = 16384;
+template <class U, class F>
+void for_blocks(const std::vector<U*>& list, F&& f) {
+  struct Block {
+    U* u;
+    int64_t begin, length;
+  };
+  std::vector<Block> blocks;
+  for (U* u : list) {
+    const int64_t n = u->param.numel();
+    for (int64_t b = 0; b < n; b += kBlock) blocks.push_back({u, b, std::min(kBlock, n - b)});
+  }
+  at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) f(*blocks[i].u, blocks[i].begin, blocks[i].length);
+  });
+}
+
+float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 // Adam and AdamW computed as torch.optim computes them on the CPU (its
 // single-tensor path): exp_avg moves by lerp, the bias corrections are taken
@@ -77,16 +115,63 @@ class Adam : public Optimizer {
   // path, its default there: one kernel per operation for a whole list of
   // parameters of one device and dtype instead of one per parameter. The CPU
   // keeps the single-tensor path above, op for op what the goldens computed.
+  // On the CPU, float32 parameters go through the fused kernels
+  // (update_fused), bit for bit the single-tensor arithmetic above.
   void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
     std::map<std::pair<std::string, c10::ScalarType>, std::vector<Update*>> lists;
+    std::vector<Update*> fused;
     for (auto& u : updates) {
-      if (u.param.is_cuda() && u.grad.device() == u.param.device() && u.grad.scalar_type() == u.param.scalar_type()) {
+      const auto& t = u.state->tensors;
+      if (fusable_on_cpu(u.param, u.grad) && contiguous_or_absent(t, "exp_avg") && contiguous_or_absent(t, "exp_avg_sq")) {
+        fused.push_back(&u);
+      } else if (u.param.is_cuda() && u.grad.device() == u.param.device() &&
+                 u.grad.scalar_type() == u.param.scalar_type()) {
         lists[{u.param.device().str(), u.param.scalar_type()}].push_back(&u);
       } else {
         update(u.param, u.grad, *u.state, options);
       }
     }
-    for (auto& [key, list] : lists) update_list(list, static_cast<const torch::optim::AdamOptions&>(options));
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
+    if (!fused.empty()) update_fused(fused, o);
+    for (auto& [key, list] : lists) update_list(list, o);
+  }
+
+  void update_fused(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
+    const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas()), wd = o.weight_decay();
+    std::unordered_map<Update*, kernels::AdamStep> steps;
+    for (Update* u : list) {
+      auto& exp_avg = u->state->tensors["exp_avg"];
+      if (!exp_avg.defined()) {
+        exp_avg = torch::zeros_like(u->param);
+        u->state->tensors["exp_avg_sq"] = torch::zeros_like(u->param);
+      }
+      // The scalars as the single-tensor path passes them, in double, then
+      // cast to float32 as ATen's float kernels do.
+      kernels::AdamStep k;
+      if (wd != 0) (decoupled_ ? k.decay : k.l2) = static_cast<float>(decoupled_ ? 1 - lr * wd : wd);
+      k.lerp_weight = static_cast<float>(1 - beta1);
+      k.beta2 = static_cast<float>(beta2);
+      k.one_minus_beta2 = static_cast<float>(1 - beta2);
+      k.bias_correction2_sqrt = static_cast<float>(std::pow(1 - std::pow(beta2, u->state->step), 0.5));
+      k.eps = static_cast<float>(o.eps());
+      k.neg_step_size = static_cast<float>(-(lr / (1 - std::pow(beta1, u->state->step))));
+      steps[u] = k;
+    }
+    for_blocks(list, [&](Update& u, int64_t b, int64_t n) {
+      const kernels::AdamStep& k = steps.at(&u);
+      float* p = floats(u.param) + b;
+      float* m = floats(u.state->tensors.at("exp_avg")) + b;
+      float* v = floats(u.state->tensors.at("exp_avg_sq")) + b;
+      kernels::adam_moments(p, floats(u.grad) + b, m, v, n, k);
+      // sqrt(v) by ATen's own kernel: on the CPU it is MKL's vector sqrt,
+      // which rounds differently from std::sqrt (and element by element, so a
+      // block gives what the whole tensor gives).
+      thread_local std::vector<float> scratch;
+      scratch.resize(kBlock);
+      auto root = torch::from_blob(scratch.data(), {n}, torch::kFloat);
+      at::sqrt_out(root, torch::from_blob(v, {n}, torch::kFloat));
+      kernels::adam_update(p, m, scratch.data(), n, k);
+    });
   }
 
   void update_list(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
@@ -153,6 +238,40 @@ class Sgd : public Optimizer {
       grad = o.nesterov() ? grad.add(buf, o.momentum()) : buf;
     }
     p.add_(grad, -o.lr());
+  }
+
+  // float32 parameters on the CPU in one pass each (runner/train/optim_kernels.h),
+  // bit for bit update() above.
+  void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+    std::vector<Update*> fused;
+    for (auto& u : updates) {
+      if (fusable_on_cpu(u.param, u.grad) &&
+          (o.momentum() == 0 || contiguous_or_absent(u.state->tensors, "momentum_buffer"))) {
+        fused.push_back(&u);
+      } else {
+        update(u.param, u.grad, *u.state, options);
+      }
+    }
+    std::unordered_map<Update*, kernels::SgdStep> steps;
+    for (Update* u : fused) {
+      kernels::SgdStep k;
+      k.l2 = static_cast<float>(o.weight_decay());
+      k.momentum = static_cast<float>(o.momentum());
+      k.one_minus_dampening = static_cast<float>(1 - o.dampening());
+      k.nesterov = o.nesterov();
+      k.neg_lr = static_cast<float>(-o.lr());
+      if (o.momentum() != 0) {
+        auto& buf = u->state->tensors["momentum_buffer"];
+        k.first = !buf.defined();
+        if (k.first) buf = torch::empty_like(u->param);
+      }
+      steps[u] = k;
+    }
+    for_blocks(fused, [&](Update& u, int64_t b, int64_t n) {
+      float* buf = o.momentum() != 0 ? floats(u.state->tensors.at("momentum_buffer")) + b : nullptr;
+      kernels::sgd(floats(u.param) + b, floats(u.grad) + b, buf, n, steps.at(&u));
+    });
   }
 };
 

@@ -1,0 +1,86 @@
+#include "runner/train/optim_kernels.h"
+
+#include <cmath>
+
+namespace composer::kernels {
+namespace {
+
+// The bodies, instantiated once for CPUs with FMA and AVX2 (vectorised
+// fused multiply-adds) and once for any x86-64 (std::fma in software).
+#define COMPOSER_KERNEL_BODIES                                                                         \
+  static void adam_moments_impl(float* __restrict p, const float* __restrict g, float* __restrict m,  \
+                                float* __restrict v, int64_t n, const AdamStep& s) {                  \
+    const float decay = s.decay, l2 = s.l2, w = s.lerp_weight, b2 = s.beta2, c2 = s.one_minus_beta2; \
+    const bool small = std::fabs(w) < 0.5f;                                                           \
+    const float coeff = small ? w : w - 1.0f;                                                         \
+    for (int64_t i = 0; i < n; ++i) {                                                                 \
+      const float pi = p[i];                                                                          \
+      const float gi = l2 != 0.0f ? std::fma(pi, l2, g[i]) : g[i];                                    \
+      if (decay != 1.0f) p[i] = pi * decay;                                                           \
+      const float diff = gi - m[i];                                                                   \
+      m[i] = std::fma(coeff, diff, small ? m[i] : gi);                                                \
+      v[i] = std::fma(c2 * gi, gi, v[i] * b2);                                                        \
+    }                                                                                                 \
+  }                                                                                                   \
+  static void adam_update_impl(float* __restrict p, const float* __restrict m,                        \
+                               const float* __restrict sqrt_v, int64_t n, const AdamStep& s) {        \
+    const float bc = s.bias_correction2_sqrt, eps = s.eps, step = s.neg_step_size;                   \
+    for (int64_t i = 0; i < n; ++i) {                                                                 \
+      const float denom = sqrt_v[i] / bc + eps;                                                       \
+      p[i] = p[i] + (step * m[i]) / denom;                                                            \
+    }                                                                                                 \
+  }                                                                                                   \
+  static void sgd_impl(float* __restrict p, const float* __restrict g, float* __restrict buf,         \
+                       int64_t n, const SgdStep& s) {                                                 \
+    const float l2 = s.l2, mom = s.momentum, keep = s.one_minus_dampening, lr = s.neg_lr;             \
+    for (int64_t i = 0; i < n; ++i) {                                                                 \
+      const float gi = l2 != 0.0f ? std::fma(p[i], l2, g[i]) : g[i];                                  \
+      float d = gi;                                                                                   \
+      if (mom != 0.0f) {                                                                              \
+        const float b = s.first ? gi : std::fma(gi, keep, buf[i] * mom);                              \
+        buf[i] = b;                                                                                   \
+        d = s.nesterov ? std::fma(b, mom, gi) : b;                                                    \
+      }                                                                                               \
+      p[i] = std::fma(d, lr, p[i]);                                                                   \
+    }                                                                                                 \
+  }
+
+namespace generic {
+COMPOSER_KERNEL_BODIES
+}  // namespace generic
+
+#if defined(__x86_64__)
+namespace fma_avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+COMPOSER_KERNEL_BODIES
+#pragma GCC pop_options
+}  // namespace fma_avx2
+
+bool has_fma() {
+  static const bool yes = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+  return yes;
+}
+#else
+// Elsewhere (aarch64) the base instruction set has vector fused multiply-adds.
+namespace fma_avx2 = generic;
+bool has_fma() { return false; }
+#endif
+
+#undef COMPOSER_KERNEL_BODIES
+
+}  // namespace
+
+void adam_moments(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
+  has_fma() ? fma_avx2::adam_moments_impl(p, g, m, v, n, s) : generic::adam_moments_impl(p, g, m, v, n, s);
+}
+
+void adam_update(float* p, const float* m, const float* sqrt_v, int64_t n, const AdamStep& s) {
+  has_fma() ? fma_avx2::adam_update_impl(p, m, sqrt_v, n, s) : generic::adam_update_impl(p, m, sqrt_v, n, s);
+}
+
+void sgd(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
+  has_fma() ? fma_avx2::sgd_impl(p, g, buf, n, s) : generic::sgd_impl(p, g, buf, n, s);
+}
+
+}  // namespace composer::kernels
