@@ -38,10 +38,15 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
 namespace {
 
 // A parameter the fused CPU kernels (runner/train/optim_kernels.h) update:
-// float32 on the CPU, with its gradient and state tensors contiguous.
+// float32 on the CPU, with its gradient and state tensors contiguous. On meta
+// (the dry run, runner/estimate) the same parameters take the fused path too,
+// which there only creates the state: the kernel needs no temporaries, where
+// the single-tensor path allocates some.
 bool fusable_on_cpu(const torch::Tensor& p, const torch::Tensor& grad) {
-  return p.device().is_cpu() && p.scalar_type() == torch::kFloat && grad.device().is_cpu() &&
-         grad.scalar_type() == torch::kFloat && p.is_contiguous() && grad.is_contiguous() && grad.numel() == p.numel();
+  const auto device = p.device().type();
+  return (device == c10::DeviceType::CPU || device == c10::DeviceType::Meta) && grad.device() == p.device() &&
+         p.scalar_type() == torch::kFloat && grad.scalar_type() == torch::kFloat && p.is_contiguous() &&
+         grad.is_contiguous() && grad.numel() == p.numel();
 }
 
 // A state tensor the fused kernels can update in place (or none yet).
@@ -51,9 +56,8 @@ bool contiguous_or_absent(const std::map<std::string, torch::Tensor>& state, con
 }
 
 // Runs f(update, begin, length) over blocks of every update's elements, the
-// blocks of all parameters spread over the intra-op threads: one pass over a
-// block keeps its parameter, gradient and state in cache, where the
-// single-tensor path streams each whole tensor once per operation.
+// blocks of all parameters spread over the intra-op threads, so that many
+// small parameters share the threads as well as one large one.
 constexpr int64_t kBlock = 16384;
 template <class U, class F>
 void for_blocks(const std::vector<U*>& list, F&& f) {
@@ -115,8 +119,9 @@ class Adam : public Optimizer {
   // path, its default there: one kernel per operation for a whole list of
   // parameters of one device and dtype instead of one per parameter. The CPU
   // keeps the single-tensor path above, op for op what the goldens computed.
-  // On the CPU, float32 parameters go through the fused kernels
-  // (update_fused), bit for bit the single-tensor arithmetic above.
+  // On the CPU, float32 parameters go through the fused kernel
+  // (update_fused): the single-tensor arithmetic above in one pass, with a
+  // correctly rounded sqrt (runner/train/optim_kernels.h).
   void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
     std::map<std::pair<std::string, c10::ScalarType>, std::vector<Update*>> lists;
     std::vector<Update*> fused;
@@ -157,20 +162,13 @@ class Adam : public Optimizer {
       k.neg_step_size = static_cast<float>(-(lr / (1 - std::pow(beta1, u->state->step))));
       steps[u] = k;
     }
+    if (list.front()->param.is_meta()) return;
     for_blocks(list, [&](Update& u, int64_t b, int64_t n) {
       const kernels::AdamStep& k = steps.at(&u);
       float* p = floats(u.param) + b;
       float* m = floats(u.state->tensors.at("exp_avg")) + b;
       float* v = floats(u.state->tensors.at("exp_avg_sq")) + b;
-      kernels::adam_moments(p, floats(u.grad) + b, m, v, n, k);
-      // sqrt(v) by ATen's own kernel: on the CPU it is MKL's vector sqrt,
-      // which rounds differently from std::sqrt (and element by element, so a
-      // block gives what the whole tensor gives).
-      thread_local std::vector<float> scratch;
-      scratch.resize(kBlock);
-      auto root = torch::from_blob(scratch.data(), {n}, torch::kFloat);
-      at::sqrt_out(root, torch::from_blob(v, {n}, torch::kFloat));
-      kernels::adam_update(p, m, scratch.data(), n, k);
+      kernels::adam(p, floats(u.grad) + b, m, v, n, k);
     });
   }
 
@@ -268,6 +266,7 @@ class Sgd : public Optimizer {
       }
       steps[u] = k;
     }
+    if (fused.empty() || fused.front()->param.is_meta()) return;
     for_blocks(fused, [&](Update& u, int64_t b, int64_t n) {
       float* buf = o.momentum() != 0 ? floats(u.state->tensors.at("momentum_buffer")) + b : nullptr;
       kernels::sgd(floats(u.param) + b, floats(u.grad) + b, buf, n, steps.at(&u));

@@ -8,26 +8,22 @@ namespace {
 // The bodies, instantiated once for CPUs with FMA and AVX2 (vectorised
 // fused multiply-adds) and once for any x86-64 (std::fma in software).
 #define COMPOSER_KERNEL_BODIES                                                                         \
-  static void adam_moments_impl(float* __restrict p, const float* __restrict g, float* __restrict m,  \
-                                float* __restrict v, int64_t n, const AdamStep& s) {                  \
+  static void adam_impl(float* __restrict p, const float* __restrict g, float* __restrict m,           \
+                        float* __restrict v, int64_t n, const AdamStep& s) {                          \
     const float decay = s.decay, l2 = s.l2, w = s.lerp_weight, b2 = s.beta2, c2 = s.one_minus_beta2; \
+    const float bc = s.bias_correction2_sqrt, eps = s.eps, step = s.neg_step_size;                   \
     const bool small = std::fabs(w) < 0.5f;                                                           \
     const float coeff = small ? w : w - 1.0f;                                                         \
     for (int64_t i = 0; i < n; ++i) {                                                                 \
       const float pi = p[i];                                                                          \
       const float gi = l2 != 0.0f ? std::fma(pi, l2, g[i]) : g[i];                                    \
-      if (decay != 1.0f) p[i] = pi * decay;                                                           \
-      const float diff = gi - m[i];                                                                   \
-      m[i] = std::fma(coeff, diff, small ? m[i] : gi);                                                \
-      v[i] = std::fma(c2 * gi, gi, v[i] * b2);                                                        \
-    }                                                                                                 \
-  }                                                                                                   \
-  static void adam_update_impl(float* __restrict p, const float* __restrict m,                        \
-                               const float* __restrict sqrt_v, int64_t n, const AdamStep& s) {        \
-    const float bc = s.bias_correction2_sqrt, eps = s.eps, step = s.neg_step_size;                   \
-    for (int64_t i = 0; i < n; ++i) {                                                                 \
-      const float denom = sqrt_v[i] / bc + eps;                                                       \
-      p[i] = p[i] + (step * m[i]) / denom;                                                            \
+      const float pd = decay != 1.0f ? pi * decay : pi;                                               \
+      const float mi = std::fma(coeff, gi - m[i], small ? m[i] : gi);                                 \
+      const float vi = std::fma(c2 * gi, gi, v[i] * b2);                                              \
+      m[i] = mi;                                                                                      \
+      v[i] = vi;                                                                                      \
+      const float denom = std::sqrt(vi) / bc + eps;                                                   \
+      p[i] = pd + (step * mi) / denom;                                                                \
     }                                                                                                 \
   }                                                                                                   \
   static void sgd_impl(float* __restrict p, const float* __restrict g, float* __restrict buf,         \
@@ -71,12 +67,8 @@ bool has_fma() { return false; }
 
 }  // namespace
 
-void adam_moments(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
-  has_fma() ? fma_avx2::adam_moments_impl(p, g, m, v, n, s) : generic::adam_moments_impl(p, g, m, v, n, s);
-}
-
-void adam_update(float* p, const float* m, const float* sqrt_v, int64_t n, const AdamStep& s) {
-  has_fma() ? fma_avx2::adam_update_impl(p, m, sqrt_v, n, s) : generic::adam_update_impl(p, m, sqrt_v, n, s);
+void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
+  has_fma() ? fma_avx2::adam_impl(p, g, m, v, n, s) : generic::adam_impl(p, g, m, v, n, s);
 }
 
 void sgd(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {

@@ -2,8 +2,11 @@
 // one pass where torch.optim's single-tensor path makes one pass per
 // operation. Each element is computed as ATen's CPU kernels compute it, rounding
 // for rounding (exp_avg by fused multiply-add as lerp does, the second moment
-// by addcmul's fused multiply-add, the update by addcdiv's (s * m) / d), so the
-// results are bit-identical to that path; tests/unit/optim_test.cpp checks it.
+// by addcmul's fused multiply-add, the update by addcdiv's (s * m) / d). SGD
+// is bit-identical to that path. Adam's one difference is sqrt(exp_avg_sq):
+// here the processor's, correctly rounded; ATen's CPU sqrt is MKL's vector
+// sqrt, which is within one ulp but not always the nearest float (about 1 in
+// 6), and runs at a fifth of the speed. tests/unit/test_optim.cpp checks both.
 // No LibTorch here: this file is compiled without floating-point contraction,
 // so that only the fused multiply-adds written out are fused.
 #pragma once
@@ -23,10 +26,8 @@ struct AdamStep {
   float neg_step_size = 0;  // -lr / (1 - beta1^step)
 };
 
-// First half of a step on n elements: decays p (AdamW), then moves m and v.
-void adam_moments(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
-// Second half, given sqrt(v) (ATen's sqrt, which the caller computes): p += s * m / denom.
-void adam_update(float* p, const float* m, const float* sqrt_v, int64_t n, const AdamStep& s);
+// One Adam(W) step on n elements: decays p (AdamW), moves m and v, updates p.
+void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
 
 struct SgdStep {
   float l2 = 0;                   // weight_decay
