@@ -237,41 +237,6 @@ class Sgd : public Optimizer {
     }
     p.add_(grad, -o.lr());
   }
-
-  // float32 parameters on the CPU in one pass each (runner/train/optim_kernels.h),
-  // bit for bit update() above.
-  void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
-    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
-    std::vector<Update*> fused;
-    for (auto& u : updates) {
-      if (fusable_on_cpu(u.param, u.grad) &&
-          (o.momentum() == 0 || contiguous_or_absent(u.state->tensors, "momentum_buffer"))) {
-        fused.push_back(&u);
-      } else {
-        update(u.param, u.grad, *u.state, options);
-      }
-    }
-    std::unordered_map<Update*, kernels::SgdStep> steps;
-    for (Update* u : fused) {
-      kernels::SgdStep k;
-      k.l2 = static_cast<float>(o.weight_decay());
-      k.momentum = static_cast<float>(o.momentum());
-      k.one_minus_dampening = static_cast<float>(1 - o.dampening());
-      k.nesterov = o.nesterov();
-      k.neg_lr = static_cast<float>(-o.lr());
-      if (o.momentum() != 0) {
-        auto& buf = u->state->tensors["momentum_buffer"];
-        k.first = !buf.defined();
-        if (k.first) buf = torch::empty_like(u->param);
-      }
-      steps[u] = k;
-    }
-    if (fused.empty() || fused.front()->param.is_meta()) return;
-    for_blocks(fused, [&](Update& u, int64_t b, int64_t n) {
-      float* buf = o.momentum() != 0 ? floats(u.state->tensors.at("momentum_buffer")) + b : nullptr;
-      kernels::sgd(floats(u.param) + b, floats(u.grad) + b, buf, n, steps.at(&u));
-    });
-  }
 };
 
 }  // namespace

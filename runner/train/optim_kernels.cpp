@@ -25,20 +25,6 @@ namespace {
       const float denom = std::sqrt(vi) / bc + eps;                                                   \
       p[i] = pd + (step * mi) / denom;                                                                \
     }                                                                                                 \
-  }                                                                                                   \
-  static void sgd_impl(float* __restrict p, const float* __restrict g, float* __restrict buf,         \
-                       int64_t n, const SgdStep& s) {                                                 \
-    const float l2 = s.l2, mom = s.momentum, keep = s.one_minus_dampening, lr = s.neg_lr;             \
-    for (int64_t i = 0; i < n; ++i) {                                                                 \
-      const float gi = l2 != 0.0f ? std::fma(p[i], l2, g[i]) : g[i];                                  \
-      float d = gi;                                                                                   \
-      if (mom != 0.0f) {                                                                              \
-        const float b = s.first ? gi : std::fma(gi, keep, buf[i] * mom);                              \
-        buf[i] = b;                                                                                   \
-        d = s.nesterov ? std::fma(b, mom, gi) : b;                                                    \
-      }                                                                                               \
-      p[i] = std::fma(d, lr, p[i]);                                                                   \
-    }                                                                                                 \
   }
 
 namespace generic {
@@ -69,10 +55,6 @@ bool has_fma() { return false; }
 
 void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
   has_fma() ? fma_avx2::adam_impl(p, g, m, v, n, s) : generic::adam_impl(p, g, m, v, n, s);
-}
-
-void sgd(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
-  has_fma() ? fma_avx2::sgd_impl(p, g, buf, n, s) : generic::sgd_impl(p, g, buf, n, s);
 }
 
 }  // namespace composer::kernels

@@ -1,8 +1,9 @@
 // The optimizers' fused CPU step (runner/train/optim_kernels.h) against
 // torch.optim's single-tensor arithmetic spelled out with ATen operations,
 // over 4 steps, for sizes around the kernels' block and vector widths, on one
-// and on two threads. SGD: every parameter and momentum buffer equal bit for
-// bit. Adam and AdamW: bit for bit with sqrt correctly rounded (computed in
+// and on two threads. SGD (the single-tensor path on every device): every
+// parameter and momentum buffer equal bit for bit. Adam and AdamW: bit for
+// bit with sqrt correctly rounded (computed in
 // float64 and rounded, which is exact for a square root), and within one ulp
 // of the parameter per step of torch.optim's own arithmetic, whose CPU sqrt
 // (MKL's) is not always the nearest float.
@@ -182,7 +183,7 @@ TEST(FusedOptimizer, AdamWIsWithinAnUlpPerStepOfTorchOptim) {
   compare(c, ref, {}, "adamw against ATen's sqrt", torch::kFloat, c.lr * std::ldexp(1.0, -20));
 }
 
-TEST(FusedOptimizer, SgdMatchesTheSingleTensorPathBitForBit) {
+TEST(FusedOptimizer, SgdIsTheSingleTensorPathBitForBit) {
   struct Opts {
     double momentum, dampening, wd;
     bool nesterov;
