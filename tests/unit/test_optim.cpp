@@ -148,6 +148,20 @@ struct SgdCase : SgdRef {
   const torch::Tensor& second_state(size_t i) const { return buf[i]; }
 };
 
+// AdamW at lr 0.01 with weight decay 0.05, and torch.optim's arithmetic for it (ATen's sqrt).
+OptimizerConfig adamw() {
+  OptimizerConfig c;
+  c.name = OptimizerKind::kAdamW;
+  c.lr = 0.01;
+  c.weight_decay = 0.05;
+  return c;
+}
+AdamCase adamw_reference(const OptimizerConfig& c) {
+  AdamCase ref;
+  static_cast<AdamRef&>(ref) = AdamRef{c.lr, c.betas[0], c.betas[1], c.eps, c.weight_decay, true, false, {}, {}};
+  return ref;
+}
+
 TEST(FusedOptimizer, AdamAndAdamWMatchTheSingleTensorPathBitForBitWithTheNearestSqrt) {
   for (bool decoupled : {false, true}) {
     for (double wd : {0.0, 0.05}) {
@@ -174,13 +188,8 @@ TEST(FusedOptimizer, AdamAndAdamWMatchTheSingleTensorPathBitForBitWithTheNearest
 // moves the parameter by at most 4 lr x 2^-22 = lr x 2^-20 more, and may round
 // it to the neighbouring float: an ulp + lr x 2^-20 per step.
 TEST(FusedOptimizer, AdamWIsWithinAnUlpPerStepOfTorchOptim) {
-  OptimizerConfig c;
-  c.name = OptimizerKind::kAdamW;
-  c.lr = 0.01;
-  c.weight_decay = 0.05;
-  AdamCase ref;
-  static_cast<AdamRef&>(ref) = AdamRef{c.lr, 0.9, 0.999, c.eps, 0.05, true, false, {}, {}};
-  compare(c, ref, {}, "adamw against ATen's sqrt", torch::kFloat, c.lr * std::ldexp(1.0, -20));
+  const OptimizerConfig c = adamw();
+  compare(c, adamw_reference(c), {}, "adamw against ATen's sqrt", torch::kFloat, c.lr * std::ldexp(1.0, -20));
 }
 
 TEST(FusedOptimizer, SgdIsTheSingleTensorPathBitForBit) {
@@ -210,13 +219,8 @@ TEST(FusedOptimizer, SgdIsTheSingleTensorPathBitForBit) {
 // Parameters the fused kernels do not take (float64 here) keep the
 // single-tensor path, with the same results.
 TEST(FusedOptimizer, OtherDtypesTakeTheSingleTensorPath) {
-  OptimizerConfig c;
-  c.name = OptimizerKind::kAdamW;
-  c.lr = 0.01;
-  c.weight_decay = 0.05;
-  AdamCase ref;
-  static_cast<AdamRef&>(ref) = AdamRef{c.lr, 0.9, 0.999, c.eps, 0.05, true, false, {}, {}};
-  compare(c, ref, {"exp_avg", "exp_avg_sq"}, "adamw float64", torch::kDouble);
+  const OptimizerConfig c = adamw();
+  compare(c, adamw_reference(c), {"exp_avg", "exp_avg_sq"}, "adamw float64", torch::kDouble);
 }
 
 }  // namespace
