@@ -117,11 +117,10 @@ class Adam : public Optimizer {
 
   // On a GPU, the same arithmetic as torch.optim's multi-tensor (foreach)
   // path, its default there: one kernel per operation for a whole list of
-  // parameters of one device and dtype instead of one per parameter. The CPU
-  // keeps the single-tensor path above, op for op what the goldens computed.
-  // On the CPU, float32 parameters go through the fused kernel
-  // (update_fused): the single-tensor arithmetic above in one pass, with a
-  // correctly rounded sqrt (runner/train/optim_kernels.h).
+  // parameters of one device and dtype instead of one per parameter. On the
+  // CPU, float32 parameters go through the fused kernel (update_fused): the
+  // single-tensor arithmetic above in one pass, with a correctly rounded sqrt
+  // (runner/train/optim_kernels.h); anything else takes update() above.
   void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
     std::map<std::pair<std::string, c10::ScalarType>, std::vector<Update*>> lists;
     std::vector<Update*> fused;
