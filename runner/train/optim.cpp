@@ -55,27 +55,29 @@ bool contiguous_or_absent(const std::map<std::string, torch::Tensor>& state, con
   return it == state.end() || !it->second.defined() || it->second.is_contiguous();
 }
 
-// Runs f(update, begin, length) over blocks of every update's elements, the
-// blocks of all parameters spread over the intra-op threads, so that many
-// small parameters share the threads as well as one large one.
-constexpr int64_t kBlock = 16384;
-template <class U, class F>
-void for_blocks(const std::vector<U*>& list, F&& f) {
-  struct Block {
-    U* u;
-    int64_t begin, length;
-  };
-  std::vector<Block> blocks;
-  for (U* u : list) {
-    const int64_t n = u->param.numel();
-    for (int64_t b = 0; b < n; b += kBlock) blocks.push_back({u, b, std::min(kBlock, n - b)});
+// One parameter's arrays and scalars for the fused Adam kernel.
+struct AdamWork {
+  float *p, *g, *m, *v;
+  int64_t n;
+  kernels::AdamStep k;
+};
+
+// Runs the kernel over blocks of every parameter's elements, the blocks of
+// all parameters spread over the intra-op threads, so that many small
+// parameters share the threads as well as one large one.
+void adam_in_blocks(const std::vector<AdamWork>& work) {
+  constexpr int64_t kBlock = 16384;
+  std::vector<std::pair<const AdamWork*, int64_t>> blocks;  // (parameter, first element)
+  for (const AdamWork& w : work) {
+    for (int64_t b = 0; b < w.n; b += kBlock) blocks.emplace_back(&w, b);
   }
   at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) f(*blocks[i].u, blocks[i].begin, blocks[i].length);
+    for (int64_t i = first; i < last; ++i) {
+      const auto& [w, b] = blocks[i];
+      kernels::adam(w->p + b, w->g + b, w->m + b, w->v + b, std::min(kBlock, w->n - b), w->k);
+    }
   });
 }
-
-float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 // Adam and AdamW computed as torch.optim computes them on the CPU (its
 // single-tensor path): exp_avg moves by lerp, the bias corrections are taken
@@ -142,13 +144,16 @@ class Adam : public Optimizer {
 
   void update_fused(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
     const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas()), wd = o.weight_decay();
-    std::unordered_map<Update*, kernels::AdamStep> steps;
+    const bool meta = list.front()->param.is_meta();
+    std::vector<AdamWork> work;
     for (Update* u : list) {
       auto& exp_avg = u->state->tensors["exp_avg"];
+      auto& exp_avg_sq = u->state->tensors["exp_avg_sq"];
       if (!exp_avg.defined()) {
         exp_avg = torch::zeros_like(u->param);
-        u->state->tensors["exp_avg_sq"] = torch::zeros_like(u->param);
+        exp_avg_sq = torch::zeros_like(u->param);
       }
+      if (meta) continue;  // a dry run has no values
       // The scalars as the single-tensor path passes them, in double, then
       // cast to float32 as ATen's float kernels do.
       kernels::AdamStep k;
@@ -159,16 +164,10 @@ class Adam : public Optimizer {
       k.bias_correction2_sqrt = static_cast<float>(std::pow(1 - std::pow(beta2, u->state->step), 0.5));
       k.eps = static_cast<float>(o.eps());
       k.neg_step_size = static_cast<float>(-(lr / (1 - std::pow(beta1, u->state->step))));
-      steps[u] = k;
+      work.push_back({u->param.data_ptr<float>(), u->grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                      exp_avg_sq.data_ptr<float>(), u->param.numel(), k});
     }
-    if (list.front()->param.is_meta()) return;
-    for_blocks(list, [&](Update& u, int64_t b, int64_t n) {
-      const kernels::AdamStep& k = steps.at(&u);
-      float* p = floats(u.param) + b;
-      float* m = floats(u.state->tensors.at("exp_avg")) + b;
-      float* v = floats(u.state->tensors.at("exp_avg_sq")) + b;
-      kernels::adam(p, floats(u.grad) + b, m, v, n, k);
-    });
+    adam_in_blocks(work);
   }
 
   void update_list(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
