@@ -210,15 +210,16 @@ void each_block(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
   }
   for (int t = 0; t < n; ++t) {
     const int src = (g.rank + n - t) % n;
-    Handle sent;
+    Handle sent, received;
     torch::Tensor incoming;
-    if (t + 1 < n) {
+    if (t + 1 < n) {  // both posted before the compute, so the block moves while this rank computes
       sent = send(g, block, (g.rank + 1) % n, kForwardTag, /*async=*/true);
       incoming = torch::empty_like(block);
+      received = recv(g, incoming, (g.rank + n - 1) % n, kForwardTag, /*async=*/true);
     }
     on_block(src, block);
     if (t + 1 < n) {
-      recv(g, incoming, (g.rank + n - 1) % n, kForwardTag);
+      received.wait();
       sent.wait();
       block = incoming;
     }
@@ -248,14 +249,15 @@ torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block
   auto grad = float_zeros(block);
   for (int t = 0; t < n; ++t) {
     const int src = (g.rank + n - t) % n;
-    Handle sent;
+    Handle sent, received;
     torch::Tensor incoming;
-    if (t + 1 < n) {
+    if (t + 1 < n) {  // the next block moves while this rank computes with this one
       sent = send(g, block, next, kBackwardTag, /*async=*/true);
       incoming = torch::empty_like(block);
+      received = recv(g, incoming, prev, kBackwardTag, /*async=*/true);
     }
     on_block(src, block, grad);
-    if (n > 1) {
+    if (n > 1) {  // the gradient so far can only move once this rank has added its share
       Handle grad_sent = send(g, grad, next, kGradTag, /*async=*/true);
       auto grad_in = torch::empty_like(grad);
       recv(g, grad_in, prev, kGradTag);
@@ -263,7 +265,7 @@ torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block
       grad = grad_in;
     }
     if (t + 1 < n) {
-      recv(g, incoming, prev, kBackwardTag);
+      received.wait();
       sent.wait();
       block = incoming;
     }

@@ -290,17 +290,23 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   return h;
 }
 
-void recv(Group& g, torch::Tensor& t, int src, int tag) {
-  if (rewired(g, t)) {
+Handle recv(Group& g, torch::Tensor& t, int src, int tag, bool async) {
+  if (rewired(g, t)) {  // through a buffer on the wire's device, copied in at wait()
     auto wire = torch::empty(t.sizes(), t.options().device(wire_device(g, t)));
-    recv(g, wire, src, tag);
-    t.copy_(wire);
-    return;
+    Handle inner = recv(g, wire, src, tag, /*async=*/true);
+    Handle h(c10::intrusive_ptr<c10d::Work>(), [inner, wire, t]() mutable {
+      inner.wait();
+      t.copy_(wire);
+    });
+    if (!async) h.wait();
+    return h;
   }
   delay_at(g.delays, DelayPoint::kBeforeRecv);
   TraceSpan span = counted(g, "recv", nbytes(t), nbytes(t));
   std::vector<torch::Tensor> ts{t};
-  if (g.pg) g.pg->recv(ts, src, tag)->wait();
+  Handle h(g.pg ? g.pg->recv(ts, src, tag) : c10::intrusive_ptr<c10d::Work>(), [t] {});  // keeps the buffer alive until wait()
+  if (!async) h.wait();
+  return h;
 }
 
 // ---- autograd ----------------------------------------------------------------

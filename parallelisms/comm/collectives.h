@@ -57,10 +57,11 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
 // afterwards), so the caller may keep views of it and reuse `flat`.
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
-// Point to point; an async send completes at the handle's wait().
-
+// Point to point; an async send or receive completes at the handle's wait().
+// A receive posted early lets the transport move the data while this rank
+// computes: Gloo transfers a message once both sides have posted it.
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag = 0, bool async = false);
-void recv(Group& g, torch::Tensor& t, int src, int tag = 0);
+Handle recv(Group& g, torch::Tensor& t, int src, int tag = 0, bool async = false);
 
 // Dim-0 sizes of torch.chunk(n, parts): ceil-sized chunks, the tail smaller or empty.
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts);

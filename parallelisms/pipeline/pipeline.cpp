@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <tuple>
 #include <unordered_set>
 
 #include "models/layers.h"
@@ -119,6 +120,16 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   for (const auto& rank_actions : actions_) {
     for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
   }
+  const RankActions& mine = actions_[pp.rank];
+  early_recvs_.assign(mine.size(), {});
+  for (size_t i = 0, compute = mine.size(); i < mine.size(); ++i) {
+    const Op op = mine[i].op;
+    if (op == Op::kRecvActivation || op == Op::kRecvGradient) {
+      if (compute < mine.size()) early_recvs_[compute].push_back(i);
+    } else if (op != Op::kSendActivation && op != Op::kSendGradient) {
+      compute = i;
+    }
+  }
   device_ = nn::param_options().device();  // meta in a dry run
   // Which ranks hold each parameter, and this rank's stages as roots.
   const models::NamedModules all = nn::named_modules(model);
@@ -204,7 +215,10 @@ struct Pipeline::Run {
   const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of;
   double loss_factor;
   std::map<std::pair<int, int>, Slot> slots;
-  std::vector<Handle> sends;  // waited for at the end; receives block where they stand
+  std::vector<Handle> sends;  // waited for at the end
+  // Receives posted ahead of their action, by (op, stage, microbatch): the
+  // buffer and the handle their action waits for.
+  std::map<std::tuple<Op, int, int>, std::pair<torch::Tensor, Handle>> recvs;
   double loss_sum = 0;
 };
 
@@ -240,21 +254,37 @@ void Pipeline::forward(int s, int mb, Run& run) {
   slot.output = out;
 }
 
+std::pair<torch::Tensor, Handle>& Pipeline::post_recv(const Action& a, Run& run) {
+  const int s = a.stage, mb = a.microbatch;
+  auto [it, fresh] = run.recvs.try_emplace({a.op, s, mb});
+  if (!fresh) return it->second;
+  auto& [buf, handle] = it->second;
+  if (a.op == Op::kRecvActivation) {
+    buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
+    handle = recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb), /*async=*/true);
+  } else {
+    // The gradient of this stage's output, which the next stage received as its input.
+    buf = torch::empty(shapes_.output[s], torch::TensorOptions().dtype(shapes_.input_dtype[s + 1]).device(device_));
+    handle = recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb), /*async=*/true);
+  }
+  return it->second;
+}
+
 void Pipeline::act(const Action& a, Run& run) {
   const int s = a.stage, mb = a.microbatch;
   Slot& slot = run.slots[{s, mb}];
   auto& sends = run.sends;
   switch (a.op) {
-    case Op::kRecvActivation: {
-      auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
-      recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb));
-      slot.input = is_float(buf) ? buf.requires_grad_() : buf;
-      break;
-    }
+    case Op::kRecvActivation:
     case Op::kRecvGradient: {
-      auto buf = torch::empty(shapes_.output[s], slot.output.options().requires_grad(false));
-      recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb));
-      slot.grad_out = buf;
+      auto [buf, handle] = post_recv(a, run);
+      run.recvs.erase({a.op, s, mb});
+      handle.wait();
+      if (a.op == Op::kRecvGradient) {
+        slot.grad_out = buf;
+      } else {
+        slot.input = is_float(buf) ? buf.requires_grad_() : buf;
+      }
       break;
     }
     case Op::kForward:
@@ -292,10 +322,13 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   const auto t0 = std::chrono::steady_clock::now();
   timeline_.clear();
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, loss_factor, {}, {}, 0};
-  for (const Action& a : actions_[group_.rank]) {
+  Run run{input_of, loss_of, loss_factor, {}, {}, {}, 0};
+  const RankActions& mine = actions_[group_.rank];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Action& a = mine[i];
     const double start = now_ms(t0);
     try {
+      for (size_t r : early_recvs_[i]) post_recv(mine[r], run);
       TraceSpan span([&a] { return "pipeline " + a.str(); });
       act(a, run);
     } catch (const c10::Error& e) {  // name the action: a schedule runs many
@@ -318,7 +351,7 @@ double Pipeline::evaluate(const std::function<torch::Tensor(int)>& input_of,
   TORCH_INTERNAL_ASSERT(!torch::GradMode::is_enabled(), "Pipeline::evaluate runs without gradients");
   const std::vector<double> kept = losses_;
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, 0.0, {}, {}, 0};
+  Run run{input_of, loss_of, 0.0, {}, {}, {}, 0};
   const int last = shape_.stages() - 1;
   // In one global order (microbatch, then stage) every rank posts each
   // receive after the send it waits for was issued (sends are asynchronous).

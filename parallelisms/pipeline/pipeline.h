@@ -105,6 +105,8 @@ class Pipeline {
   struct Slot;  // per (stage, microbatch) state
   struct Run;   // one run()'s slots, sends and loss
   void act(const Action& a, Run& run);
+  // Posts a receive action's receive (once) and returns its buffer and handle.
+  std::pair<torch::Tensor, Handle>& post_recv(const Action& a, Run& run);
   void forward(int s, int mb, Run& run);
   std::pair<torch::Tensor, torch::Tensor> backward_root(Run& run, int s, int mb);
   torch::Tensor stage_forward(int stage, torch::Tensor x);
@@ -122,6 +124,10 @@ class Pipeline {
   std::vector<std::shared_ptr<nn::Module>> stages_;  // per stage: the root module (null: another rank's)
   std::vector<models::Root> roots_;                  // this rank's stages
   std::vector<RankActions> actions_;                 // with communication, every rank's
+  // Per action of this rank's list: the receive actions posted when it
+  // starts (a compute action posts the receives up to the next compute
+  // action), so that the data moves while it computes.
+  std::vector<std::vector<size_t>> early_recvs_;
   StageShapes shapes_;
   c10::Device device_ = c10::kCPU;                   // where receives allocate: meta in a dry run
   struct ParamInfo {

@@ -126,6 +126,34 @@ TEST(Collectives, SendRecv) {
   });
 }
 
+// Receives posted ahead of their sends, in another order than the sends
+// come, each complete at its own wait(): what the pipeline runtime relies on
+// when it posts a stage's receives while the action before them computes.
+TEST(Collectives, AsyncRecvPostedBeforeTheSendsInAnyOrder) {
+  testing::run_ranks({"pp"}, {2}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("pp");
+    if (g.rank == 1) {
+      auto a = torch::zeros({4}), b = torch::zeros({2, 3}, torch::kDouble);
+      Handle hb = recv(g, b, 0, /*tag=*/12, /*async=*/true);
+      Handle ha = recv(g, a, 0, /*tag=*/11, /*async=*/true);
+      send(g, torch::ones({1}), 0, 10);  // only now does rank 0 send
+      ha.wait();
+      EXPECT_TRUE(a.equal(torch::arange(4, torch::kFloat)));
+      EXPECT_TRUE(hb.pending());
+      hb.wait();
+      EXPECT_FALSE(hb.pending());
+      EXPECT_TRUE(b.equal(torch::full({2, 3}, -2.5, torch::kDouble)));
+    } else {
+      auto go = torch::zeros({1});
+      recv(g, go, 1, 10);
+      EXPECT_EQ(go.item<float>(), 1.0f);
+      Handle s1 = send(g, torch::arange(4, torch::kFloat), 1, 11, /*async=*/true);
+      send(g, torch::full({2, 3}, -2.5, torch::kDouble), 1, 12);
+      s1.wait();
+    }
+  });
+}
+
 TEST(Collectives, AutogradAllGatherBackwardIsReduceScatter) {
   testing::run_ranks({"dp"}, {2}, [](DeviceMesh& mesh) {
     auto& g = mesh.group("dp");
