@@ -254,20 +254,15 @@ void Pipeline::forward(int s, int mb, Run& run) {
   slot.output = out;
 }
 
-std::pair<torch::Tensor, Handle>& Pipeline::post_recv(const Action& a, Run& run) {
+std::pair<torch::Tensor, Handle> Pipeline::post_recv(const Action& a) {
   const int s = a.stage, mb = a.microbatch;
-  auto [it, fresh] = run.recvs.try_emplace({a.op, s, mb});
-  if (!fresh) return it->second;
-  auto& [buf, handle] = it->second;
   if (a.op == Op::kRecvActivation) {
-    buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
-    handle = recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb), /*async=*/true);
-  } else {
-    // The gradient of this stage's output, which the next stage received as its input.
-    buf = torch::empty(shapes_.output[s], torch::TensorOptions().dtype(shapes_.input_dtype[s + 1]).device(device_));
-    handle = recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb), /*async=*/true);
+    auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
+    return {buf, recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb), /*async=*/true)};
   }
-  return it->second;
+  // The gradient of this stage's output, which the next stage received as its input.
+  auto buf = torch::empty(shapes_.output[s], torch::TensorOptions().dtype(shapes_.input_dtype[s + 1]).device(device_));
+  return {buf, recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb), /*async=*/true)};
 }
 
 void Pipeline::act(const Action& a, Run& run) {
@@ -277,8 +272,8 @@ void Pipeline::act(const Action& a, Run& run) {
   switch (a.op) {
     case Op::kRecvActivation:
     case Op::kRecvGradient: {
-      auto [buf, handle] = post_recv(a, run);
-      run.recvs.erase({a.op, s, mb});
+      auto posted = run.recvs.extract({a.op, s, mb});  // posted ahead, or now
+      auto [buf, handle] = posted ? std::move(posted.mapped()) : post_recv(a);
       handle.wait();
       if (a.op == Op::kRecvGradient) {
         slot.grad_out = buf;
@@ -328,7 +323,7 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
     const Action& a = mine[i];
     const double start = now_ms(t0);
     try {
-      for (size_t r : early_recvs_[i]) post_recv(mine[r], run);
+      for (size_t r : early_recvs_[i]) run.recvs.emplace(std::tuple{mine[r].op, mine[r].stage, mine[r].microbatch}, post_recv(mine[r]));
       TraceSpan span([&a] { return "pipeline " + a.str(); });
       act(a, run);
     } catch (const c10::Error& e) {  // name the action: a schedule runs many

@@ -105,8 +105,8 @@ class Pipeline {
   struct Slot;  // per (stage, microbatch) state
   struct Run;   // one run()'s slots, sends and loss
   void act(const Action& a, Run& run);
-  // Posts a receive action's receive (once) and returns its buffer and handle.
-  std::pair<torch::Tensor, Handle>& post_recv(const Action& a, Run& run);
+  // Posts a receive action's receive: its buffer and the handle to wait for.
+  std::pair<torch::Tensor, Handle> post_recv(const Action& a);
   void forward(int s, int mb, Run& run);
   std::pair<torch::Tensor, torch::Tensor> backward_root(Run& run, int s, int mb);
   torch::Tensor stage_forward(int stage, torch::Tensor x);
