@@ -39,7 +39,9 @@ void broadcast(Group& g, torch::Tensor& t, int root);  // root is a group rank
 
 // The shards of every rank concatenated on dim 0. Shards may differ in size
 // on dim 0 (torch.chunk: ceil-sized, the tail smaller or empty); `sizes`
-// gives every rank's dim-0 size, and buffers are padded to the largest.
+// gives every rank's dim-0 size. Over Gloo a ring of send/recv moves each
+// piece straight into the output; NCCL's all-gather pads every piece to the
+// largest. The counters count the padded piece either way.
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
 
 // Sums `full` over the group and returns this rank's torch.chunk piece of dim 0.

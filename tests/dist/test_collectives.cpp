@@ -113,6 +113,47 @@ TEST(Collectives, ReduceScatterEvenAndUneven) {
   }
 }
 
+// The activation collectives move pieces of a middle or last dim without
+// moving that dim first: uneven pieces (an empty one at 4 ranks), the input
+// left as it was, and the sums in every rank's piece.
+TEST(Collectives, GatherAndReduceScatterAlongAMiddleAndTheLastDim) {
+  for (int64_t dim : {1, 2}) {
+    for (int64_t len : {8, 7, 3}) {
+      testing::run_ranks({"tp"}, {4}, [dim, len](DeviceMesh& mesh) {
+        auto& g = mesh.group("tp");
+        std::vector<int64_t> shape{2, 3, 4};
+        shape[dim] = len;
+        auto full = rank_tensor(0, shape);
+        auto sizes = chunk_sizes(len, 4);
+        const int64_t start = offset_of(sizes, g.rank);
+        auto mine = full.narrow(dim, start, sizes[g.rank]);
+        auto gathered = gather_along(g, mine, dim, len, /*backward_reduce=*/true);
+        EXPECT_TRUE(gathered.equal(full)) << "dim " << dim << ", " << len;
+        EXPECT_TRUE(gathered.is_contiguous());
+
+        auto input = rank_tensor(g.rank, shape);
+        auto before = input.clone();
+        auto sum = rank_tensor(0, shape) * 4 + 600;  // 100 * (0+1+2+3)
+        auto out = reduce_scatter_along(g, input, dim);
+        EXPECT_TRUE(out.equal(sum.narrow(dim, start, sizes[g.rank]))) << "dim " << dim << ", " << len;
+        EXPECT_TRUE(input.equal(before));
+
+        // Autograd: the gather's backward reduce-scatters, the reduce-scatter's gathers.
+        auto x = mine.clone().requires_grad_(true);
+        auto w = rank_tensor(g.rank, shape);
+        (gather_along(g, x, dim, len, true) * w).sum().backward();
+        EXPECT_TRUE(x.grad().equal(sum.narrow(dim, start, sizes[g.rank])));
+        auto y = input.clone().requires_grad_(true);
+        auto piece_w = rank_tensor(g.rank, shape).narrow(dim, start, sizes[g.rank]);
+        (reduce_scatter_along(g, y, dim) * piece_w).sum().backward();
+        std::vector<torch::Tensor> pieces;
+        for (int i = 0; i < 4; ++i) pieces.push_back(rank_tensor(i, shape).narrow(dim, offset_of(sizes, i), sizes[i]));
+        EXPECT_TRUE(y.grad().equal(torch::cat(pieces, dim)));
+      });
+    }
+  }
+}
+
 TEST(Collectives, SendRecv) {
   testing::run_ranks({"pp"}, {2}, [](DeviceMesh& mesh) {
     auto& g = mesh.group("pp");
