@@ -70,6 +70,11 @@ DeferWeightGrads::~DeferWeightGrads() { active_records = previous_; }
 
 WeightGradRecords* DeferWeightGrads::active() { return active_records; }
 
+torch::Tensor linear_weight_grad(const torch::Tensor& w, const torch::Tensor& x2, const torch::Tensor& g2) {
+  const bool wt_column_major = w.stride(1) == 1 && w.stride(0) == w.size(1);
+  return wt_column_major ? g2.t().mm(x2) : x2.t().mm(g2).t();
+}
+
 void WeightGradRecords::backward() {
   std::vector<torch::Tensor> roots, grads;
   {
@@ -83,10 +88,8 @@ void WeightGradRecords::backward() {
       auto x2 = r->input.reshape({-1, w.size(1)});
       auto g2 = r->grad_output.reshape({-1, w.size(0)});
       if (w.requires_grad()) {
-        // autograd's mm_mat2_backward for mat2 = w^T, then transposed back to w's layout.
-        const bool wt_column_major = w.stride(1) == 1 && w.stride(0) == w.size(1);
         roots.push_back(w);
-        grads.push_back(wt_column_major ? g2.t().mm(x2) : x2.t().mm(g2).t());
+        grads.push_back(linear_weight_grad(w, x2, g2));
       }
       if (r->bias.defined() && r->bias.requires_grad()) {
         roots.push_back(r->bias);
@@ -102,6 +105,10 @@ torch::Tensor Linear::forward(torch::Tensor x) {
   const torch::Tensor& w = param(weight);
   torch::Tensor b = bias.defined() && !bias_after ? param(bias) : torch::Tensor();
   WeightGradRecords* records = DeferWeightGrads::active();
+  if (fused && !records) {
+    auto y = fused(x, w, b);
+    if (y.defined()) return y;
+  }
   if (!records || !torch::GradMode::is_enabled() || !(w.requires_grad() || (b.defined() && b.requires_grad()))) {
     return torch::linear(x, w, b);
   }

@@ -18,7 +18,16 @@ class Linear : public Module {
   // When true, forward leaves the bias out (a transform adds param(bias)
   // later, e.g. after a tensor-parallel reduction).
   bool bias_after = false;
+  // A transform's computation in place of torch::linear(x, w, b) (tensor
+  // parallelism's collective fused with the matmul), run while no
+  // DeferWeightGrads scope is open; an undefined result falls back to it.
+  std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b)> fused;
 };
+
+// The weight gradient of y = linear(x, w) from the flattened input x2 and
+// output gradient g2, as autograd's mm backward computes it (mm_mat2_backward
+// for mat2 = w^T, transposed back to w's layout).
+torch::Tensor linear_weight_grad(const torch::Tensor& w, const torch::Tensor& x2, const torch::Tensor& g2);
 
 // Deferred weight gradients (the zero-bubble pipelines' W action). While a
 // DeferWeightGrads scope is open on a thread, every Linear forward on that

@@ -79,6 +79,101 @@ void partial_grads_over_tp(TensorParallel& tp, torch::Tensor& p) {
   if (!d.param.is_shard()) d.grad = Placement::partial(Reduce::kSum);
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Group& group_of(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
+
+// Whether a Linear's collective runs fused with its matmul (async TP) now.
+// Not while a zero-bubble pipeline defers weight gradients (its W action
+// needs the layer's own record: Linear::forward then ignores `fused`), nor
+// for a meta tensor on a group with a process group (a pipeline sizing its
+// stages, which the hooks' collectives answer without communicating).
+bool fuses(const Group& g, const torch::Tensor& x) {
+  return g.size > 1 && !nn::DeferWeightGrads::active() && !(x.is_meta() && g.pg);
+}
+
+// A colwise Linear whose input is sharded along `dim`: y = linear(gather(x)),
+// each gathered piece multiplied while the next one moves. Backward
+// reduce-scatters the input's gradient, each rank's addend of a piece
+// (grad_y's rows of it times w) computed while the sum before it moves; the
+// weight's and bias's gradients come from the gathered input, as autograd's
+// linear backward computes them.
+struct GatherLinearFn : torch::autograd::Function<GatherLinearFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const c10::optional<torch::Tensor>& b, int64_t group, int64_t dim) {
+    Group& g = *reinterpret_cast<Group*>(group);
+    const int64_t global = x.size(dim) * g.size;
+    const torch::Tensor bias = b ? *b : torch::Tensor();
+    std::vector<torch::Tensor> ys(g.size);
+    auto saved = gather_along_each(g, x, dim, global,
+                                   [&](int i, const torch::Tensor& piece) { ys[i] = torch::linear(piece, w, bias); });
+    saved.push_back(w);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = global;
+    ctx->saved_data["bias"] = b.has_value();  // an absent bias is no input of the node
+    return torch::cat(ys, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = group_of(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt(), global = ctx->saved_data["global"].toInt();
+    auto xs = ctx->get_saved_variables();
+    const torch::Tensor w = xs.back();
+    xs.pop_back();
+    const torch::Tensor& gy = grads[0];
+    const auto sizes = chunk_sizes(global, g.size);
+    torch::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) {
+      gx = reduce_scatter_computed(g, dim, global, [&](int i) {
+        return torch::matmul(gy.narrow(dim, offset_of(sizes, i), sizes[i]), w);
+      });
+    }
+    auto g2 = gy.reshape({-1, w.size(0)});
+    if (ctx->needs_input_grad(1)) gw = nn::linear_weight_grad(w, torch::cat(xs, dim).reshape({-1, w.size(1)}), g2);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    return {gx, gw, gb, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// A rowwise Linear whose output is sharded along `dim` (its bias added after):
+// y = reduce_scatter(linear(x)), each rank's addend of a piece (x's rows of it
+// times w) computed while the sum before it moves. Backward gathers the
+// output's gradient, multiplying each piece while the next one moves.
+struct LinearReduceScatterFn : torch::autograd::Function<LinearReduceScatterFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, int64_t group,
+                               int64_t dim) {
+    Group& g = *reinterpret_cast<Group*>(group);
+    const int64_t global = x.size(dim);
+    const auto sizes = chunk_sizes(global, g.size);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = global;
+    return reduce_scatter_computed(g, dim, global, [&](int i) {
+      return torch::linear(x.narrow(dim, offset_of(sizes, i), sizes[i]), w);
+    });
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Group& g = group_of(ctx);
+    const int64_t dim = ctx->saved_data["dim"].toInt(), global = ctx->saved_data["global"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &w = saved[1];
+    const bool need_x = ctx->needs_input_grad(0);
+    std::vector<torch::Tensor> gxs(g.size);
+    auto gys = gather_along_each(g, grads[0], dim, global, [&](int i, const torch::Tensor& piece) {
+      if (need_x) gxs[i] = torch::matmul(piece, w);
+    });
+    torch::Tensor gx, gw;
+    if (need_x) gx = torch::cat(gxs, dim);
+    if (ctx->needs_input_grad(1)) {
+      gw = nn::linear_weight_grad(w, x.reshape({-1, w.size(1)}), torch::cat(gys, dim).reshape({-1, w.size(0)}));
+    }
+    return {gx, gw, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 torch::Tensor redistribute_output(Group& g, torch::Tensor y, const Layout& out) {
   return out.sharded ? reduce_scatter_along(g, y, out.dim) : all_reduce_autograd(g, y);
 }
@@ -90,7 +185,9 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   const int64_t out_features = m.out_features;
   const Layout in = r.input, out = r.output;
   m.add_pre_hook([&g, in, gathered = tp.gathered_](nn::Module&, torch::Tensor x) {
-    if (in.sharded) return gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
+    if (in.sharded) {
+      return fuses(g, x) ? x : gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
+    }
     // A replicated input that a prepare_input gather made: its gradient here
     // is partial over tp, and the gather reduce-scatters the sum of all such
     // (once, not one all-reduce per Linear).
@@ -99,6 +196,13 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
     }
     return reduce_grad_autograd(g, x);
   });
+  if (in.sharded) {  // the gather fused with the matmul
+    m.fused = [&g, in](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+      if (!fuses(g, x)) return torch::Tensor();
+      const int64_t dim = in.dim < 0 ? in.dim + x.dim() : in.dim;
+      return GatherLinearFn::apply(x, w, b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt, reinterpret_cast<int64_t>(&g), dim);
+    };
+  }
   if (!out.sharded) {
     m.add_post_hook([&g, out_features](nn::Module&, const torch::Tensor&, torch::Tensor y) {
       return gather_along(g, y, -1, out_features, /*backward_reduce=*/false);
@@ -118,8 +222,14 @@ void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   if (!in.sharded) {
     m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return scatter_along(g, x, -1); });
   }
-  m.add_post_hook([&g, out, bias, &m](nn::Module&, const torch::Tensor&, torch::Tensor y) {
-    y = redistribute_output(g, y, out);
+  if (out.sharded) {  // the reduce-scatter fused with the matmul
+    m.fused = [&g, out](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+      if (!fuses(g, x)) return torch::Tensor();
+      return LinearReduceScatterFn::apply(x, w, reinterpret_cast<int64_t>(&g), out.dim < 0 ? out.dim + x.dim() : out.dim);
+    };
+  }
+  m.add_post_hook([&g, out, bias, &m](nn::Module&, const torch::Tensor& x, torch::Tensor y) {
+    if (!(out.sharded && fuses(g, x))) y = redistribute_output(g, y, out);
     return bias ? y + m.param(m.bias) : y;  // param(): the value a later transform (fully_shard) installed
   });
 }
@@ -181,9 +291,6 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
     }
   }
 }
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor logits, torch::Tensor targets, int64_t group,

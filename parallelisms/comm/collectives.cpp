@@ -161,30 +161,49 @@ namespace {
 
 constexpr int kPiecesTag = 2 << 20;  // the blocking rings over pieces of a dim (below)
 
+// The bytes of one index of `dim` (of an empty piece too).
+int64_t slice_bytes(const torch::Tensor& t, int64_t dim) {
+  int64_t b = t.element_size();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d != dim) b *= t.size(d);
+  }
+  return b;
+}
+
 std::vector<int64_t> with_size(const torch::Tensor& t, int64_t dim, int64_t size) {
   auto shape = t.sizes().vec();
   shape[dim] = size;
   return shape;
 }
 
-// One step of a ring over send/recv: `out` to the next rank, `in` from the
-// previous one, both waited for. A piece that is empty (the tail of an uneven
-// torch.chunk) is neither sent nor received: every rank knows every size.
-void ring_step(Group& g, const torch::Tensor& out, torch::Tensor in, int tag) {
-  if (!g.pg) return;  // a dry run: the buffers are allocated, nothing moves
+// One step of a ring over send/recv, posted: `out` to the next rank, `in`
+// from the previous one; wait() waits for both. A piece that is empty (the
+// tail of an uneven torch.chunk) is neither sent nor received: every rank
+// knows every size. `out` and `in` must outlive the wait.
+struct RingStep {
+  c10::intrusive_ptr<c10d::Work> sent, received;
+  void wait() {
+    if (received) received->wait();
+    if (sent) sent->wait();
+  }
+};
+
+RingStep ring_post(Group& g, const torch::Tensor& out, const torch::Tensor& in, int tag) {
+  RingStep step;
+  if (!g.pg) return step;  // a dry run: the buffers are allocated, nothing moves
   const int n = g.size, next = (g.rank + 1) % n, prev = (g.rank - 1 + n) % n;
-  c10::intrusive_ptr<c10d::Work> sw, rw;
   if (out.numel()) {
     std::vector<torch::Tensor> v{unowned(out)};
-    sw = g.pg->send(v, next, tag);
+    step.sent = g.pg->send(v, next, tag);
   }
   if (in.numel()) {
     std::vector<torch::Tensor> v{unowned(in)};
-    rw = g.pg->recv(v, prev, tag);
+    step.received = g.pg->recv(v, prev, tag);
   }
-  if (rw) rw->wait();
-  if (sw) sw->wait();
+  return step;
 }
+
+void ring_step(Group& g, const torch::Tensor& out, const torch::Tensor& in, int tag) { ring_post(g, out, in, tag).wait(); }
 
 // NCCL's path for the dim collectives: dim 0 first, every piece padded to the largest.
 torch::Tensor padded_all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
@@ -273,7 +292,7 @@ torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector
   if (g.size == 1) return shard;
   const int64_t max = *std::max_element(sizes.begin(), sizes.end());
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  const int64_t piece_bytes = max * nbytes(shard) / std::max<int64_t>(1, shard.size(0));
+  const int64_t piece_bytes = max * slice_bytes(shard, 0);
   TraceSpan span = counted(g, "all_gather", piece_bytes, (g.size - 1) * piece_bytes);
   return gather_pieces(g, shard, 0, sizes);
 }
@@ -282,7 +301,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   if (g.size == 1) return full.clone();
   TORCH_INTERNAL_ASSERT(op != Reduce::kMax, "reduce_scatter supports sum and avg");
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  const int64_t flat_bytes = g.size * chunk_sizes(full.size(0), g.size).front() * nbytes(full) / std::max<int64_t>(1, full.size(0));
+  const int64_t flat_bytes = g.size * chunk_sizes(full.size(0), g.size).front() * slice_bytes(full, 0);
   TraceSpan span = counted(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size);
   auto mine = reduce_scatter_pieces(g, full, 0);
   if (op == Reduce::kAvg) mine.div_(g.size);
@@ -448,7 +467,7 @@ struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
 torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
   const auto sizes = chunk_sizes(global, g.size);
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  const int64_t piece_bytes = sizes.front() * nbytes(t) / std::max<int64_t>(1, t.size(dim));
+  const int64_t piece_bytes = sizes.front() * slice_bytes(t, dim);
   TraceSpan span = counted(g, "all_gather", piece_bytes, (g.size - 1) * piece_bytes);
   return gather_pieces(g, t, dim, sizes);
 }
@@ -460,10 +479,83 @@ torch::Tensor slice_dim(Group& g, const torch::Tensor& t, int64_t dim) {
 
 torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) {
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  const int64_t flat_bytes = g.size * chunk_sizes(t.size(dim), g.size).front() * nbytes(t) / std::max<int64_t>(1, t.size(dim));
+  const int64_t flat_bytes = g.size * chunk_sizes(t.size(dim), g.size).front() * slice_bytes(t, dim);
   TraceSpan span = counted(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size);
   return reduce_scatter_pieces(g, t, dim);
 }
+
+}  // namespace
+
+std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                             const std::function<void(int, const torch::Tensor&)>& each) {
+  const int n = g.size, r = g.rank;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  const auto sizes = chunk_sizes(global, n);
+  std::vector<torch::Tensor> pieces(n);
+  if (n == 1 || nccl(g) || rewired(g, t)) {  // one gather, then the compute
+    auto all = n == 1 ? t : gather_dim(g, t, dim, global);
+    for (int i = 0; i < n; ++i) pieces[i] = all.narrow(dim, offset_of(sizes, i), sizes[i]);
+    for (int s = 0; s < n; ++s) each((r - s + n) % n, pieces[(r - s + n) % n]);
+    return pieces;
+  }
+  delay_at(g.delays, DelayPoint::kBeforeAllGather);
+  const int64_t piece_bytes = sizes.front() * slice_bytes(t, dim);
+  g.counter->add("all_gather", piece_bytes, (n - 1) * piece_bytes);
+  for (int i = 0; i < n; ++i) pieces[i] = i == r ? t.contiguous() : torch::empty(with_size(t, dim, sizes[i]), t.options());
+  for (int s = 0; s < n - 1; ++s) {
+    const int have = ((r - s) % n + n) % n, coming = ((r - s - 1) % n + n) % n;
+    RingStep step;
+    {
+      TraceSpan span(span_name(g, "all_gather", piece_bytes));
+      step = ring_post(g, pieces[have], pieces[coming], kPiecesTag + s);
+    }
+    each(have, pieces[have]);  // while pieces[coming] moves
+    TraceSpan span(span_name(g, "all_gather", piece_bytes));
+    step.wait();
+  }
+  each((r + 1) % n, pieces[(r + 1) % n]);
+  return pieces;
+}
+
+torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
+                                      const std::function<torch::Tensor(int)>& partial) {
+  const int n = g.size, r = g.rank;
+  const auto sizes = chunk_sizes(global, n);
+  if (n == 1) return partial(0);
+  auto first = partial(((r - 1) % n + n) % n);  // the piece this rank sends first
+  dim = dim < 0 ? dim + first.dim() : dim;
+  if (nccl(g) || rewired(g, first)) {  // every partial, then one reduce-scatter
+    std::vector<torch::Tensor> all(n);
+    all[((r - 1) % n + n) % n] = first;
+    for (int i = 0; i < n; ++i) {
+      if (!all[i].defined()) all[i] = partial(i);
+    }
+    return reduce_scatter_dim(g, torch::cat(all, dim), dim);
+  }
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
+  const int64_t flat_bytes = n * sizes.front() * slice_bytes(first, dim);
+  g.counter->add("reduce_scatter", flat_bytes, (n - 1) * flat_bytes / n);
+  std::vector<torch::Tensor> sums(n);  // the running sums this rank holds
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
+    auto out = (s == 0 ? std::move(first) : std::move(sums[send_idx])).contiguous();
+    auto incoming = torch::empty(with_size(out, dim, sizes[recv_idx]), out.options());
+    RingStep step;
+    {
+      TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
+      step = ring_post(g, out, incoming, kPiecesTag + s);
+    }
+    auto mine = partial(recv_idx);  // while `out` and `incoming` move
+    {
+      TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
+      step.wait();
+    }
+    sums[recv_idx] = mine + incoming;
+  }
+  return std::move(sums[r]);
+}
+
+namespace {
 
 struct GatherAlongFn : torch::autograd::Function<GatherAlongFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,

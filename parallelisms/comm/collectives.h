@@ -107,4 +107,24 @@ torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
 // Forward: sum over the group, keep this rank's slice; backward: all-gather.
 torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim);
 
+
+// Collectives fused with the compute that consumes or produces their pieces
+// ("async TP"): over Gloo each piece's transfer overlaps the compute on
+// another, on the ring (tags, counters, spans and delay points) of
+// gather_along and reduce_scatter_along. NCCL and a device tensor over Gloo
+// move everything first, then compute. Not autograd-aware: tensor
+// parallelism's fused Linears build their backward from them.
+//
+// Every rank's torch.chunk piece of a `global`-sized `dim` (`t` is this
+// rank's) is handed to `each(rank, piece)`: this rank's first, then each as
+// it arrives, while the next one moves. Returns the pieces in rank order.
+std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                             const std::function<void(int, const torch::Tensor&)>& each);
+// This rank's torch.chunk piece of `dim` of a sum over the group that no rank
+// holds whole: `partial(i)` computes this rank's addend of piece i, each
+// while the running sum of another moves. The additions are in the order of
+// reduce_scatter_along's; the result is a tensor of its own.
+torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
+                                      const std::function<torch::Tensor(int)>& partial);
+
 }  // namespace composer::parallel

@@ -4,6 +4,8 @@
 // forward and 2 in backward, and nothing else).
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "models/registry.h"
 #include "parallelisms/grad_sync.h"
 #include "parallelisms/tensor_parallel.h"
@@ -113,44 +115,79 @@ TEST(TensorParallel, MLPStackAtTp4MatchesTheScenarioCounts) {
   });
 }
 
+// The names of the autograd nodes behind `t`.
+std::set<std::string> graph_nodes(const torch::Tensor& t) {
+  std::set<std::string> names;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    names.insert(n->name());
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return names;
+}
+
+bool has_node(const std::set<std::string>& names, const std::string& part) {
+  for (const auto& n : names) {
+    if (n.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// At tp 2 and 4 (the fused rings' one step and several): the colwise Linears
+// with a sequence-sharded input (feed_forward.w1, output) gather it fused
+// with their matmul, the rowwise ones (wo, w2) reduce-scatter fused with it.
 TEST(TensorParallel, SequenceParallelTransformerMatchesOneDevice) {
-  testing::run_ranks({"tp"}, {2}, [](DeviceMesh& mesh) {
-    auto& g = mesh.group("tp");
-    std::map<std::string, models::ArgValue> args{{"dropout_p", 0.0}, {"n_layers", int64_t{2}}};
-    auto ref = make("transformer", args);
-    auto m = make("transformer", args);
-    Placements pl;
-    auto tp = apply_tensor_parallel(*m, g, plan_of("transformer", /*sp=*/true), pl);
-    // The sequence-parallel norms' gradients are Partial over tp: the
-    // gradient synchronisation sums them, in one bucket.
-    auto w = m->named_parameters()["layers.0.attention_norm.weight"];
-    EXPECT_EQ(pl.find(w)->str(), "[16] tp:R/P(sum)");
-    std::vector<torch::Tensor> params;
-    for (auto& [n, p] : nn::unique_named_parameters(*m)) params.push_back(p);
-    GradSync sync(params, pl, {});
-    EXPECT_EQ(sync.num_buckets(), 1u);
-    auto tokens = torch::arange(32, torch::kLong).remainder(8).view({2, 16});
-    auto y = (*m)(tokens), yr = (*ref)(tokens);
-    EXPECT_TRUE(torch::allclose(y, yr, 1e-5, 1e-5));
-    g.counter->reset();
-    y.pow(2).sum().backward();
-    sync.finish();
-    // Backward all-reduces nothing but the norms' gradient bucket: each
-    // gathered block input's partial gradients (wq, wk, wv) are
-    // reduce-scattered once by the gather, not all-reduced per Linear.
-    EXPECT_EQ(g.counter->get("all_reduce").calls, 1);
-    EXPECT_EQ(g.counter->get("all_reduce").bytes, sync.buffer_bytes());
-    yr.pow(2).sum().backward();
-    for (auto& [n, p] : nn::unique_named_parameters(*m)) {
-      auto rp = ref->named_parameters()[n];
-      auto grad_full = full_grad(*tp, g, p);
-      // float32 sums in another order: tolerance relative to the gradient's scale.
-      const double scale = 1 + rp.grad().abs().max().item<double>();
-      EXPECT_TRUE(torch::allclose(grad_full, rp.grad(), 1e-4, 1e-6 * scale))
-          << n << " max abs diff " << (grad_full - rp.grad()).abs().max().item<double>() << " of max "
-          << rp.grad().abs().max().item<double>();
-    }
-  });
+  for (int64_t tp : {2, 4}) {
+    testing::run_ranks({"tp"}, {tp}, [](DeviceMesh& mesh) {
+      auto& g = mesh.group("tp");
+      std::map<std::string, models::ArgValue> args{{"dropout_p", 0.0}, {"n_layers", int64_t{2}}};
+      auto ref = make("transformer", args);
+      auto m = make("transformer", args);
+      Placements pl;
+      auto tp = apply_tensor_parallel(*m, g, plan_of("transformer", /*sp=*/true), pl);
+      // The sequence-parallel norms' gradients are Partial over tp: the
+      // gradient synchronisation sums them, in one bucket.
+      auto w = m->named_parameters()["layers.0.attention_norm.weight"];
+      EXPECT_EQ(pl.find(w)->str(), "[16] tp:R/P(sum)");
+      std::vector<torch::Tensor> params;
+      for (auto& [n, p] : nn::unique_named_parameters(*m)) params.push_back(p);
+      GradSync sync(params, pl, {});
+      EXPECT_EQ(sync.num_buckets(), 1u);
+      auto tokens = torch::arange(32, torch::kLong).remainder(8).view({2, 16});
+      auto y = (*m)(tokens), yr = (*ref)(tokens);
+      EXPECT_TRUE(torch::allclose(y, yr, 1e-5, 1e-5));
+      const auto nodes = graph_nodes(y);
+      EXPECT_TRUE(has_node(nodes, "GatherLinearFn"));
+      EXPECT_TRUE(has_node(nodes, "LinearReduceScatterFn"));
+      g.counter->reset();
+      y.pow(2).sum().backward();
+      sync.finish();
+      // Backward all-reduces nothing but the norms' gradient bucket: each
+      // gathered block input's partial gradients (wq, wk, wv) are
+      // reduce-scattered once by the gather, not all-reduced per Linear.
+      EXPECT_EQ(g.counter->get("all_reduce").calls, 1);
+      EXPECT_EQ(g.counter->get("all_reduce").bytes, sync.buffer_bytes());
+      // Per layer: the attention's and w1's input gradients reduce-scattered, wo's and w2's output
+      // gradients gathered; then the output Linear's input gradient reduce-scattered, and the two
+      // embeddings' output gradients gathered.
+      EXPECT_EQ(g.counter->get("reduce_scatter").calls, 2 * 2 + 1);
+      EXPECT_EQ(g.counter->get("all_gather").calls, 2 * 2 + 2);
+      yr.pow(2).sum().backward();
+      for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+        auto rp = ref->named_parameters()[n];
+        auto grad_full = full_grad(*tp, g, p);
+        // float32 sums in another order: tolerance relative to the gradient's scale.
+        const double scale = 1 + rp.grad().abs().max().item<double>();
+        EXPECT_TRUE(torch::allclose(grad_full, rp.grad(), 1e-4, 1e-6 * scale))
+            << n << " max abs diff " << (grad_full - rp.grad()).abs().max().item<double>() << " of max "
+            << rp.grad().abs().max().item<double>() << " at tp " << g.size;
+      }
+    });
+  }
 }
 
 // Loss parallel: cross entropy of vocabulary-sharded logits equals the whole
