@@ -28,10 +28,13 @@ struct GradNorm {
   int64_t first_bad = -1;
   bool stop = false;
 };
-// Each gradient's sum of squares (0 without a gradient). On the CPU in double;
-// on a GPU as PyTorch's clip_grad_norm_ takes them there (one multi-tensor
-// norm kernel in the gradients' dtype, squared in double on the host), with one
-// copy to the host instead of a synchronisation per parameter.
+// Each gradient's sum of squares (0 without a gradient): its 2-norm, as
+// PyTorch's clip_grad_norm_ takes each gradient's, squared in double. On the
+// CPU in float32 (float64 for a float64 gradient), as grad_norm() takes them
+// on one device: squaring in double first cost a float64 copy and two passes
+// over it, 146 ms per 25M parameters on one core against 3 ms. On a GPU one
+// multi-tensor norm kernel in the gradients' dtype, with one copy to the host
+// instead of a synchronisation per parameter.
 std::vector<double> grad_squares(const std::vector<torch::Tensor>& params) {
   std::vector<double> out(params.size(), 0.0);
   std::vector<torch::Tensor> on_gpu;
@@ -43,7 +46,9 @@ std::vector<double> grad_squares(const std::vector<torch::Tensor>& params) {
       on_gpu.push_back(g.detach());
       at_index.push_back(k);
     } else {
-      out[k] = value_of(g.detach().to(torch::kDouble).pow(2).sum());
+      const auto d = g.detach();
+      const double n = value_of((d.scalar_type() == torch::kDouble ? d : d.to(torch::kFloat)).norm(2).to(torch::kDouble));
+      out[k] = n * n;
     }
   }
   if (on_gpu.empty()) return out;
