@@ -10,8 +10,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Point-to-point tags of the ring, apart from composer's own collectives'
-// (0 .. size-2 and 1 << 20) and each other: forward blocks, backward blocks,
-// backward block gradients.
+// (0 .. size-2, 1 << 20 and 2 << 20) and each other: forward blocks,
+// backward blocks, backward block gradients.
 constexpr int kForwardTag = 3 << 20;
 constexpr int kBackwardTag = kForwardTag + 1;
 constexpr int kGradTag = kForwardTag + 2;
