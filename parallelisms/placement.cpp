@@ -101,8 +101,7 @@ torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local) {
       if (!d.param.is_shard() || d.size == 1) continue;
       const int64_t td = d.param.dim;
       const Box parent = spec.box(i);
-      auto sizes = chunk_sizes(parent.size[td], d.size);
-      t = all_gather(*d.group, t.movedim(td, 0).contiguous(), sizes).movedim(0, td).contiguous();
+      t = gather_dim(*d.group, t, td, parent.size[td]).contiguous();
     }
   }
   // Ranks that do not hold it receive it from the first member.

@@ -205,6 +205,24 @@ RingStep ring_post(Group& g, const torch::Tensor& out, const torch::Tensor& in, 
 
 void ring_step(Group& g, const torch::Tensor& out, const torch::Tensor& in, int tag) { ring_post(g, out, in, tag).wait(); }
 
+// A gather's delay point and count: every piece at the largest one's size
+// (what the padded paths move). Returns that size in bytes, for its spans.
+int64_t counted_gather(Group& g, const torch::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes) {
+  delay_at(g.delays, DelayPoint::kBeforeAllGather);
+  const int64_t piece = *std::max_element(sizes.begin(), sizes.end()) * slice_bytes(t, dim);
+  g.counter->add("all_gather", piece, (g.size - 1) * piece);
+  return piece;
+}
+
+// A reduce-scatter's delay point and count, of a `global`-sized dim whose
+// slices are `t`'s: the padded flat buffer of N equal pieces. Returns its bytes.
+int64_t counted_reduce_scatter(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
+  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
+  const int64_t flat = g.size * chunk_sizes(global, g.size).front() * slice_bytes(t, dim);
+  g.counter->add("reduce_scatter", flat, (g.size - 1) * flat / g.size);
+  return flat;
+}
+
 // NCCL's path for the dim collectives: dim 0 first, every piece padded to the largest.
 torch::Tensor padded_all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   const int64_t max = *std::max_element(sizes.begin(), sizes.end());
@@ -290,19 +308,14 @@ torch::Tensor reduce_scatter_pieces(Group& g, const torch::Tensor& t, int64_t di
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   TORCH_INTERNAL_ASSERT(static_cast<int>(sizes.size()) == g.size);
   if (g.size == 1) return shard;
-  const int64_t max = *std::max_element(sizes.begin(), sizes.end());
-  delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  const int64_t piece_bytes = max * slice_bytes(shard, 0);
-  TraceSpan span = counted(g, "all_gather", piece_bytes, (g.size - 1) * piece_bytes);
+  TraceSpan span(span_name(g, "all_gather", counted_gather(g, shard, 0, sizes)));
   return gather_pieces(g, shard, 0, sizes);
 }
 
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   if (g.size == 1) return full.clone();
   TORCH_INTERNAL_ASSERT(op != Reduce::kMax, "reduce_scatter supports sum and avg");
-  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  const int64_t flat_bytes = g.size * chunk_sizes(full.size(0), g.size).front() * slice_bytes(full, 0);
-  TraceSpan span = counted(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size);
+  TraceSpan span(span_name(g, "reduce_scatter", counted_reduce_scatter(g, full, 0, full.size(0))));
   auto mine = reduce_scatter_pieces(g, full, 0);
   if (op == Reduce::kAvg) mine.div_(g.size);
   return mine;
@@ -409,82 +422,20 @@ Handle recv(Group& g, torch::Tensor& t, int src, int tag, bool async) {
   return h;
 }
 
-// ---- autograd ----------------------------------------------------------------
-
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// Group pointers travel through the context as an integer (saved_data holds IValues).
-int64_t as_id(Group& g) { return reinterpret_cast<int64_t>(&g); }
-Group& from_id(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
-
-struct AllReduceFn : torch::autograd::Function<AllReduceFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
-    auto out = t.clone();
-    all_reduce(*reinterpret_cast<Group*>(group), out);
-    return out;
-  }
-  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
-};
-
-struct ReduceGradFn : torch::autograd::Function<ReduceGradFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return t.view_as(t);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto g = grads[0].clone();
-    all_reduce(from_id(ctx), g);
-    return {g, torch::Tensor()};
-  }
-};
-
-struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor shard, int64_t group, std::vector<int64_t> sizes) {
-    ctx->saved_data["group"] = group;
-    return all_gather(*reinterpret_cast<Group*>(group), shard, sizes);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter(from_id(ctx), grads[0]), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor full, int64_t group) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["rows"] = full.size(0);
-    return reduce_scatter(*reinterpret_cast<Group*>(group), full);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Group& g = from_id(ctx);
-    auto sizes = chunk_sizes(ctx->saved_data["rows"].toInt(), g.size);
-    return {all_gather(g, grads[0].contiguous(), sizes), torch::Tensor()};
-  }
-};
-
 torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
+  if (g.size == 1) return t;
+  dim = dim < 0 ? dim + t.dim() : dim;
   const auto sizes = chunk_sizes(global, g.size);
-  delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  const int64_t piece_bytes = sizes.front() * slice_bytes(t, dim);
-  TraceSpan span = counted(g, "all_gather", piece_bytes, (g.size - 1) * piece_bytes);
+  TraceSpan span(span_name(g, "all_gather", counted_gather(g, t, dim, sizes)));
   return gather_pieces(g, t, dim, sizes);
 }
 
-torch::Tensor slice_dim(Group& g, const torch::Tensor& t, int64_t dim) {
-  auto sizes = chunk_sizes(t.size(dim), g.size);
-  return t.narrow(dim, offset_of(sizes, g.rank), sizes[g.rank]);
-}
-
 torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) {
-  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  const int64_t flat_bytes = g.size * chunk_sizes(t.size(dim), g.size).front() * slice_bytes(t, dim);
-  TraceSpan span = counted(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size);
+  if (g.size == 1) return t.clone();
+  dim = dim < 0 ? dim + t.dim() : dim;
+  TraceSpan span(span_name(g, "reduce_scatter", counted_reduce_scatter(g, t, dim, t.size(dim))));
   return reduce_scatter_pieces(g, t, dim);
 }
-
-}  // namespace
 
 std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
                                              const std::function<void(int, const torch::Tensor&)>& each) {
@@ -498,9 +449,7 @@ std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, i
     for (int s = 0; s < n; ++s) each((r - s + n) % n, pieces[(r - s + n) % n]);
     return pieces;
   }
-  delay_at(g.delays, DelayPoint::kBeforeAllGather);
-  const int64_t piece_bytes = sizes.front() * slice_bytes(t, dim);
-  g.counter->add("all_gather", piece_bytes, (n - 1) * piece_bytes);
+  const int64_t piece_bytes = counted_gather(g, t, dim, sizes);
   for (int i = 0; i < n; ++i) pieces[i] = i == r ? t.contiguous() : torch::empty(with_size(t, dim, sizes[i]), t.options());
   for (int s = 0; s < n - 1; ++s) {
     const int have = ((r - s) % n + n) % n, coming = ((r - s - 1) % n + n) % n;
@@ -532,9 +481,7 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
     }
     return reduce_scatter_dim(g, torch::cat(all, dim), dim);
   }
-  delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  const int64_t flat_bytes = n * sizes.front() * slice_bytes(first, dim);
-  g.counter->add("reduce_scatter", flat_bytes, (n - 1) * flat_bytes / n);
+  const int64_t flat_bytes = counted_reduce_scatter(g, first, dim, global);
   std::vector<torch::Tensor> sums(n);  // the running sums this rank holds
   for (int s = 0; s < n - 1; ++s) {
     const int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
@@ -553,157 +500,6 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
     sums[recv_idx] = mine + incoming;
   }
   return std::move(sums[r]);
-}
-
-namespace {
-
-struct GatherAlongFn : torch::autograd::Function<GatherAlongFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,
-                               bool reduce) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["reduce"] = reduce;
-    return gather_dim(*reinterpret_cast<Group*>(group), t, dim, global);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Group& g = from_id(ctx);
-    const int64_t dim = ctx->saved_data["dim"].toInt();
-    auto gi = ctx->saved_data["reduce"].toBool() ? reduce_scatter_dim(g, grads[0], dim)
-                                                 : slice_dim(g, grads[0], dim).contiguous();
-    return {gi, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// The partial-gradient state is saved with each node as a capsule.
-struct PartialsHolder : torch::CustomClassHolder {
-  std::shared_ptr<PartialGrads> partials;
-};
-
-struct GatherPartialsFn : torch::autograd::Function<GatherPartialsFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim, int64_t global,
-                               c10::intrusive_ptr<PartialsHolder> holder) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["partials"] = c10::IValue::make_capsule(holder);
-    ctx->set_materialize_grads(false);  // no ordinary gradient: only the partials
-    return gather_dim(*reinterpret_cast<Group*>(group), t, dim, global);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Group& g = from_id(ctx);
-    const int64_t dim = ctx->saved_data["dim"].toInt();
-    auto holder = c10::static_intrusive_pointer_cast<PartialsHolder>(ctx->saved_data["partials"].toCapsule());
-    torch::Tensor partial = std::move(holder->partials->sum);  // leaves it undefined for the next pass
-    torch::Tensor gi;
-    if (partial.defined()) gi = reduce_scatter_dim(g, partial, dim);
-    if (grads[0].defined()) {
-      auto local = slice_dim(g, grads[0], dim);
-      gi = gi.defined() ? gi + local : local.contiguous();
-    }
-    return {gi, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct TapPartialFn : torch::autograd::Function<TapPartialFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, c10::intrusive_ptr<PartialsHolder> holder) {
-    ctx->saved_data["partials"] = c10::IValue::make_capsule(holder);
-    return t.view_as(t);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto holder = c10::static_intrusive_pointer_cast<PartialsHolder>(ctx->saved_data["partials"].toCapsule());
-    auto& sum = holder->partials->sum;
-    if (grads[0].defined()) sum = sum.defined() ? sum + grads[0] : grads[0];
-    return {torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct ScatterAlongFn : torch::autograd::Function<ScatterAlongFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["global"] = t.size(dim);
-    return slice_dim(*reinterpret_cast<Group*>(group), t, dim).contiguous();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
-    return {gi, torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct ReduceScatterAlongFn : torch::autograd::Function<ReduceScatterAlongFn> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor t, int64_t group, int64_t dim) {
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["global"] = t.size(dim);
-    return reduce_scatter_dim(*reinterpret_cast<Group*>(group), t, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto gi = gather_dim(from_id(ctx), grads[0], ctx->saved_data["dim"].toInt(), ctx->saved_data["global"].toInt());
-    return {gi, torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// A meta tensor on a group with a process group (a pipeline sizing its stages
-// on a model built on meta) gets the output's shape, `size` along `dim`,
-// without communicating or autograd. Without a process group (a dry run) the
-// autograd functions run, moving nothing and counting what they would move.
-torch::Tensor meta_resized(const torch::Tensor& t, int64_t dim, int64_t size) {
-  auto shape = t.sizes().vec();
-  shape[dim] = size;
-  return torch::empty(shape, t.options());
-}
-
-}  // namespace
-
-torch::Tensor gather_along(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool backward_reduce) {
-  if (g.size == 1) return t;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
-  return GatherAlongFn::apply(t, as_id(g), dim, global, backward_reduce);
-}
-
-torch::Tensor gather_along_partials(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
-                                    std::shared_ptr<PartialGrads> partials) {
-  if (g.size == 1) return t;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta() && g.pg) return meta_resized(t, dim, global);
-  partials->collecting = t.requires_grad() && torch::GradMode::is_enabled();
-  auto holder = c10::make_intrusive<PartialsHolder>();
-  holder->partials = std::move(partials);
-  return GatherPartialsFn::apply(t, as_id(g), dim, global, holder);
-}
-
-torch::Tensor tap_partial(const torch::Tensor& t, std::shared_ptr<PartialGrads> partials) {
-  auto holder = c10::make_intrusive<PartialsHolder>();
-  holder->partials = std::move(partials);
-  return TapPartialFn::apply(t, holder);
-}
-
-torch::Tensor scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
-  if (g.size == 1) return t;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
-  return ScatterAlongFn::apply(t, as_id(g), dim);
-}
-
-torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim) {
-  if (g.size == 1) return t;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
-  return ReduceScatterAlongFn::apply(t, as_id(g), dim);
-}
-
-torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) {
-  if (t.is_meta() && g.pg) return t.clone();
-  return g.size == 1 ? t : AllReduceFn::apply(t, as_id(g));
-}
-torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t) {
-  return g.size == 1 || (t.is_meta() && g.pg) ? t : ReduceGradFn::apply(t, as_id(g));
-}
-torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
-  return AllGatherFn::apply(shard, as_id(g), sizes);
-}
-torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full) {
-  return ReduceScatterFn::apply(full, as_id(g));
 }
 
 }  // namespace composer::parallel

@@ -70,6 +70,12 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts);
 // Where piece `rank` of `sizes` starts: the sum of the pieces before it.
 int64_t offset_of(const std::vector<int64_t>& sizes, int rank);
 
+// Along any dim (negative counts from the end), without autograd: every
+// rank's torch.chunk piece of a `global`-sized dim concatenated, and this
+// rank's piece of the sum of every rank's `t`, in a tensor of its own. Over
+// Gloo a ring of send/recv moves each piece as it lies; NCCL pads the pieces.
+torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t global);
+torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim);
 // Autograd-aware: forward all-reduce (sum), backward identity.
 torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t);
 // Forward identity, backward all-reduce (sum) of the gradient.

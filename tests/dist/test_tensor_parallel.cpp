@@ -29,8 +29,7 @@ models::TpPlan plan_of(const std::string& name, bool sp = false) {
 torch::Tensor full_grad(TensorParallel& tp, Group& g, const torch::Tensor& p) {
   const TpShard* s = tp.shard_of(p);
   if (!s) return p.grad();
-  return all_gather(g, p.grad().movedim(s->dim, 0).contiguous(), chunk_sizes(s->global_size, g.size))
-      .movedim(0, s->dim);
+  return gather_dim(g, p.grad(), s->dim, s->global_size);
 }
 
 TEST(FqnMatch, StarStaysInsideASegment) {
