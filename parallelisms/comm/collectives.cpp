@@ -443,12 +443,11 @@ std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, i
   dim = dim < 0 ? dim + t.dim() : dim;
   const auto sizes = chunk_sizes(global, n);
   std::vector<torch::Tensor> pieces(n);
-  if (n == 1 || nccl(g) || rewired(g, t)) {  // one gather, then the compute
-    auto all = n == 1 ? t : gather_dim(g, t, dim, global);
-    for (int i = 0; i < n; ++i) pieces[i] = all.narrow(dim, offset_of(sizes, i), sizes[i]);
-    for (int s = 0; s < n; ++s) each((r - s + n) % n, pieces[(r - s + n) % n]);
-    return pieces;
+  if (n == 1) {
+    each(0, t);
+    return {t};
   }
+  if (nccl(g) || rewired(g, t)) return gather_each_by_root(g, t, dim, global, each);
   const int64_t piece_bytes = counted_gather(g, t, dim, sizes);
   for (int i = 0; i < n; ++i) pieces[i] = i == r ? t.contiguous() : torch::empty(with_size(t, dim, sizes[i]), t.options());
   for (int s = 0; s < n - 1; ++s) {
@@ -473,13 +472,8 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
   if (n == 1) return partial(0);
   auto first = partial(((r - 1) % n + n) % n);  // the piece this rank sends first
   dim = dim < 0 ? dim + first.dim() : dim;
-  if (nccl(g) || rewired(g, first)) {  // every partial, then one reduce-scatter
-    std::vector<torch::Tensor> all(n);
-    all[((r - 1) % n + n) % n] = first;
-    for (int i = 0; i < n; ++i) {
-      if (!all[i].defined()) all[i] = partial(i);
-    }
-    return reduce_scatter_dim(g, torch::cat(all, dim), dim);
+  if (nccl(g) || rewired(g, first)) {
+    return reduce_scatter_by_root(g, dim, global, [&](int i) { return i == (r - 1 + n) % n ? first : partial(i); });
   }
   const int64_t flat_bytes = counted_reduce_scatter(g, first, dim, global);
   std::vector<torch::Tensor> sums(n);  // the running sums this rank holds
@@ -500,6 +494,75 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
     sums[recv_idx] = mine + incoming;
   }
   return std::move(sums[r]);
+}
+
+std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                              const std::function<void(int, const torch::Tensor&)>& each) {
+  const int n = g.size, r = g.rank;
+  dim = dim < 0 ? dim + t.dim() : dim;
+  const auto sizes = chunk_sizes(global, n);
+  const int64_t piece_bytes = counted_gather(g, t, dim, sizes);
+  const auto wire = t.options().device(wire_device(g, t));
+  std::vector<torch::Tensor> moving(n), pieces(n);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
+  {
+    TraceSpan span(span_name(g, "all_gather", piece_bytes));
+    for (int i = 0; i < n; ++i) {
+      moving[i] = i == r ? t.to(wire.device()).contiguous() : torch::empty(with_size(t, dim, sizes[i]), wire);
+      if (!g.pg || sizes[i] == 0) continue;  // every rank knows every size
+      std::vector<torch::Tensor> v{moving[i]};
+      c10d::BroadcastOptions o;
+      o.rootRank = i;
+      works[i] = g.pg->broadcast(v, o);
+    }
+  }
+  pieces[r] = t.contiguous();
+  each(r, pieces[r]);  // while the others move
+  for (int i = 0; i < n; ++i) {
+    if (i == r) continue;
+    if (works[i]) {
+      TraceSpan span(span_name(g, "all_gather", piece_bytes));
+      works[i]->wait();
+    }
+    pieces[i] = moving[i].to(t.device());
+    each(i, pieces[i]);
+  }
+  return pieces;
+}
+
+torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
+                                     const std::function<torch::Tensor(int)>& partial) {
+  const int n = g.size, r = g.rank;
+  const auto sizes = chunk_sizes(global, n);
+  if (n == 1) return partial(0);
+  std::vector<torch::Tensor> moving(n);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
+  torch::Tensor first;
+  int64_t flat_bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    auto p = partial(i);  // while the sums before it move
+    if (i == 0) {
+      first = p;
+      dim = dim < 0 ? dim + p.dim() : dim;
+      flat_bytes = counted_reduce_scatter(g, p, dim, global);
+    }
+    // Gloo sums no 16-bit floats: those go in float32 and are rounded once at the end.
+    const bool widen = !nccl(g) && (p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf);
+    moving[i] = (widen ? p.to(torch::kFloat) : p).to(wire_device(g, p)).contiguous();
+    if (!g.pg || sizes[i] == 0) continue;
+    TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
+    std::vector<torch::Tensor> v{moving[i]};
+    c10d::ReduceOptions o;
+    o.rootRank = i;
+    works[i] = g.pg->reduce(v, o);
+  }
+  {
+    TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
+    for (auto& w : works) {
+      if (w) w->wait();  // the other ranks' too: their buffers live until then
+    }
+  }
+  return moving[r].to(first.options());
 }
 
 }  // namespace composer::parallel

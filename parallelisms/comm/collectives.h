@@ -118,8 +118,8 @@ torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim
 // ("async TP"): over Gloo each piece's transfer overlaps the compute on
 // another, on the ring (tags, counters, spans and delay points) of
 // gather_along and reduce_scatter_along. NCCL and a device tensor over Gloo
-// move everything first, then compute. Not autograd-aware: tensor
-// parallelism's fused Linears build their backward from them.
+// take the rooted forms below. Not autograd-aware: tensor parallelism's
+// fused Linears build their backward from them.
 //
 // Every rank's torch.chunk piece of a `global`-sized `dim` (`t` is this
 // rank's) is handed to `each(rank, piece)`: this rank's first, then each as
@@ -132,5 +132,20 @@ std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, i
 // reduce_scatter_along's; the result is a tensor of its own.
 torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
                                       const std::function<torch::Tensor(int)>& partial);
+
+// The two above as NCCL (and a device tensor over Gloo) runs them: one
+// collective per piece, rooted at the rank that holds it (a broadcast) or
+// gets it (a reduce), all issued at once in rank order, so no two ranks can
+// wait on each other in a cycle. A piece's compute waits for its own piece
+// only; on NCCL that wait orders this rank's stream after NCCL's without
+// blocking the host, so one piece's product runs on the GPU while the next
+// piece moves. gather_each_by_root hands this rank's piece first, then the
+// others in rank order. reduce_scatter_by_root computes the partials in rank
+// order; its sums are in the backend's order. Public so that their
+// arithmetic is tested over Gloo on the CPU too.
+std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
+                                               const std::function<void(int, const torch::Tensor&)>& each);
+torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
+                                     const std::function<torch::Tensor(int)>& partial);
 
 }  // namespace composer::parallel

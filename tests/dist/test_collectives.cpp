@@ -2,6 +2,8 @@
 // uneven sizes (torch.chunk semantics) and the communication counters.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "parallelisms/comm/collectives.h"
 #include "tests/dist/ranks.h"
 
@@ -149,6 +151,62 @@ TEST(Collectives, GatherAndReduceScatterAlongAMiddleAndTheLastDim) {
         std::vector<torch::Tensor> pieces;
         for (int i = 0; i < 4; ++i) pieces.push_back(rank_tensor(i, shape).narrow(dim, offset_of(sizes, i), sizes[i]));
         EXPECT_TRUE(y.grad().equal(torch::cat(pieces, dim)));
+      });
+    }
+  }
+}
+
+// The fused forms (the ring over Gloo; the rooted one NCCL and device
+// tensors over Gloo take) against closed forms: the pieces handed to `each`,
+// once per rank and this rank's first, and the reduce-scatter of addends
+// that only `partial` computes. Integer values: every order of addition is exact.
+TEST(Collectives, FusedGatherAndReduceScatterRingAndRooted) {
+  for (int64_t dim : {1, -1}) {
+    for (int64_t len : {8, 7, 3}) {
+      testing::run_ranks({"tp"}, {4}, [dim, len](DeviceMesh& mesh) {
+        auto& g = mesh.group("tp");
+        std::vector<int64_t> shape{2, 3, 4};
+        const int64_t d = dim < 0 ? dim + 3 : dim;
+        shape[d] = len;
+        const auto sizes = chunk_sizes(len, 4);
+        auto full = rank_tensor(0, shape);
+        auto mine = full.narrow(d, offset_of(sizes, g.rank), sizes[g.rank]);
+        auto addend = [&](int rank, int i) {  // rank's addend of piece i
+          return rank_tensor(rank, shape).narrow(d, offset_of(sizes, i), sizes[i]) * (i + 1);
+        };
+        auto sum = addend(0, g.rank) * 4 + 600 * (g.rank + 1);  // 100 * (0+1+2+3) per unit
+        for (bool rooted : {false, true}) {
+          const std::string form = rooted ? "rooted" : "ring";
+          std::vector<int> order;
+          std::vector<torch::Tensor> seen(4);
+          auto each = [&](int i, const torch::Tensor& piece) {
+            order.push_back(i);
+            seen[i] = piece.clone();
+          };
+          auto pieces = rooted ? gather_each_by_root(g, mine, dim, len, each) : gather_along_each(g, mine, dim, len, each);
+          ASSERT_EQ(order.size(), 4u) << form;
+          EXPECT_EQ(order.front(), g.rank) << form;
+          EXPECT_EQ(std::set<int>(order.begin(), order.end()).size(), 4u) << form;
+          EXPECT_TRUE(torch::cat(pieces, d).equal(full)) << form << " dim " << dim << ", " << len;
+          EXPECT_TRUE(torch::cat(seen, d).equal(full)) << form;
+
+          std::vector<int> computed;
+          auto partial = [&](int i) {
+            computed.push_back(i);
+            return addend(g.rank, i);
+          };
+          auto out = rooted ? reduce_scatter_by_root(g, dim, len, partial) : reduce_scatter_computed(g, dim, len, partial);
+          EXPECT_EQ(computed.size(), 4u) << form;
+          EXPECT_TRUE(out.equal(sum)) << form << " dim " << dim << ", " << len << "\n" << out << sum;
+        }
+        // 16-bit addends: Gloo sums none, so the rooted form sums them in
+        // float32 and rounds once. Rank 0 adds 256 and the others 1 (spacing 2
+        // at 256 in bfloat16): 259 rounds to 260 once; hop by hop it would stay 256.
+        auto b = reduce_scatter_by_root(g, dim, len, [&](int i) {
+          return torch::full(addend(0, i).sizes(), g.rank == 0 ? 256.0 : 1.0, torch::kBFloat16);
+        });
+        EXPECT_EQ(b.scalar_type(), torch::kBFloat16);
+        EXPECT_TRUE(b.eq(260.0).all().item<bool>()) << b;
       });
     }
   }
