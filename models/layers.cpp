@@ -3,6 +3,29 @@
 #include <cmath>
 
 namespace composer::nn {
+namespace {
+// While a GpuKernelShapes lives on this thread: meta tensors (a cuda plan's
+// dry run) stand for a GPU's kernels, whose allocations differ from the CPU's.
+thread_local bool gpu_kernels = false;
+
+// PyTorch's fused RMSNorm kernel's allocations on meta tensors: the output,
+// and a float32 inverse RMS per row saved with the input and weight for
+// backward, which returns the two gradients.
+struct FusedRmsNormOnMeta : torch::autograd::Function<FusedRmsNormOnMeta> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w) {
+    auto rows = x.sizes().vec();
+    rows.back() = 1;
+    ctx->save_for_backward({x, w, at::empty(rows, x.options().dtype(at::kFloat))});
+    return at::empty_like(x);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return {at::empty_like(saved[0]), at::empty_like(saved[1])};
+  }
+};
+}  // namespace
+
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias, torch::Tensor tied_weight)
     : Module("Linear"), in_features(in), out_features(out) {
@@ -143,9 +166,19 @@ RMSNorm::RMSNorm(int64_t d, double e) : Module("RMSNorm"), dim(d), eps(e) {
 }
 
 torch::Tensor RMSNorm::forward(torch::Tensor x) {
+  auto w = param(weight);
+  // On a GPU, PyTorch's fused kernel (F.rms_norm's, taken when the weight has
+  // the input's dtype): one kernel each way, float32 inside and the result
+  // rounded once; it keeps the input and a float32 inverse RMS per row for
+  // backward, where the form below keeps a float32 copy of the input and the
+  // normalised input too. On the CPU the form below, op for op the goldens'.
+  if (w.scalar_type() == x.scalar_type()) {
+    if (x.is_cuda()) return at::rms_norm(x, {dim}, w, eps);
+    if (x.is_meta() && gpu_kernels) return FusedRmsNormOnMeta::apply(x, w);
+  }
   auto xf = x.to(torch::kFloat);
   auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return normed.to(x.scalar_type()) * param(weight);
+  return normed.to(x.scalar_type()) * w;
 }
 
 void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b) {
@@ -163,13 +196,12 @@ void trunc_normal_(torch::Tensor t, double mean, double std, double a, double b)
 
 namespace composer::nn {
 namespace {
-thread_local bool gpu_kernels = false;
 
 // A fused kernel's allocations on meta tensors: the output, laid out (batch, seq, heads, head_dim)
 // and returned transposed as the flash kernels of both devices do (so the caller's transpose back
 // and contiguous() copy nothing), and a float32 log-sum-exp per query row, saved with q, k and v for
 // backward; backward returns the three gradients, and on a GPU also fills a float32 accumulator of
-// the query's gradient (see FusedAttentionShapes).
+// the query's gradient (see GpuKernelShapes).
 struct FusedAttentionOnMeta : torch::autograd::Function<FusedAttentionOnMeta> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v) {
@@ -189,8 +221,8 @@ struct FusedAttentionOnMeta : torch::autograd::Function<FusedAttentionOnMeta> {
 };
 }  // namespace
 
-FusedAttentionShapes::FusedAttentionShapes(bool on) : previous_(gpu_kernels) { gpu_kernels = on; }
-FusedAttentionShapes::~FusedAttentionShapes() { gpu_kernels = previous_; }
+GpuKernelShapes::GpuKernelShapes(bool on) : previous_(gpu_kernels) { gpu_kernels = on; }
+GpuKernelShapes::~GpuKernelShapes() { gpu_kernels = previous_; }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training) {

@@ -95,7 +95,8 @@ class LayerNorm : public Module {
   double eps;
 };
 
-// x * rsqrt(mean(x^2) + eps) * weight, normalised in float32 (torchtitan's RMSNorm).
+// x * rsqrt(mean(x^2) + eps) * weight, normalised in float32 (torchtitan's RMSNorm); on a GPU
+// through PyTorch's fused kernel (F.rms_norm's).
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6);
@@ -126,16 +127,17 @@ namespace composer::nn {
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double dropout_p, bool training);
 
-// While one lives on this thread, attention() on meta tensors (the estimate's dry run) stands for a
-// GPU's kernels: fused also under dropout, with a float32 query-gradient accumulator in backward.
-// Without it, for the CPU's: fused (the output and a float32 log-sum-exp per query row saved, never
-// the scores) only when no dropout is active. The dry run of a cuda plan holds one.
-class FusedAttentionShapes {
+// While one lives on this thread, meta tensors (the estimate's dry run) stand for a GPU's kernels:
+// attention() fused also under dropout, with a float32 query-gradient accumulator in backward, and
+// RMSNorm fused (the input and a float32 inverse RMS per row saved). Without it, for the CPU's:
+// attention fused (the output and a float32 log-sum-exp per query row saved, never the scores) only
+// when no dropout is active, RMSNorm in its float32 form. The dry run of a cuda plan holds one.
+class GpuKernelShapes {
  public:
-  explicit FusedAttentionShapes(bool on);
-  ~FusedAttentionShapes();
-  FusedAttentionShapes(const FusedAttentionShapes&) = delete;
-  FusedAttentionShapes& operator=(const FusedAttentionShapes&) = delete;
+  explicit GpuKernelShapes(bool on);
+  ~GpuKernelShapes();
+  GpuKernelShapes(const GpuKernelShapes&) = delete;
+  GpuKernelShapes& operator=(const GpuKernelShapes&) = delete;
 
  private:
   bool previous_;

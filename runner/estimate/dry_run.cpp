@@ -58,7 +58,7 @@ std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const P
 DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
   memory::MetaCount count;
   nn::ShapeOnly shapes;
-  nn::FusedAttentionShapes fused(c.mesh.device == DeviceKind::kCuda);  // a GPU's attention kernel
+  nn::GpuKernelShapes fused(c.mesh.device == DeviceKind::kCuda);  // a GPU's attention and RMSNorm kernels
   RankContext ctx = planning_rank(c, plan, r);
   DryRun out;
   models::ModelPtr model = build_model(c);

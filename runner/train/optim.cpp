@@ -35,6 +35,30 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
   return l * (w * loss.scale);
 }
 
+void adam_step_fused_aten(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                          const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                          const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+                          double weight_decay, bool decoupled) {
+  if (params.empty()) return;
+  // The kernel reads each parameter's step from a float32 tensor on its
+  // device (torch.optim keeps one per parameter); parameters on the same step
+  // share one.
+  std::map<int64_t, torch::Tensor> by_step;
+  std::vector<torch::Tensor> state_steps;
+  for (int64_t s : steps) {
+    auto& t = by_step[s];
+    if (!t.defined()) t = torch::full({}, static_cast<double>(s), params.front().options().dtype(torch::kFloat));
+    state_steps.push_back(t);
+  }
+  if (decoupled) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, state_steps, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, {}, state_steps, lr, beta1, beta2, weight_decay, eps,
+                     /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
 namespace {
 
 // A parameter the fused CPU kernels (runner/train/optim_kernels.h) update:
@@ -117,9 +141,9 @@ class Adam : public Optimizer {
     p.addcdiv_(exp_avg, denom, -step_size);
   }
 
-  // On a GPU, the same arithmetic as torch.optim's multi-tensor (foreach)
-  // path, its default there: one kernel per operation for a whole list of
-  // parameters of one device and dtype instead of one per parameter. On the
+  // On a GPU, torch.optim's fused kernel (adam_step_fused_aten) for each list
+  // of parameters of one device and dtype: one pass over each parameter, its
+  // gradient and both moments, instead of the multi-tensor path's eight. On the
   // CPU, float32 parameters go through the fused kernel (update_fused): the
   // single-tensor arithmetic above in one pass, with a correctly rounded sqrt
   // (runner/train/optim_kernels.h); anything else takes update() above.
@@ -131,7 +155,8 @@ class Adam : public Optimizer {
       if (fusable_on_cpu(u.param, u.grad) && contiguous_or_absent(t, "exp_avg") && contiguous_or_absent(t, "exp_avg_sq")) {
         fused.push_back(&u);
       } else if (u.param.is_cuda() && u.grad.device() == u.param.device() &&
-                 u.grad.scalar_type() == u.param.scalar_type()) {
+                 u.grad.scalar_type() == u.param.scalar_type() && u.param.is_contiguous() &&
+                 u.grad.is_contiguous() && contiguous_or_absent(t, "exp_avg") && contiguous_or_absent(t, "exp_avg_sq")) {
         lists[{u.param.device().str(), u.param.scalar_type()}].push_back(&u);
       } else {
         update(u.param, u.grad, *u.state, options);
@@ -171,9 +196,8 @@ class Adam : public Optimizer {
   }
 
   void update_list(const std::vector<Update*>& list, const torch::optim::AdamOptions& o) {
-    const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-    std::vector<c10::Scalar> step_sizes, bias_corrections2_sqrt;
+    std::vector<int64_t> steps;
     for (Update* u : list) {
       auto& exp_avg = u->state->tensors["exp_avg"];
       auto& exp_avg_sq = u->state->tensors["exp_avg_sq"];
@@ -185,24 +209,10 @@ class Adam : public Optimizer {
       grads.push_back(u->grad);
       exp_avgs.push_back(exp_avg);
       exp_avg_sqs.push_back(exp_avg_sq);
-      const double step = u->state->step;
-      step_sizes.emplace_back(-lr / (1 - std::pow(beta1, step)));
-      bias_corrections2_sqrt.emplace_back(std::pow(1 - std::pow(beta2, step), 0.5));
+      steps.push_back(u->state->step);
     }
-    if (o.weight_decay() != 0) {
-      if (decoupled_) {
-        at::_foreach_mul_(params, 1 - lr * o.weight_decay());
-      } else {
-        grads = at::_foreach_add(grads, params, o.weight_decay());
-      }
-    }
-    at::_foreach_lerp_(exp_avgs, grads, 1 - beta1);
-    at::_foreach_mul_(exp_avg_sqs, beta2);
-    at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2);
-    auto denoms = at::_foreach_sqrt(exp_avg_sqs);
-    at::_foreach_div_(denoms, bias_corrections2_sqrt);
-    at::_foreach_add_(denoms, o.eps());
-    at::_foreach_addcdiv_(params, exp_avgs, denoms, step_sizes);
+    adam_step_fused_aten(params, grads, exp_avgs, exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
+                         std::get<1>(o.betas()), o.eps(), o.weight_decay(), decoupled_);
   }
 
   bool decoupled_;

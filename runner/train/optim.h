@@ -25,6 +25,17 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+// One Adam (or, `decoupled`, AdamW) step through torch.optim's fused kernel
+// (fused=True): one pass over each parameter, reading its gradient and both
+// moments and writing the moments and the parameter. Every tensor on one
+// device and of one dtype; `steps` are the steps being taken (1-based), one
+// per parameter. The optimizers' path for parameters on a GPU; it runs on the
+// CPU too (ATen has both kernels), where the tests check its arithmetic.
+void adam_step_fused_aten(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                          const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                          const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+                          double weight_decay, bool decoupled);
+
 // The learning rate of `step` (1-based) out of `steps`: linear warmup over
 // warmup_steps (lr * step / warmup_steps), then none/linear/cosine decay from
 // lr to min_lr, reaching min_lr one step after the last.

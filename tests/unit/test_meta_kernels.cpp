@@ -103,7 +103,7 @@ TEST(MetaAttention, FusedKernelsKeepNoScores) {
   auto o = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kMeta).requires_grad(true);
   auto kept = [&](bool cuda, double dropout, bool training) {
     memory::MetaCount count;
-    nn::FusedAttentionShapes shapes(cuda);
+    nn::GpuKernelShapes shapes(cuda);
     auto q = torch::empty({b, h, s, d}, o), k = torch::empty({b, h, s, d}, o), v = torch::empty({b, h, s, d}, o);
     const int64_t before = count.live();
     auto out = nn::attention(q, k, v, /*causal=*/true, dropout, training);
@@ -118,6 +118,34 @@ TEST(MetaAttention, FusedKernelsKeepNoScores) {
   EXPECT_EQ(kept(/*cuda=*/false, 0.0, true), output + logsumexp);
   EXPECT_EQ(kept(/*cuda=*/false, 0.1, /*training=*/false), output + logsumexp);
   EXPECT_GE(kept(/*cuda=*/false, 0.1, true), output + scores);
+}
+
+// A cuda plan's dry run counts RMSNorm as PyTorch's fused kernel runs it:
+// the output, and the input and a float32 inverse RMS per row kept for
+// backward; the CPU's float32 form keeps a float32 copy of a bfloat16 input
+// and the normalised input as well. A weight of another dtype than the
+// input's takes the float32 form on a GPU too (F.rms_norm's condition).
+TEST(MetaRmsNorm, TheGpusFusedKernelKeepsTheInputAndAnInverseRmsPerRow) {
+  const int64_t rows = 2 * 64, dim = 96;
+  auto kept = [&](bool cuda, torch::Dtype weight_dtype) {
+    memory::MetaCount count;
+    nn::GpuKernelShapes shapes(cuda);
+    nn::RMSNorm norm(dim);
+    auto o = torch::TensorOptions().device(torch::kMeta);
+    auto w = torch::empty({dim}, o.dtype(weight_dtype).requires_grad(true));
+    norm.set_view(norm.weight, w);  // the weight forward computes with, as fully_shard installs it
+    auto x = torch::empty({2, 64, dim}, o.dtype(torch::kBFloat16).requires_grad(true));
+    const int64_t before = count.live();
+    auto out = norm.forward(x);
+    const int64_t alive = count.live() - before;
+    out.sum().backward();
+    EXPECT_TRUE(x.grad().defined() && w.grad().defined());
+    return alive;
+  };
+  const int64_t output = rows * dim * 2, inverse_rms = rows * 4;
+  EXPECT_EQ(kept(/*cuda=*/true, torch::kBFloat16), output + inverse_rms);
+  EXPECT_GE(kept(/*cuda=*/false, torch::kBFloat16), output + rows * dim * 4);
+  EXPECT_GE(kept(/*cuda=*/true, torch::kFloat), output + rows * dim * 4);
 }
 
 }  // namespace

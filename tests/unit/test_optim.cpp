@@ -192,6 +192,40 @@ TEST(FusedOptimizer, AdamWIsWithinAnUlpPerStepOfTorchOptim) {
   compare(c, adamw_reference(c), {}, "adamw against ATen's sqrt", torch::kFloat, c.lr * std::ldexp(1.0, -20));
 }
 
+// The GPU's path (ATen's fused Adam and AdamW kernels, torch.optim's
+// fused=True) run on the CPU against torch.optim's single-tensor arithmetic:
+// the kernel spells the moments and the decay in its own order (beta1 x m +
+// (1 - beta1) x g, not lerp; p - lr x wd x p, not p x (1 - lr x wd)), each
+// within an ulp of them; the bound on the parameters is the test above's. A
+// wrong argument (a beta, eps, the step, the decay's form) moves the update by
+// far more than lr x 2^-20.
+TEST(FusedOptimizer, AtenFusedStepOfTheGpuIsWithinAnUlpPerStepOfTorchOptim) {
+  for (bool decoupled : {false, true}) {
+    for (double wd : {0.0, 0.05}) {
+      const double lr = 0.01;
+      AdamRef ref{lr, 0.9, 0.999, 1e-8, wd, decoupled, false, {}, {}};
+      auto ours = make_params(), theirs = make_params();
+      std::vector<torch::Tensor> m, v;
+      for (auto& p : ours) {
+        m.push_back(torch::zeros_like(p));
+        v.push_back(torch::zeros_like(p));
+      }
+      for (int t = 1; t <= 4; ++t) {
+        std::vector<torch::Tensor> grads;
+        for (size_t i = 0; i < ours.size(); ++i) grads.push_back(grad_of(ours[i], t, i));
+        adam_step_fused_aten(ours, grads, m, v, std::vector<int64_t>(ours.size(), t), lr, 0.9, 0.999, 1e-8, wd,
+                             decoupled);
+        ref.step(theirs, t);
+        for (size_t i = 0; i < ours.size(); ++i) {
+          expect_within_ulps(ours[i], theirs[i], t, lr * std::ldexp(1.0, -20),
+                             std::string(decoupled ? "adamw" : "adam") + " wd " + std::to_string(wd) + ", step " +
+                                 std::to_string(t) + ", param of " + std::to_string(kSizes[i]));
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedOptimizer, SgdIsTheSingleTensorPathBitForBit) {
   struct Opts {
     double momentum, dampening, wd;
