@@ -28,6 +28,12 @@ namespace {
 
 int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// Gloo sums no bfloat16 (and composer sums float16 as it sums bfloat16):
+// such tensors are summed in float32 and rounded once at the end.
+bool sixteen_bit(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+}
+
 c10d::ReduceOp to_c10d(Reduce op) {
   return op == Reduce::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
@@ -125,7 +131,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   // the end: a 16-bit ring would round after every hop, so its sum would
   // depend on the group size and the ranks' order. Twice the bytes, for a
   // result that is the same at any group size.
-  const bool widen = t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  const bool widen = sixteen_bit(t);
   auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
   TraceSpan span = counted(g, "all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
   std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
@@ -505,10 +511,11 @@ std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t,
   const auto wire = t.options().device(wire_device(g, t));
   std::vector<torch::Tensor> moving(n), pieces(n);
   std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
+  pieces[r] = t.contiguous();
   {
     TraceSpan span(span_name(g, "all_gather", piece_bytes));
     for (int i = 0; i < n; ++i) {
-      moving[i] = i == r ? t.to(wire.device()).contiguous() : torch::empty(with_size(t, dim, sizes[i]), wire);
+      moving[i] = i == r ? pieces[r].to(wire.device()) : torch::empty(with_size(t, dim, sizes[i]), wire);
       if (!g.pg || sizes[i] == 0) continue;  // every rank knows every size
       std::vector<torch::Tensor> v{moving[i]};
       c10d::BroadcastOptions o;
@@ -516,7 +523,6 @@ std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t,
       works[i] = g.pg->broadcast(v, o);
     }
   }
-  pieces[r] = t.contiguous();
   each(r, pieces[r]);  // while the others move
   for (int i = 0; i < n; ++i) {
     if (i == r) continue;
@@ -537,17 +543,16 @@ torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
   if (n == 1) return partial(0);
   std::vector<torch::Tensor> moving(n);
   std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
-  torch::Tensor first;
+  torch::TensorOptions result;  // the partials' dtype and device
   int64_t flat_bytes = 0;
   for (int i = 0; i < n; ++i) {
     auto p = partial(i);  // while the sums before it move
     if (i == 0) {
-      first = p;
+      result = p.options();
       dim = dim < 0 ? dim + p.dim() : dim;
       flat_bytes = counted_reduce_scatter(g, p, dim, global);
     }
-    // Gloo sums no 16-bit floats: those go in float32 and are rounded once at the end.
-    const bool widen = !nccl(g) && (p.scalar_type() == torch::kBFloat16 || p.scalar_type() == torch::kHalf);
+    const bool widen = !nccl(g) && sixteen_bit(p);
     moving[i] = (widen ? p.to(torch::kFloat) : p).to(wire_device(g, p)).contiguous();
     if (!g.pg || sizes[i] == 0) continue;
     TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
@@ -562,7 +567,7 @@ torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
       if (w) w->wait();  // the other ranks' too: their buffers live until then
     }
   }
-  return moving[r].to(first.options());
+  return moving[r].to(result);
 }
 
 }  // namespace composer::parallel

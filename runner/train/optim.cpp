@@ -117,15 +117,24 @@ class Adam : public Optimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
  private:
+  // The two moments of `p` in its state, made on its first step: zeros in p's layout.
+  struct Moments {
+    torch::Tensor& exp_avg;
+    torch::Tensor& exp_avg_sq;
+  };
+  static Moments moments(State& s, const torch::Tensor& p) {
+    Moments m{s.tensors["exp_avg"], s.tensors["exp_avg_sq"]};
+    if (!m.exp_avg.defined()) {
+      m.exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      m.exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    }
+    return m;
+  }
+
   void update(torch::Tensor& p, torch::Tensor grad, State& s, const torch::optim::OptimizerOptions& options) override {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
     const double lr = o.lr(), beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    auto& exp_avg = s.tensors["exp_avg"];
-    auto& exp_avg_sq = s.tensors["exp_avg_sq"];
-    if (!exp_avg.defined()) {
-      exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-      exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-    }
+    auto [exp_avg, exp_avg_sq] = moments(s, p);
     if (o.weight_decay() != 0) {
       if (decoupled_) {
         p.mul_(1 - lr * o.weight_decay());
@@ -172,12 +181,7 @@ class Adam : public Optimizer {
     const bool meta = list.front()->param.is_meta();
     std::vector<AdamWork> work;
     for (Update* u : list) {
-      auto& exp_avg = u->state->tensors["exp_avg"];
-      auto& exp_avg_sq = u->state->tensors["exp_avg_sq"];
-      if (!exp_avg.defined()) {
-        exp_avg = torch::zeros_like(u->param);
-        exp_avg_sq = torch::zeros_like(u->param);
-      }
+      auto [exp_avg, exp_avg_sq] = moments(*u->state, u->param);
       if (meta) continue;  // a dry run has no values
       // The scalars as the single-tensor path passes them, in double, then
       // cast to float32 as ATen's float kernels do.
@@ -199,12 +203,7 @@ class Adam : public Optimizer {
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
     std::vector<int64_t> steps;
     for (Update* u : list) {
-      auto& exp_avg = u->state->tensors["exp_avg"];
-      auto& exp_avg_sq = u->state->tensors["exp_avg_sq"];
-      if (!exp_avg.defined()) {
-        exp_avg = torch::zeros_like(u->param, torch::MemoryFormat::Preserve);
-        exp_avg_sq = torch::zeros_like(u->param, torch::MemoryFormat::Preserve);
-      }
+      auto [exp_avg, exp_avg_sq] = moments(*u->state, u->param);
       params.push_back(u->param);
       grads.push_back(u->grad);
       exp_avgs.push_back(exp_avg);
