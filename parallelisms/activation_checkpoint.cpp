@@ -1,5 +1,7 @@
 #include "parallelisms/activation_checkpoint.h"
 
+#include "parallelisms/parallel.h"
+
 #include <unordered_map>
 #include <unordered_set>
 
@@ -177,11 +179,11 @@ torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::M
 
 }  // namespace
 
-std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options) {
+std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointingConfig& options) {
   return checkpoint_units(nn::named_modules(model), options);
 }
 
-std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointOptions& options) {
+std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointingConfig& options) {
   std::vector<std::string> out;
   auto matches = models::select_modules(modules, options.units);
   for (size_t i = 0; i < matches.size(); ++i) {
@@ -190,7 +192,7 @@ std::vector<std::string> checkpoint_units(const models::NamedModules& modules, c
   return out;
 }
 
-std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options) {
+std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointingConfig& options) {
   auto modules = nn::named_modules(model);
   for (const auto& pattern : options.units) {
     bool found = false;
@@ -214,7 +216,7 @@ std::optional<std::string> check_checkpoint_units(models::Model& model, const Ac
 }
 
 ActivationCheckpoint::ActivationCheckpoint(const std::vector<models::Root>& roots,
-                                           const ActivationCheckpointOptions& options) {
+                                           const ActivationCheckpointingConfig& options) {
   models::NamedModules modules;  // every root's modules once, the roots' own left out
   std::unordered_set<const nn::Module*> seen;
   for (const auto& root : roots) {
@@ -239,13 +241,21 @@ ActivationCheckpoint::ActivationCheckpoint(const std::vector<models::Root>& root
 }
 
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(const std::vector<models::Root>& roots,
-                                                                     const ActivationCheckpointOptions& options) {
+                                                                     const ActivationCheckpointingConfig& options) {
   return std::make_unique<ActivationCheckpoint>(roots, options);
 }
 
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
-                                                                     const ActivationCheckpointOptions& options) {
+                                                                     const ActivationCheckpointingConfig& options) {
   return apply_activation_checkpointing({models::whole(model)}, options);
 }
+
+bool apply(Applying& a, const ActivationCheckpointingConfig& config) {
+  a.par.ac = apply_activation_checkpointing(a.par.roots, config);
+  a.log("applied activation_checkpointing: " + std::to_string(a.par.ac->units().size()) + " units");
+  return false;  // how a unit computes, not where
+}
+
+void trace(Tracing&, const ActivationCheckpointingConfig&) {}
 
 }  // namespace composer::parallel

@@ -20,32 +20,54 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
 #include "models/select.h"
+#include "parallelisms/config_fields.h"
 
 namespace composer::parallel {
 
-struct ActivationCheckpointOptions {
-  std::vector<std::string> units;  // module FQN patterns, as fully_shard's
-  int64_t every = 1;               // checkpoint the every-th, 2 x every-th, ... matching unit
+// The `activation_checkpointing` transform's options (docs/configuration.md).
+struct ActivationCheckpointingConfig {
+  static constexpr const char* kKey = "activation_checkpointing";
+  std::vector<std::string> units;
+  int64_t every = 1;
+
+  template <class V>
+  void fields(V& v) {
+    v("units", units);             // module FQN patterns, as fully_shard's (required)
+    v("every", every, kPositive);  // checkpoint the every-th, 2 x every-th, ... matching unit
+  }
+  std::optional<FieldError> check(const std::set<std::string>&) const {
+    if (!units.empty()) return std::nullopt;
+    return FieldError{"", "activation_checkpointing needs units: the modules to checkpoint, as FQN patterns (e.g. "
+                          "units: [layers.*])"};
+  }
 };
 
+struct Applying;
+struct Tracing;
+// Checkpoints the selected units of the roots: how a unit computes, not where.
+bool apply(Applying& a, const ActivationCheckpointingConfig& config);
+// Recomputing changes no activation at a stage's edge.
+void trace(Tracing& t, const ActivationCheckpointingConfig& config);
+
 // The unit FQNs `options` checkpoint in `model`, in forward order.
-std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options);
-std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointOptions& options);
+std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointingConfig& options);
+std::vector<std::string> checkpoint_units(const models::NamedModules& modules, const ActivationCheckpointingConfig& options);
 
 // Why `options` cannot checkpoint `model`: a pattern that matches no module,
 // or units that nest. nullopt when they can.
-std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointOptions& options);
+std::optional<std::string> check_checkpoint_units(models::Model& model, const ActivationCheckpointingConfig& options);
 
 class ActivationCheckpoint {
  public:
   // Checkpoints the selected units among the modules of `roots` (the model,
   // or this rank's pipeline stages).
-  ActivationCheckpoint(const std::vector<models::Root>& roots, const ActivationCheckpointOptions& options);
+  ActivationCheckpoint(const std::vector<models::Root>& roots, const ActivationCheckpointingConfig& options);
   const std::vector<std::string>& units() const { return units_; }
   // Backward recomputes so far (one per checkpointed unit and microbatch).
   int64_t recomputes() const { return recomputes_->load(); }
@@ -56,8 +78,8 @@ class ActivationCheckpoint {
 };
 
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(const std::vector<models::Root>& roots,
-                                                                     const ActivationCheckpointOptions& options);
+                                                                     const ActivationCheckpointingConfig& options);
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(models::Model& model,
-                                                                     const ActivationCheckpointOptions& options);
+                                                                     const ActivationCheckpointingConfig& options);
 
 }  // namespace composer::parallel

@@ -1,5 +1,7 @@
 #include "parallelisms/context_parallel.h"
 
+#include "parallelisms/parallel.h"
+
 #include <cmath>
 #include <limits>
 
@@ -313,7 +315,7 @@ struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
 
 }  // namespace
 
-const char* name_of(Rotate r) { return r == Rotate::kAllGather ? "allgather" : "ring"; }
+const char* name_of(Rotate r) { return lookup(kRotateNames, r); }
 
 std::vector<int64_t> sequence_chunks(int size, int rank, bool load_balance) {
   if (!load_balance) return {rank};
@@ -322,7 +324,7 @@ std::vector<int64_t> sequence_chunks(int size, int rank, bool load_balance) {
 
 int64_t chunks_per_sequence(int size, bool load_balance) { return load_balance ? 2 * size : size; }
 
-ContextParallel::ContextParallel(Group& group, const ContextParallelOptions& options)
+ContextParallel::ContextParallel(Group& group, const ContextParallelConfig& options)
     : group_(group), options_(options) {}
 
 torch::Tensor ContextParallel::positions(int64_t local_len, const c10::Device& device) const {
@@ -350,7 +352,7 @@ torch::Tensor ContextParallel::slice(const torch::Tensor& t, int64_t dim) const 
 }
 
 std::shared_ptr<ContextParallel> apply_context_parallel(models::Model& model, const std::vector<models::Root>& roots,
-                                                        Group& group, const ContextParallelOptions& options,
+                                                        Group& group, const ContextParallelConfig& options,
                                                         Placements& placements) {
   nn::SequenceSlot* slot = model.sequence_slot();
   TORCH_CHECK(slot, "context_parallel: the model has no attention it can split over the sequence");
@@ -364,6 +366,18 @@ std::shared_ptr<ContextParallel> apply_context_parallel(models::Model& model, co
                        Placement::partial(Reduce::kAvg)});
   }
   return cp;
+}
+
+bool apply(Applying& a, const ContextParallelConfig& config) {
+  Group& group = a.group(config.mesh_dim);
+  a.par.cp = apply_context_parallel(a.model, a.par.roots, group, config, *a.par.placements);
+  a.log("applied context_parallel " + over(&group) + ": " + name_of(config.rotate) + " attention, " +
+        (config.load_balance ? "load-balanced chunks" : "contiguous slices"));
+  return true;
+}
+
+void trace(Tracing& t, const ContextParallelConfig& config) {
+  t.input = ContextParallel(t.group(config.mesh_dim), config).slice(t.input, 1);
 }
 
 }  // namespace composer::parallel

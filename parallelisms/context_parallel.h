@@ -22,22 +22,44 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
+#include "parallelisms/config_fields.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
 enum class Rotate { kRing, kAllGather };
+inline constexpr EnumName<Rotate> kRotateNames[] = {{Rotate::kRing, "ring"}, {Rotate::kAllGather, "allgather"}};
+inline const auto& names_of(Rotate) { return kRotateNames; }
 const char* name_of(Rotate r);
 
-struct ContextParallelOptions {
+// The `context_parallel` transform's options (docs/configuration.md).
+struct ContextParallelConfig {
+  static constexpr const char* kKey = "context_parallel";
+  std::vector<std::string> mesh_dim{"cp"};
   bool load_balance = true;
   Rotate rotate = Rotate::kRing;
+
+  template <class V>
+  void fields(V& v) {
+    v("mesh_dim", mesh_dim, kOneOrList);  // the one mesh dim whose ranks split each sequence
+    v("load_balance", load_balance);      // rank i holds chunks i and 2cp-1-i of 2cp (else slice i of cp)
+    v("rotate", rotate);                  // how keys and values reach every rank: ring or allgather
+  }
 };
+
+struct Applying;
+struct Tracing;
+// Splits every sequence over the cp ranks; the model's attention then moves
+// keys and values between them.
+bool apply(Applying& a, const ContextParallelConfig& config);
+// A stage's input is this rank's slice of the sequence.
+void trace(Tracing& t, const ContextParallelConfig& config);
 
 // The sequence chunks rank `rank` of `size` holds, in order: {rank, 2 size-1-rank}
 // of 2 size chunks with load balance, else {rank} of size chunks.
@@ -47,25 +69,25 @@ int64_t chunks_per_sequence(int size, bool load_balance);
 
 class ContextParallel : public nn::SequenceSplit {
  public:
-  ContextParallel(Group& group, const ContextParallelOptions& options);
+  ContextParallel(Group& group, const ContextParallelConfig& options);
   torch::Tensor positions(int64_t local_len, const c10::Device& device) const override;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           bool causal) const override;
   // This rank's slice of `t`, whose dim `dim` is a whole sequence.
   torch::Tensor slice(const torch::Tensor& t, int64_t dim) const;
   Group& group() const { return group_; }
-  const ContextParallelOptions& options() const { return options_; }
+  const ContextParallelConfig& options() const { return options_; }
 
  private:
   Group& group_;
-  ContextParallelOptions options_;
+  ContextParallelConfig options_;
 };
 
 // Installs the split in `model`'s sequence slot and records every parameter
 // the roots hold as Replicate over the group with its gradient Partial (avg).
 // The model must have a slot (models::ModelSpec::cp_check says which do).
 std::shared_ptr<ContextParallel> apply_context_parallel(models::Model& model, const std::vector<models::Root>& roots,
-                                                        Group& group, const ContextParallelOptions& options,
+                                                        Group& group, const ContextParallelConfig& options,
                                                         Placements& placements);
 
 }  // namespace composer::parallel

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +29,8 @@
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
+#include "parallelisms/config_fields.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
@@ -81,9 +84,76 @@ std::vector<std::string> all_gather_extension_names();
 // to the compute dtype.
 const AllGatherExtension& default_all_gather();
 
+// fully_shard's shard dim per parameter: dim 0, or (opposite_tp) the other
+// dim than tensor parallelism shards (PyTorch's shard_placement_fn of 2.A.2).
+enum class ShardPlacement { kDim0, kOppositeTp };
+inline constexpr EnumName<ShardPlacement> kShardPlacementNames[] = {{ShardPlacement::kDim0, "dim0"},
+                                                                   {ShardPlacement::kOppositeTp, "opposite_tp"}};
+inline const auto& names_of(ShardPlacement) { return kShardPlacementNames; }
+// The all-gather extension for float32 parameters (all_gather_extension.cpp names them so).
+enum class AllGather { kPlain, kBfloat16, kSplitBfloat16 };
+inline constexpr EnumName<AllGather> kAllGatherNames[] = {
+    {AllGather::kPlain, "plain"}, {AllGather::kBfloat16, "bfloat16"}, {AllGather::kSplitBfloat16, "split_bfloat16"}};
+inline const auto& names_of(AllGather) { return kAllGatherNames; }
+enum class Offload { kNone, kCpu };
+inline constexpr EnumName<Offload> kOffloadNames[] = {{Offload::kNone, "none"}, {Offload::kCpu, "cpu"}};
+inline const auto& names_of(Offload) { return kOffloadNames; }
+
+// reshard_after_forward: true, false or N, held as the group size the
+// unsharded parameters are resharded to after forward: 0 is the whole shard
+// group (true), 1 keeps them gathered (false), N keeps 1/N of them on each
+// rank and backward gathers over N consecutive ranks (FSDP2's integer form;
+// whether N divides the shard group is the planner's check).
+struct ReshardAfterForward {
+  int64_t size = 0;
+};
+
+// The `fully_shard` transform's options (docs/configuration.md).
+struct FullyShardConfig {
+  static constexpr const char* kKey = "fully_shard";
+  std::vector<std::string> mesh_dim{"dp"};
+  std::vector<std::string> units;
+  ReshardAfterForward reshard_after_forward;
+  std::optional<DType> param_dtype;
+  std::optional<DType> reduce_dtype;
+  ShardPlacement shard_placement = ShardPlacement::kDim0;
+  AllGather all_gather = AllGather::kPlain;
+  Offload offload = Offload::kNone;
+  bool prefetch = true;
+  std::vector<std::string> per_rank;
+  int64_t per_rank_seed = -1;
+
+  template <class V>
+  void fields(V& v) {
+    v("mesh_dim", mesh_dim, kOneOrList);  // one dim (FSDP) or [replicate, shard] (HSDP); "a+b" flattens dims
+    v("units", units);                    // module FQN patterns; each match is a unit
+    v("reshard_after_forward", reshard_after_forward);  // true, false or a group size N
+    v("param_dtype", param_dtype);        // compute dtype (unset = the parameter dtype)
+    v("reduce_dtype", reduce_dtype);      // gradient reduction dtype (unset = param_dtype)
+    v("shard_placement", shard_placement);  // the dim each parameter is sharded on
+    v("all_gather", all_gather);          // all-gather extension for float32 parameters
+    v("offload", offload);                // cpu keeps shards and optimizer state on the host
+    v("prefetch", prefetch);              // issue the next unit's all-gather early
+    v("per_rank", per_rank);              // parameters (FQN patterns) each rank keeps its own (per_rank.h)
+    v("per_rank_seed", per_rank_seed);    // rank i draws them with the model's init under seed + i (-1: keep)
+  }
+  std::optional<FieldError> check(const std::set<std::string>&) const {
+    return check_per_rank(per_rank, per_rank_seed);
+  }
+};
+
+struct Applying;
+struct Tracing;
+// Shards the roots over the last of its dims (replicated over the first under HSDP).
+bool apply(Applying& a, const FullyShardConfig& config);
+// Gathering before each unit changes no activation at a stage's edge.
+void trace(Tracing& t, const FullyShardConfig& config);
+
+// fully_shard as a rank runs it.
 struct FullyShardOptions {
   std::vector<std::string> units;     // module FQN patterns; each match is its own unit
-  bool reshard_after_forward = true;  // free unsharded parameters between forward and backward
+  bool reshard_after_forward = FullyShardConfig{}.reshard_after_forward.size != 1;  // free unsharded parameters
+                                                                                    // between forward and backward
   // Resharding to a smaller group (FSDP2's integer reshard_after_forward):
   // N consecutive ranks of the shard group, this rank among them. After a
   // unit's first all-gather of a step each rank keeps the gathered inputs of
@@ -98,7 +168,7 @@ struct FullyShardOptions {
   // The dim to shard each parameter on (shard_placement_fn); nullptr = dim 0.
   std::function<int64_t(const torch::Tensor&)> shard_dim;
   Group* replicate = nullptr;         // HSDP: parameters are replicated over it
-  bool prefetch = true;               // issue the next unit's all-gather early
+  bool prefetch = FullyShardConfig{}.prefetch;  // issue the next unit's all-gather early
   // Shards, their gradients and the optimizer state in pinned host memory
   // (offload: cpu on a GPU): each all-gather copies the shard to the device,
   // each reduce-scatter's result comes back, and the optimizer steps on the host.

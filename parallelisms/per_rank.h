@@ -9,6 +9,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
+#include "parallelisms/config_fields.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
@@ -27,6 +29,11 @@ bool per_rank_selects(const std::vector<std::string>& patterns, const std::strin
 
 // The FQNs of the parameters `patterns` select, in registration order.
 std::vector<std::string> per_rank_params(models::Model& model, const std::vector<std::string>& patterns);
+
+// fully_shard's and replicate's per_rank options: the patterns and the seed
+// rank i draws its values with (seed + i; -1 keeps the model's init). Their
+// check refuses a seed below -1 or a seed without patterns.
+std::optional<FieldError> check_per_rank(const std::vector<std::string>& patterns, int64_t seed);
 
 // The set of per-rank parameters (by TensorImpl) that apply_per_rank returns.
 using ParamSet = std::unordered_set<const c10::TensorImpl*>;

@@ -7,26 +7,51 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
+#include "parallelisms/config_fields.h"
+#include "parallelisms/grad_sync.h"
+#include "parallelisms/per_rank.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
-struct ReplicateOptions {
-  // Parameters (FQN patterns; a module's select its parameters) each rank
-  // keeps its own (per_rank.h): neither broadcast nor reduced.
+// The `replicate` transform's options (docs/configuration.md).
+struct ReplicateConfig {
+  static constexpr const char* kKey = "replicate";
+  std::vector<std::string> mesh_dim{"dp"};
+  double bucket_mb = GradSyncOptions{}.bucket_mb;
   std::vector<std::string> per_rank;
-  double bucket_mb = 25;  // gradient bytes per all-reduce bucket (the gradient synchronisation's)
+  int64_t per_rank_seed = -1;
+
+  template <class V>
+  void fields(V& v) {
+    v("mesh_dim", mesh_dim, kOneOrList);   // the dims whose ranks hold copies
+    v("bucket_mb", bucket_mb, kPositive);  // gradient bucket size
+    v("per_rank", per_rank);               // parameters (FQN patterns) each rank keeps its own (per_rank.h)
+    v("per_rank_seed", per_rank_seed);     // rank i draws them with the model's init under seed + i (-1: keep)
+  }
+  std::optional<FieldError> check(const std::set<std::string>&) const {
+    return check_per_rank(per_rank, per_rank_seed);
+  }
 };
 
+struct Applying;
+struct Tracing;
+// Replicates the roots over the dims: parameters broadcast, gradients averaged in buckets.
+bool apply(Applying& a, const ReplicateConfig& config);
+// Copies change no activation at a stage's edge.
+void trace(Tracing& t, const ReplicateConfig& config);
+
 // Broadcasts rank 0's parameters over `group` and records their placement.
-void apply_replicate(const std::vector<models::Root>& roots, Group& group, const ReplicateOptions& options,
+void apply_replicate(const std::vector<models::Root>& roots, Group& group, const ReplicateConfig& options,
                      Placements& placements);
-void apply_replicate(models::Model& model, Group& group, const ReplicateOptions& options, Placements& placements);
+void apply_replicate(models::Model& model, Group& group, const ReplicateConfig& options, Placements& placements);
 
 }  // namespace composer::parallel

@@ -384,4 +384,22 @@ std::unique_ptr<TensorParallel> apply_tensor_parallel(models::Model& model, Grou
   return apply_tensor_parallel({models::whole(model)}, group, plan, placements);
 }
 
+bool apply(Applying& a, const TensorParallelConfig& config) {
+  Group& group = a.group(config.mesh_dim);
+  a.par.tp = apply_tensor_parallel(a.par.roots, group, config.rules, *a.par.placements);
+  for (const auto& root : a.par.roots) {  // a pipeline rank without the logits computes no loss
+    for (const auto& [name, m] : root.modules) {
+      auto* out = name == config.loss_module ? dynamic_cast<nn::Linear*>(m) : nullptr;
+      if (out) a.par.vocab = {&group, out->out_features};
+    }
+  }
+  a.log("applied tensor_parallel " + over(&group) + ": " + std::to_string(a.par.tp->num_modules()) + " modules");
+  return true;
+}
+
+void trace(Tracing& t, const TensorParallelConfig& config) {
+  t.keep.push_back(std::shared_ptr<TensorParallel>(
+      apply_tensor_parallel(t.roots, t.group(config.mesh_dim), config.rules, t.scratch)));
+}
+
 }  // namespace composer::parallel

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,9 +27,45 @@
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
+#include "parallelisms/config_fields.h"
+#include "parallelisms/parallel.h"
 #include "parallelisms/placement.h"
 
 namespace composer::parallel {
+
+// The `tensor_parallel` transform's options (docs/configuration.md).
+struct TensorParallelConfig {
+  static constexpr const char* kKey = "tensor_parallel";
+  std::vector<std::string> mesh_dim{"tp"};
+  std::string plan = "default";
+  models::TpPlan styles;
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
+  // Resolved by the planner: the rules applied (the model's plan, or
+  // styles) and the module whose logits stay vocabulary-sharded ("": none).
+  models::TpPlan rules;
+  std::string loss_module;
+
+  template <class V>
+  void fields(V& v) {
+    v("mesh_dim", mesh_dim, kOneOrList);       // the one mesh dim it shards over
+    v("plan", plan);                           // the model's plan (default), or custom (then `styles`)
+    v("styles", styles);                       // plan custom: the rules
+    v("sequence_parallel", sequence_parallel);  // shard norms and residuals on the sequence dim
+    v("loss_parallel", loss_parallel);         // keep the logits sharded over the vocabulary
+  }
+  std::optional<FieldError> check(const std::set<std::string>&) const {
+    if ((plan == "custom") == !styles.empty()) return std::nullopt;
+    return FieldError{"", "a custom plan lists its rules in `styles`, and `styles` needs plan: custom"};
+  }
+};
+
+struct Applying;
+struct Tracing;
+// Shards the roots' modules by the resolved rules.
+bool apply(Applying& a, const TensorParallelConfig& config);
+// A stage's edge is sharded as this rank's tensor-parallel coordinate sees it.
+void trace(Tracing& t, const TensorParallelConfig& config);
 
 // Checks a plan against a model without any process group: every pattern
 // matches a module, and each style suits the module's type. Returns the
@@ -71,13 +108,8 @@ class TensorParallel {
   Placements& placements_;
 };
 
-// Loss parallel: the logits stay sharded over the vocabulary (torch.chunk
-// pieces of `vocab` over the tp group), and this is their cross entropy.
-struct VocabParallel {
-  Group* group = nullptr;  // the tp dim (nullptr: the logits are whole)
-  int64_t vocab = 0;       // the full vocabulary
-};
-
+// Loss parallel (VocabParallel, parallel.h): the cross entropy of logits
+// that stay sharded over the vocabulary.
 // The mean over rows of cross entropy between logits sharded on their last
 // dim ([rows, this rank's piece of vocab]) and class ids ([rows]): the max
 // and the sum of exponentials are all-reduced over the group, and the target's

@@ -7,6 +7,7 @@
 
 #include "models/layers.h"
 #include "parallelisms/comm/trace_span.h"
+#include "parallelisms/parallel.h"
 
 namespace composer::parallel {
 
@@ -311,7 +312,8 @@ void Pipeline::act(const Action& a, Run& run) {
 }
 
 double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
-                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor) {
+                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale) {
+  const double loss_factor = options_.loss_factor * grad_scale;
   TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == shape_.stages(),
                         "the pipeline's stage shapes were never set");
   const auto t0 = std::chrono::steady_clock::now();
@@ -370,6 +372,56 @@ double Pipeline::evaluate(const std::function<torch::Tensor(int)>& input_of,
   for (auto& h : run.sends) h.wait();
   losses_ = kept;
   return run.loss_sum;
+}
+
+double pipeline_loss_factor(bool scale_grads, bool sum_loss, int64_t microbatches) {
+  const double n = static_cast<double>(microbatches);
+  return sum_loss ? (scale_grads ? 1.0 / n : 1.0) : (scale_grads ? 1.0 : n);
+}
+
+namespace {
+
+// The stage shapes: the pipeline's trace on a shape-only copy of the model,
+// cut the same way with every stage held, through every later transform's
+// trace() (tensor parallelism shards the twin as this rank's coordinate does,
+// context parallelism slices the input as this rank holds it, the others
+// change no edge).
+StageShapes trace_stages(const Applying& a, Group& group, const PipelineOptions& cut) {
+  models::ModelPtr twin = a.o.shape_twin();
+  twin->eval();
+  PipelineOptions po = cut;
+  po.every_stage = true;
+  po.placements = nullptr;
+  Pipeline every(*twin, group, po);
+  Tracing t{every.roots(), a.o.microbatch().to(torch::kMeta), a.o, {}, {}};
+  if (a.trace_later) a.trace_later(t);
+  return every.trace(t.input);
+}
+
+}  // namespace
+
+bool apply(Applying& a, const PipelineConfig& config) {
+  Parallel& par = a.par;
+  Group& group = a.group(config.mesh_dim);
+  PipelineOptions po;
+  static_cast<PipelineConfig&>(po) = config;
+  po.placements = par.placements.get();
+  DeviceMesh* mesh = a.o.mesh;
+  const std::string dim = config.mesh_dim.front();
+  po.subgroup = [mesh, dim](const std::vector<int>& members) { return &mesh->subgroup(dim, members); };
+  par.pipe = std::make_unique<Pipeline>(a.model, group, po);
+  par.roots = par.pipe->roots();
+  if (a.o.microbatch && a.o.shape_twin) par.pipe->set_shapes(trace_stages(a, group, po));
+  std::string stages;
+  for (int st : par.pipe->local_stages()) stages += (stages.empty() ? "" : ", ") + std::to_string(st);
+  a.log("applied pipeline " + over(&group) + ": " + name_of(config.schedule) + ", " +
+        std::to_string(par.pipe->shape().stages()) + " stages, this rank runs stage" +
+        (par.roots.size() == 1 ? " " : "s ") + stages);
+  return true;
+}
+
+void trace(Tracing&, const PipelineConfig&) {
+  TORCH_INTERNAL_ASSERT(false, "a pipeline cuts the model first: no transform before it traces stage shapes");
 }
 
 }  // namespace composer::parallel

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,12 +27,46 @@
 
 namespace composer::parallel {
 
-struct PipelineOptions {
+// The `pipeline` transform's options (docs/configuration.md): the one mesh
+// dim whose ranks hold the stages, the schedule and how the model is cut.
+struct PipelineConfig {
+  static constexpr const char* kKey = "pipeline";
+  std::vector<std::string> mesh_dim{"pp"};
   ScheduleKind schedule = ScheduleKind::k1f1b;
-  int virtual_stages = 1;
-  int microbatches = 1;
-  std::vector<std::string> split_points;  // piece names where stages 1.. start
-  int64_t layers_per_stage = 0;           // 0: split the layers evenly
+  int64_t microbatches = 0;  // the planner resolves 0 to the step's count
+  int64_t virtual_stages = 1;
+  std::vector<std::string> split_points;
+  int64_t layers_per_stage = 0;
+  bool scale_grads = true;
+  // Resolved by the planner: the factor on each microbatch's loss that gives
+  // scale_grads its meaning for the training loss (pipeline_loss_factor).
+  double loss_factor = 1;
+
+  template <class V>
+  void fields(V& v) {
+    v("mesh_dim", mesh_dim, kOneOrList);             // the one mesh dim whose ranks hold the stages
+    v("schedule", schedule);                         // the schedule
+    v("microbatches", microbatches, kNonNegative);   // per step; 0 = train.microbatches when > 1, else pp (zbv: 2 pp)
+    v("virtual_stages", virtual_stages, kPositive);  // stages per rank (zbv: 2)
+    v("split_points", split_points);                 // FQNs where a stage starts
+    v("layers_per_stage", layers_per_stage, kNonNegative);  // 0 = split evenly
+    v("scale_grads", scale_grads);                   // divide gradients by the microbatch count
+  }
+  // zbv's V needs two stages per rank: its default.
+  std::optional<FieldError> check(const std::set<std::string>& given) {
+    if (schedule == ScheduleKind::kZbv && !given.count("virtual_stages")) virtual_stages = 2;
+    return std::nullopt;
+  }
+};
+
+// The factor on each microbatch's loss (before backward) that gives PyTorch's
+// scale_grads semantics over `microbatches`: its microbatch loss is the loss
+// function over the microbatch (a mean-type loss is n x the microbatch's share
+// of the batch loss), divided by n when scale_grads.
+double pipeline_loss_factor(bool scale_grads, bool sum_loss, int64_t microbatches);
+
+// A pipeline as a rank runs it: its config (microbatches resolved) and where it records placements.
+struct PipelineOptions : PipelineConfig {
   // Where every parameter's pp placement is recorded: Replicate on the pp
   // ranks whose stages hold it (its members), gradients Partial (summed over
   // the members: a tied weight on two stages).
@@ -42,6 +77,13 @@ struct PipelineOptions {
   // shape-only copy of the model whose trace() gives the stage shapes.
   bool every_stage = false;
 };
+
+struct Applying;
+// Cuts the model into this rank's stages (the roots every later transform
+// applies to) and traces the stage shapes through the later transforms.
+bool apply(Applying& a, const PipelineConfig& config);
+struct Tracing;
+void trace(Tracing& t, const PipelineConfig& config);
 
 // Each stage's input shape and dtype and output shape, in stage order.
 struct StageShapes {
@@ -81,10 +123,11 @@ class Pipeline {
   ScheduleKind kind() const { return options_.schedule; }
   // Runs one step's actions. `input_of(mb)` gives a microbatch's inputs (read
   // on the first stage's rank), `loss_of(mb, output)` its loss on the last
-  // stage's rank; backward runs on loss x `loss_factor`. Returns the sum of
-  // the microbatch losses (before the factor) on the last stage's rank, 0 elsewhere.
+  // stage's rank; backward runs on loss x the config's loss_factor x
+  // `grad_scale`. Returns the sum of the microbatch losses (before either
+  // factor) on the last stage's rank, 0 elsewhere.
   double run(const std::function<torch::Tensor(int)>& input_of,
-             const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double loss_factor);
+             const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale);
   // Forward only (the caller holds a NoGradGuard), for evaluation: every
   // microbatch through every stage in order, activations sent to the next
   // stage's rank; `loss_of` on the last stage. Returns the sum of the

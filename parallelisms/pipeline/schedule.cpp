@@ -8,17 +8,6 @@
 namespace composer::parallel {
 namespace {
 
-struct KindName {
-  ScheduleKind kind;
-  const char* name;
-};
-constexpr KindName kKinds[] = {{ScheduleKind::kGpipe, "gpipe"},
-                               {ScheduleKind::k1f1b, "1f1b"},
-                               {ScheduleKind::kInterleaved1f1b, "interleaved_1f1b"},
-                               {ScheduleKind::kLoopedBfs, "looped_bfs"},
-                               {ScheduleKind::kInterleavedZeroBubble, "interleaved_zero_bubble"},
-                               {ScheduleKind::kZbv, "zbv"}};
-
 bool zero_bubble(ScheduleKind k) { return k == ScheduleKind::kInterleavedZeroBubble || k == ScheduleKind::kZbv; }
 
 bool is_compute(Op op) {
@@ -168,22 +157,17 @@ std::vector<RankActions> zero_bubble_schedule(const PipelineShape& s) { return Z
 
 }  // namespace
 
-const char* name_of(ScheduleKind k) {
-  for (const auto& e : kKinds) {
-    if (e.kind == k) return e.name;
-  }
-  return "?";
-}
+const char* name_of(ScheduleKind k) { return lookup(kScheduleNames, k); }
 
 std::vector<std::string> schedule_names() {
   std::vector<std::string> out;
-  for (const auto& e : kKinds) out.push_back(e.name);
+  for (const auto& e : kScheduleNames) out.push_back(e.name);
   return out;
 }
 
 std::optional<ScheduleKind> schedule_named(const std::string& name) {
-  for (const auto& e : kKinds) {
-    if (name == e.name) return e.kind;
+  for (const auto& e : kScheduleNames) {
+    if (name == e.name) return e.value;
   }
   return std::nullopt;
 }

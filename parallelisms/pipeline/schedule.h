@@ -13,9 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "parallelisms/config_fields.h"
+
 namespace composer::parallel {
 
 enum class ScheduleKind { kGpipe, k1f1b, kInterleaved1f1b, kLoopedBfs, kInterleavedZeroBubble, kZbv };
+inline constexpr EnumName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kGpipe, "gpipe"},
+                                                           {ScheduleKind::k1f1b, "1f1b"},
+                                                           {ScheduleKind::kInterleaved1f1b, "interleaved_1f1b"},
+                                                           {ScheduleKind::kLoopedBfs, "looped_bfs"},
+                                                           {ScheduleKind::kInterleavedZeroBubble, "interleaved_zero_bubble"},
+                                                           {ScheduleKind::kZbv, "zbv"}};
+inline const auto& names_of(ScheduleKind) { return kScheduleNames; }
 
 const char* name_of(ScheduleKind k);
 // Every schedule name, in the order above.

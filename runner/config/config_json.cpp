@@ -15,56 +15,6 @@ nlohmann::json args_json(const models::ModelArgs& args) {
   }
   return j;
 }
-std::string layout_name(const models::Layout& l) {
-  return l.sharded ? "shard(" + std::to_string(l.dim) + ")" : std::string("replicate");
-}
-
-nlohmann::json options_json(const PipelineConfig& t) {
-  return {{"mesh_dim", t.mesh_dim},         {"schedule", name_of(t.schedule)},
-          {"microbatches", t.microbatches}, {"virtual_stages", t.virtual_stages},
-          {"split_points", t.split_points}, {"layers_per_stage", t.layers_per_stage},
-          {"scale_grads", t.scale_grads}};
-}
-
-nlohmann::json options_json(const TensorParallelConfig& t) {
-  nlohmann::json j = {{"mesh_dim", t.mesh_dim}, {"plan", t.plan}, {"sequence_parallel", t.sequence_parallel},
-                      {"loss_parallel", t.loss_parallel}};
-  for (const auto& r : t.styles) {
-    j["styles"].push_back({{"module", r.pattern}, {"style", name_of(r.style)}, {"input", layout_name(r.input)},
-                           {"output", layout_name(r.output)}, {"desired_input", layout_name(r.desired_input)}});
-  }
-  return j;
-}
-
-nlohmann::json options_json(const ContextParallelConfig& t) {
-  return {{"mesh_dim", t.mesh_dim}, {"load_balance", t.load_balance}, {"rotate", parallel::name_of(t.rotate)}};
-}
-
-nlohmann::json options_json(const ActivationCheckpointingConfig& t) { return {{"units", t.units}, {"every", t.every}}; }
-
-// As written: true (the whole shard group), false (kept gathered) or the group size.
-nlohmann::json reshard_json(int64_t size) {
-  if (size <= 1) return size == 0;
-  return size;
-}
-
-nlohmann::json options_json(const FullyShardConfig& t) {
-  return {{"mesh_dim", t.mesh_dim}, {"units", t.units}, {"reshard_after_forward", reshard_json(t.reshard_after_forward)},
-          {"param_dtype", t.param_dtype ? name_of(*t.param_dtype) : ""},
-          {"reduce_dtype", t.reduce_dtype ? name_of(*t.reduce_dtype) : ""},
-          {"shard_placement", name_of(t.shard_placement)}, {"all_gather", name_of(t.all_gather)},
-          {"offload", name_of(t.offload)}, {"prefetch", t.prefetch}, {"per_rank", t.per_rank},
-          {"per_rank_seed", t.per_rank_seed}};
-}
-
-nlohmann::json options_json(const ReplicateConfig& t) {
-  return {{"mesh_dim", t.mesh_dim}, {"bucket_mb", t.bucket_mb}, {"per_rank", t.per_rank},
-          {"per_rank_seed", t.per_rank_seed}};
-}
-
-nlohmann::json transform_json(const TransformConfig& t) {
-  return {{t.name(), std::visit([](const auto& o) { return options_json(o); }, t.options)}};
-}
 }  // namespace
 
 nlohmann::json to_json(const ExperimentConfig& c) {
@@ -81,7 +31,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                {"timeout_s", c.mesh.timeout_s},
                {"memory_per_rank_mb", c.mesh.memory_per_rank_mb}};
   j["parallelize"] = nlohmann::json::array();
-  for (const auto& p : c.parallelize) j["parallelize"].push_back(transform_json(p));
+  for (const auto& p : c.parallelize) j["parallelize"].push_back(to_json(p.options));
   j["train"] = {
       {"steps", t.steps},
       {"global_batch", t.global_batch},

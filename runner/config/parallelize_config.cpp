@@ -1,40 +1,36 @@
-// Reading the parallelize section: one reader per transform, each into its
-// own typed options, in the order kTransformReaders lists them.
-#include <cstdio>
-
+// Reading and writing the parallelize section: one walk over each
+// transform's field list (parallelisms/config_fields.h) for YAML and one for
+// JSON, and the readers of the two field types YAML spells in their own way
+// (tensor-parallel styles, reshard_after_forward).
 #include "runner/config/parallelize_config.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <type_traits>
 
 namespace composer {
 namespace {
-
-const EnumName<DType> kDTypes[] = {{DType::kFloat32, "float32"},
-                                   {DType::kFloat64, "float64"},
-                                   {DType::kBFloat16, "bfloat16"},
-                                   {DType::kFloat16, "float16"}};
-const EnumName<ShardPlacement> kShardPlacements[] = {{ShardPlacement::kDim0, "dim0"},
-                                                     {ShardPlacement::kOppositeTp, "opposite_tp"}};
-const EnumName<AllGather> kAllGathers[] = {
-    {AllGather::kPlain, "plain"}, {AllGather::kBfloat16, "bfloat16"}, {AllGather::kSplitBfloat16, "split_bfloat16"}};
-const EnumName<Offload> kOffloads[] = {{Offload::kNone, "none"}, {Offload::kCpu, "cpu"}};
-const EnumName<Rotate> kRotates[] = {{Rotate::kRing, "ring"}, {Rotate::kAllGather, "allgather"}};
-const EnumName<Schedule> kSchedules[] = {{Schedule::kGpipe, "gpipe"},
-                                         {Schedule::k1f1b, "1f1b"},
-                                         {Schedule::kInterleaved1f1b, "interleaved_1f1b"},
-                                         {Schedule::kLoopedBfs, "looped_bfs"},
-                                         {Schedule::kInterleavedZeroBubble, "interleaved_zero_bubble"},
-                                         {Schedule::kZbv, "zbv"}};
-
-std::vector<std::string> read_dims(YamlMap& m, const std::string& key, std::vector<std::string> def) {
-  if (!m.has(key)) return def;
-  YAML::Node n = m.node(key);
-  if (n.IsSequence()) return m.convert<std::vector<std::string>>(n, m.child_path(key));
-  return {m.convert<std::string>(n, m.child_path(key))};
-}
 
 const EnumName<models::TpStyle> kTpStyles[] = {{models::TpStyle::kColwise, "colwise"},
                                                {models::TpStyle::kRowwise, "rowwise"},
                                                {models::TpStyle::kSequenceParallel, "sequence_parallel"},
                                                {models::TpStyle::kPrepareInput, "prepare_input"}};
+
+template <class T>
+struct IsOptional : std::false_type {};
+template <class T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+// Whether a Config checks its fields after reading (config_fields.h).
+template <class C, class = void>
+struct HasCheck : std::false_type {};
+template <class C>
+struct HasCheck<C, std::void_t<decltype(std::declval<C&>().check(std::declval<const std::set<std::string>&>()))>>
+    : std::true_type {};
+// Whether a Config spans mesh dims.
+template <class C, class = void>
+struct HasMeshDim : std::false_type {};
+template <class C>
+struct HasMeshDim<C, std::void_t<decltype(std::declval<const C&>().mesh_dim)>> : std::true_type {};
 
 // "replicate" or "shard(D)" with an integer dim (negative from the end).
 models::Layout read_layout(YamlMap& m, const std::string& key, models::Layout def) {
@@ -48,13 +44,16 @@ models::Layout read_layout(YamlMap& m, const std::string& key, models::Layout de
   throw ConfigError(m.ref(key), "unknown layout '" + s + "'; use replicate or shard(DIM), e.g. shard(1) or shard(-1)");
 }
 
-models::TpPlan read_styles(YamlMap& parent) {
-  models::TpPlan plan;
-  if (!parent.has("styles")) return plan;
-  YAML::Node list = parent.node("styles");
-  const std::string path = parent.child_path("styles");
+std::string layout_name(const models::Layout& l) {
+  return l.sharded ? "shard(" + std::to_string(l.dim) + ")" : std::string("replicate");
+}
+
+// tensor_parallel's styles: a list of {module, style, input, output, desired_input}.
+void read_value(YamlMap& parent, const std::string& key, models::TpPlan& plan) {
+  YAML::Node list = parent.node(key);
+  const std::string path = parent.child_path(key);
   if (!list.IsSequence()) {
-    throw ConfigError(parent.ref("styles"), "expected a list like - {module: net1, style: colwise}");
+    throw ConfigError(parent.ref(key), "expected a list like - {module: net1, style: colwise}");
   }
   for (size_t i = 0; i < list.size(); ++i) {
     YamlMap m(list[i], path + "[" + std::to_string(i) + "]", parent.context());
@@ -78,84 +77,15 @@ models::TpPlan read_styles(YamlMap& parent) {
     m.finish();
     plan.push_back(r);
   }
-  return plan;
-}
-
-// fully_shard / replicate: per_rank patterns and the seed their values are drawn with.
-template <class T>
-void read_per_rank(YamlMap& m, T& t) {
-  m.get("per_rank", t.per_rank);
-  t.per_rank_ref = m.has("per_rank") ? m.ref("per_rank") : m.self_ref();
-  m.get("per_rank_seed", t.per_rank_seed);
-  if (t.per_rank_seed < -1) {
-    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep "
-                                              "the model's init");
-  }
-  if (t.per_rank_seed >= 0 && t.per_rank.empty()) {
-    throw ConfigError(m.ref("per_rank_seed"), "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. "
-                                              "per_rank: [experts.*])");
-  }
-}
-
-TransformOptions read_pipeline(YamlMap& m) {
-  PipelineConfig t;
-  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
-  m.get_enum("schedule", t.schedule, kSchedules);
-  m.get("microbatches", t.microbatches);
-  require_non_negative(m.ref("microbatches"), static_cast<double>(t.microbatches), "microbatches");
-  if (t.schedule == Schedule::kZbv) t.virtual_stages = 2;  // its V needs exactly two stages per rank
-  m.get("virtual_stages", t.virtual_stages);
-  require_positive(m.ref("virtual_stages"), static_cast<double>(t.virtual_stages), "virtual_stages");
-  m.get("split_points", t.split_points);
-  m.get("layers_per_stage", t.layers_per_stage);
-  require_non_negative(m.ref("layers_per_stage"), static_cast<double>(t.layers_per_stage), "layers_per_stage");
-  m.get("scale_grads", t.scale_grads);
-  return t;
-}
-
-TransformOptions read_tensor_parallel(YamlMap& m) {
-  TensorParallelConfig t;
-  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
-  m.get("plan", t.plan);
-  m.get("sequence_parallel", t.sequence_parallel);
-  m.get("loss_parallel", t.loss_parallel);
-  t.styles = read_styles(m);
-  if ((t.plan == "custom") != !t.styles.empty()) {
-    throw ConfigError(m.self_ref(), "a custom plan lists its rules in `styles`, and `styles` needs plan: custom");
-  }
-  return t;
-}
-
-TransformOptions read_context_parallel(YamlMap& m) {
-  ContextParallelConfig t;
-  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
-  m.get("load_balance", t.load_balance);
-  m.get_enum("rotate", t.rotate, kRotates);
-  return t;
-}
-
-TransformOptions read_activation_checkpointing(YamlMap& m) {
-  ActivationCheckpointingConfig t;
-  m.get("units", t.units);
-  if (t.units.empty()) {
-    throw ConfigError(m.self_ref(), "activation_checkpointing needs units: the modules to checkpoint, as FQN "
-                                    "patterns (e.g. units: [layers.*])");
-  }
-  m.get("every", t.every);
-  require_positive(m.ref("every"), static_cast<double>(t.every), "every");
-  return t;
 }
 
 // true, false or a group size N >= 1 (whether N divides the shard group is the planner's check).
-void read_reshard_after_forward(YamlMap& m, FullyShardConfig& t) {
-  const std::string key = "reshard_after_forward";
-  t.reshard_ref = m.has(key) ? m.ref(key) : m.self_ref();
-  if (!m.has(key)) return;
+void read_value(YamlMap& m, const std::string& key, parallel::ReshardAfterForward& out) {
   const YAML::Node n = m.node(key);
   const std::string s = n.IsScalar() ? n.Scalar() : "";
   bool flag = false;
   if (n.IsScalar() && YAML::convert<bool>::decode(n, flag)) {
-    t.reshard_after_forward = flag ? 0 : 1;
+    out.size = flag ? 0 : 1;
     return;
   }
   int64_t size = 0;
@@ -163,50 +93,108 @@ void read_reshard_after_forward(YamlMap& m, FullyShardConfig& t) {
     throw ConfigError(m.ref(key), "reshard_after_forward is true, false or a group size N >= 1 that divides the "
                                   "shard dim (e.g. 2 on a dp 4 mesh), not '" + s + "'");
   }
-  t.reshard_after_forward = size;
+  out.size = size;
 }
 
-TransformOptions read_fully_shard(YamlMap& m) {
-  FullyShardConfig t;
-  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
-  m.get("units", t.units);
-  read_reshard_after_forward(m, t);
-  for (auto [key, out] : {std::pair{"param_dtype", &t.param_dtype}, std::pair{"reduce_dtype", &t.reduce_dtype}}) {
-    if (!m.has(key)) continue;
-    DType d = DType::kFloat32;
-    read_dtype(m, key, d);
-    *out = d;
+nlohmann::json value_json(const models::TpPlan& plan) {
+  nlohmann::json j;  // null, left out, when there are none
+  for (const auto& r : plan) {
+    j.push_back({{"module", r.pattern}, {"style", name_of(r.style)}, {"input", layout_name(r.input)},
+                 {"output", layout_name(r.output)}, {"desired_input", layout_name(r.desired_input)}});
   }
-  m.get_enum("shard_placement", t.shard_placement, kShardPlacements);
-  m.get_enum("all_gather", t.all_gather, kAllGathers);
-  m.get_enum("offload", t.offload, kOffloads);
-  m.get("prefetch", t.prefetch);
-  read_per_rank(m, t);
-  return t;
+  return j;
 }
 
-TransformOptions read_replicate(YamlMap& m) {
-  ReplicateConfig t;
-  t.mesh_dim = read_dims(m, "mesh_dim", t.mesh_dim);
-  m.get("bucket_mb", t.bucket_mb);
-  require_positive(m.ref("bucket_mb"), t.bucket_mb, "bucket_mb");
-  read_per_rank(m, t);
-  return t;
+// As written: true (the whole shard group), false (kept gathered) or the group size.
+nlohmann::json value_json(const parallel::ReshardAfterForward& r) {
+  if (r.size <= 1) return r.size == 0;
+  return r.size;
 }
 
-// Each transform's YAML key and reader, in the order they must be listed.
-struct TransformReader {
-  const char* key;
-  TransformOptions (*read)(YamlMap&);
+template <class T>
+nlohmann::json value_json(const T& v) {
+  if constexpr (std::is_enum_v<T>) {
+    return lookup(names_of(T{}), v);
+  } else if constexpr (IsOptional<T>::value) {
+    return v ? value_json(*v) : nlohmann::json("");
+  } else {
+    return v;
+  }
+}
+
+// Reads each field the YAML map gives, checks its rules and remembers where it was written.
+struct FieldReader {
+  YamlMap& m;
+  std::set<std::string> given;
+  std::map<std::string, SourceRef>& refs;
+
+  template <class T>
+  void operator()(const char* key, T& out, unsigned rules = kAnyValue) {
+    if (!m.has(key)) return;
+    given.insert(key);
+    refs[key] = m.ref(key);
+    read(key, out, rules);
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      if (rules & kPositive) require_positive(m.ref(key), static_cast<double>(out), key);
+      if (rules & kNonNegative) require_non_negative(m.ref(key), static_cast<double>(out), key);
+    }
+  }
+
+  template <class T>
+  void read(const std::string& key, T& out, unsigned rules) {
+    if constexpr (std::is_enum_v<T>) {
+      m.get_enum(key, out, names_of(T{}));
+    } else if constexpr (IsOptional<T>::value) {
+      typename T::value_type v{};
+      read(key, v, rules);
+      out = v;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      const YAML::Node n = m.node(key);
+      out = (rules & kOneOrList) && !n.IsSequence()
+                ? std::vector<std::string>{m.convert<std::string>(n, m.child_path(key))}
+                : m.convert<std::vector<std::string>>(n, m.child_path(key));
+    } else if constexpr (std::is_same_v<T, models::TpPlan> || std::is_same_v<T, parallel::ReshardAfterForward>) {
+      read_value(m, key, out);
+    } else {
+      m.get(key, out);
+    }
+  }
 };
-const TransformReader kTransformReaders[] = {
-    {PipelineConfig::kKey, read_pipeline},
-    {TensorParallelConfig::kKey, read_tensor_parallel},
-    {ContextParallelConfig::kKey, read_context_parallel},
-    {ActivationCheckpointingConfig::kKey, read_activation_checkpointing},
-    {FullyShardConfig::kKey, read_fully_shard},
-    {ReplicateConfig::kKey, read_replicate},
+
+struct FieldWriter {
+  nlohmann::json& j;
+  template <class T>
+  void operator()(const char* key, const T& v, unsigned = kAnyValue) {
+    nlohmann::json x = value_json(v);
+    if (!x.is_null()) j[key] = std::move(x);
+  }
 };
+
+template <class C>
+C read_config(YamlMap& m, std::map<std::string, SourceRef>& refs) {
+  C c;
+  FieldReader r{m, {}, refs};
+  c.fields(r);
+  if constexpr (HasCheck<C>::value) {
+    if (auto e = c.check(r.given)) throw ConfigError(e->key.empty() ? m.self_ref() : m.ref(e->key), e->message);
+  }
+  return c;
+}
+
+// The registered transforms' keys and readers, by walking the variant's alternatives.
+template <size_t... I>
+bool read_alternative(std::index_sequence<I...>, const std::string& key, YamlMap& m, TransformConfig& t) {
+  return ((key == std::variant_alternative_t<I, parallel::Transform>::kKey
+               ? (t.options = read_config<std::variant_alternative_t<I, parallel::Transform>>(m, t.refs), true)
+               : false) ||
+          ...);
+}
+constexpr auto kAlternatives = std::make_index_sequence<std::variant_size_v<parallel::Transform>>{};
+
+template <size_t... I>
+std::vector<parallel::Transform> all_defaults(std::index_sequence<I...>) {
+  return {parallel::Transform(std::variant_alternative_t<I, parallel::Transform>{})...};
+}
 
 TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
   const std::vector<std::string> kinds = transform_names();
@@ -218,16 +206,15 @@ TransformConfig read_transform(const YAML::Node& node, const std::string& path, 
   const std::string key = node.begin()->first.as<std::string>();
   TransformConfig t;
   t.ref = ref_of(node.begin()->first, path, ctx);
-  for (const auto& r : kTransformReaders) {
-    if (key != r.key) continue;
-    YamlMap m(outer.node(key), path + "." + key, ctx);
-    t.options = r.read(m);
-    m.finish();
-    return t;
+  if (std::find(kinds.begin(), kinds.end(), key) == kinds.end()) {
+    const std::string hint = nearest(key, kinds);
+    throw ConfigError(t.ref, "unknown transform '" + key + "'" + (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                                 " valid transforms: " + YamlMap::join(kinds));
   }
-  const std::string hint = nearest(key, kinds);
-  throw ConfigError(t.ref, "unknown transform '" + key + "'" + (hint.empty() ? "" : "; did you mean " + hint + "?") +
-                               " valid transforms: " + YamlMap::join(kinds));
+  YamlMap m(outer.node(key), path + "." + key, ctx);
+  read_alternative(kAlternatives, key, m, t);
+  m.finish();
+  return t;
 }
 
 }  // namespace
@@ -245,45 +232,44 @@ std::vector<TransformConfig> read_parallelize(YamlMap& root) {
   return out;
 }
 
+std::vector<parallel::Transform> default_transforms() { return all_defaults(kAlternatives); }
+
 std::vector<std::string> transform_names() {
   std::vector<std::string> out;
-  for (const auto& r : kTransformReaders) out.push_back(r.key);
+  for (const auto& t : default_transforms()) out.push_back(parallel::name_of(t));
   return out;
 }
 
-const char* TransformConfig::name() const {
-  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::kKey; }, options);
+nlohmann::json to_json(const parallel::Transform& t) {
+  nlohmann::json fields = nlohmann::json::object();
+  std::visit(
+      [&fields](auto c) {  // a copy: fields() hands out its members
+        FieldWriter w{fields};
+        c.fields(w);
+      },
+      t);
+  return {{parallel::name_of(t), fields}};
 }
 
 std::vector<std::string> TransformConfig::mesh_dim() const {
   return std::visit(
       [](const auto& o) -> std::vector<std::string> {
-        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, ActivationCheckpointingConfig>) {
-          return {};
-        } else {
+        if constexpr (HasMeshDim<std::decay_t<decltype(o)>>::value) {
           return flat_dims(o.mesh_dim);
+        } else {
+          return {};
         }
       },
       options);
 }
 
-std::vector<std::string> flat_dims(const std::vector<std::string>& entries) {
-  std::vector<std::string> out;
-  for (const auto& e : entries) {
-    for (size_t at = 0; at <= e.size();) {
-      const size_t end = std::min(e.find('+', at), e.size());
-      out.push_back(e.substr(at, end - at));
-      at = end + 1;
-    }
-  }
-  return out;
+const SourceRef& TransformConfig::ref_of(const std::string& key) const {
+  auto it = refs.find(key);
+  return it == refs.end() ? ref : it->second;
 }
-void read_dtype(YamlMap& m, const std::string& key, DType& out) { m.get_enum(key, out, kDTypes); }
 
-const char* name_of(DType v) { return lookup(kDTypes, v); }
-const char* name_of(ShardPlacement v) { return lookup(kShardPlacements, v); }
-const char* name_of(AllGather v) { return lookup(kAllGathers, v); }
-const char* name_of(Offload v) { return lookup(kOffloads, v); }
+void read_dtype(YamlMap& m, const std::string& key, DType& out) { m.get_enum(key, out, kDTypeNames); }
+
 const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
 
 }  // namespace composer

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallelisms/config_fields.h"
 #include "runner/base/errors.h"
 
 namespace composer {
@@ -22,22 +23,6 @@ struct ReadContext {
 };
 
 SourceRef ref_of(const YAML::Node& node, const std::string& path, const ReadContext& ctx);
-
-// A name table entry for enum-valued keys: {Kind::kAdam, "adam"}.
-template <class E>
-struct EnumName {
-  E value;
-  const char* name;
-};
-
-// The name of `v` in `table`, "?" for a value the table lacks.
-template <class E, size_t N>
-const char* lookup(const EnumName<E> (&table)[N], E v) {
-  for (const auto& e : table) {
-    if (e.value == v) return e.name;
-  }
-  return "?";
-}
 
 class YamlMap {
  public:

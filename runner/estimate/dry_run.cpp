@@ -39,7 +39,7 @@ std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const P
     nn::ShapeOnly shapes;  // names and placements only
     models::ModelPtr model = build_model(c);
     model->to(scalar_type_of(c.train.dtype));
-    parallel::Parallel par = apply_plan(*model, c, plan, ctx, torch::Tensor());
+    parallel::Parallel par = apply_plan(*model, c, plan, ctx, nullptr);
     for (auto& [name, p] : nn::unique_named_parameters(*model)) {
       if (r == ranks.front()) names.push_back(name);
       const parallel::ShardSpec* spec = par.placements->find(p);
@@ -65,9 +65,8 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   model->to(scalar_type_of(c.train.dtype));
   model->train();
   const DataPlan data = plan_data(c, *model);
-  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
-  torch::Tensor example = pp_mb ? meta_batch(data, pp_mb).inputs : torch::Tensor();
-  parallel::Parallel par = apply_plan(*model, c, plan, ctx, example);
+  const int64_t mb = plan.local_microbatch;
+  parallel::Parallel par = apply_plan(*model, c, plan, ctx, [&] { return meta_batch(data, mb).inputs; });
   par.derive_grad_sync();
   par.device = torch::kMeta;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) {

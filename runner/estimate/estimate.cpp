@@ -112,11 +112,11 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
       if (!dp) runs[i] = 0;
       data_parallel[i] = data_parallel[i] || dp;
     }
-    if (fsdp && fsdp->reshard_after_forward > 1) {  // subgroups of N consecutive ranks of the shard dim
+    if (fsdp && fsdp->reshard_after_forward.size > 1) {  // subgroups of N consecutive ranks of the shard dim
       const auto shard = flat_dims({fsdp->mesh_dim.back()});
       for (const auto& d : shard) {
         const size_t i = static_cast<size_t>(index(d));
-        if (i < names.size()) runs[i] = shard.size() == 1 ? std::min(runs[i], fsdp->reshard_after_forward) : 0;
+        if (i < names.size()) runs[i] = shard.size() == 1 ? std::min(runs[i], fsdp->reshard_after_forward.size) : 0;
       }
     }
   }

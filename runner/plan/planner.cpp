@@ -152,7 +152,8 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
     throw PlanError(SourceRef{c.file, 0, 0, "train.global_batch", ""}, os.str());
   }
   p.local_batch = c.train.global_batch / p.dp_size;
-  p.local_microbatch = p.local_batch / c.train.microbatches;
+  p.microbatches = c.train.microbatches;  // a pipeline's rule resolves its own
+  p.local_microbatch = p.local_batch / p.microbatches;
 }
 
 // What the pass over the transforms has seen so far: each transform is
@@ -167,6 +168,8 @@ struct Planning {
   const TransformConfig* context_parallel = nullptr;
   const TransformConfig* fully_shard = nullptr;
   const ActivationCheckpointingConfig* checkpointing = nullptr;
+  int64_t tp_size = 1;  // the tensor-parallel degree (1 = none)
+  int64_t cp_size = 1;  // the context-parallel degree (1 = none)
   std::vector<std::string> checkpointed;  // the checkpointed unit FQNs
   std::vector<std::string> summary;       // activation checkpointing's and per_rank's lines
 };
@@ -177,7 +180,7 @@ struct Planning {
 // ranks, both directions together: a schedule's activations one way and
 // gradients the other would wait on each other unless grouped, which
 // composer's schedules do not do yet. Over Gloo they match by tag.
-void plan_one(Planning& s, const TransformConfig& entry, const PipelineConfig& t) {
+void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
   const ExperimentConfig& c = s.c;
   Plan& p = s.p;
   if (c.mesh.backend == Backend::kNccl) {
@@ -217,9 +220,10 @@ void plan_one(Planning& s, const TransformConfig& entry, const PipelineConfig& t
   if (auto why = parallel::split_stages(pieces, pp * v, t.split_points, t.layers_per_stage, ranges)) {
     throw PlanError(entry.ref, *why);
   }
-  p.pp_size = pp;
-  p.pp_microbatches = m;
-  p.pipeline = t;
+  t.microbatches = m;
+  t.loss_factor = parallel::pipeline_loss_factor(t.scale_grads, c.train.loss.name == LossKind::kSum, m);
+  p.microbatches = m;
+  p.local_microbatch = p.local_batch / m;
   s.pipeline = &entry;
   if (t.scale_grads && c.train.loss.name == LossKind::kSum && m > 1) {
     p.warnings.push_back(entry.ref.where() + ": loss: sum with the pipeline's scale_grads: true divides each "
@@ -238,23 +242,23 @@ void check_sequence_split(const Planning& s) {
   const std::string seq_from = "seq_len " + std::to_string(seq) + " (data.seq_len, or the model's max_seq_len)";
   int64_t local = seq;
   if (s.context_parallel) {
-    const bool balance = p.context_parallel->load_balance;
-    const int64_t pieces = parallel::chunks_per_sequence(static_cast<int>(p.cp_size), balance);
+    const bool balance = s.context_parallel->get<ContextParallelConfig>()->load_balance;
+    const int64_t pieces = parallel::chunks_per_sequence(static_cast<int>(s.cp_size), balance);
     if (seq % pieces != 0) {
       throw PlanError(s.context_parallel->ref,
                       "context_parallel cuts each sequence into " + std::to_string(pieces) + " equal chunks (" +
-                          (balance ? "2 x cp " + std::to_string(p.cp_size) + " with load_balance"
-                                   : "cp " + std::to_string(p.cp_size)) +
+                          (balance ? "2 x cp " + std::to_string(s.cp_size) + " with load_balance"
+                                   : "cp " + std::to_string(s.cp_size)) +
                           "), which do not divide " + seq_from + "; choose a seq_len that " + std::to_string(pieces) +
                           " divides");
     }
-    local = seq / p.cp_size;
+    local = seq / s.cp_size;
   }
   if (!s.tensor_parallel) return;
   const auto& tp = std::get<TensorParallelConfig>(s.tensor_parallel->options);
-  if (tp.sequence_parallel && local % p.tp_size != 0) {
+  if (tp.sequence_parallel && local % s.tp_size != 0) {
     throw PlanError(s.tensor_parallel->ref,
-                    "sequence_parallel shards the sequence: tp degree " + std::to_string(p.tp_size) +
+                    "sequence_parallel shards the sequence: tp degree " + std::to_string(s.tp_size) +
                         " does not divide " + (s.context_parallel ? "each context-parallel rank's " +
                                                                         std::to_string(local) + " tokens of " + seq_from
                                                                   : seq_from) +
@@ -265,7 +269,8 @@ void check_sequence_split(const Planning& s) {
 // Loss parallel: cross entropy on the logits module's vocabulary-sharded
 // output. The default plan's rule for it then outputs shard(-1); a custom plan
 // must say so itself.
-void plan_loss_parallel(Planning& s, const TransformConfig& entry, const models::ModelSpec& spec, bool custom) {
+void plan_loss_parallel(Planning& s, const TransformConfig& entry, TensorParallelConfig& t, const models::ModelSpec& spec,
+                        bool custom) {
   const ExperimentConfig& c = s.c;
   if (c.train.loss.name != LossKind::kCrossEntropy) {
     throw PlanError(entry.ref, std::string("loss_parallel computes cross entropy on vocabulary-sharded logits, but "
@@ -277,7 +282,7 @@ void plan_loss_parallel(Planning& s, const TransformConfig& entry, const models:
                                "(models with one: transformer, llama); set loss_parallel: false");
   }
   models::TpRule* rule = nullptr;
-  for (auto& r : s.p.tp_plan) {
+  for (auto& r : t.rules) {
     if (models::fqn_matches(r.pattern, spec.logits)) rule = &r;
   }
   const bool fits = rule && rule->style == models::TpStyle::kColwise;
@@ -287,16 +292,16 @@ void plan_loss_parallel(Planning& s, const TransformConfig& entry, const models:
                                "loss_parallel: false");
   }
   rule->output = models::Layout::shard(-1);
-  s.p.loss_parallel = spec.logits;
+  t.loss_module = spec.logits;
 }
 
 // Tensor parallelism: the model's plan must exist, suit the model's modules and
 // divide what it shards (heads; the sequence under sequence parallelism).
-void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelConfig& t) {
+void plan_one(Planning& s, const TransformConfig& entry, TensorParallelConfig& t) {
   const ExperimentConfig& c = s.c;
   Plan& p = s.p;
   if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "tensor_parallel spans exactly one mesh dim");
-  p.tp_size = dim_size(c.mesh, t.mesh_dim[0]);
+  s.tp_size = dim_size(c.mesh, t.mesh_dim[0]);
   const models::ModelSpec* spec = models::find_model(c.model.name);
   const bool custom = t.plan == "custom";
   if (!custom && !spec->tp_plan) {
@@ -309,15 +314,15 @@ void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelCon
                                    "; use default (with sequence_parallel true or false) or custom (with styles)");
   }
   try {  // a custom plan still needs the model's divisibility (heads), not its sequence-parallel support
-    if (spec->tp_check) spec->tp_check(c.model.args, p.tp_size, custom ? false : t.sequence_parallel);
+    if (spec->tp_check) spec->tp_check(c.model.args, s.tp_size, custom ? false : t.sequence_parallel);
   } catch (const models::ArgError& e) {
     throw PlanError(entry.ref, e.what());
   }
-  p.tp_plan = custom ? t.styles : spec->tp_plan(c.model.args, t.sequence_parallel);
-  if (auto problem = parallel::check_tp_plan(s.model, p.tp_plan)) {
+  t.rules = custom ? t.styles : spec->tp_plan(c.model.args, t.sequence_parallel);
+  if (auto problem = parallel::check_tp_plan(s.model, t.rules)) {
     throw PlanError(entry.ref, "the " + c.model.name + " tensor-parallel plan does not fit the model: " + *problem);
   }
-  if (t.loss_parallel) plan_loss_parallel(s, entry, *spec, custom);
+  if (t.loss_parallel) plan_loss_parallel(s, entry, t, *spec, custom);
   s.tensor_parallel = &entry;
   check_sequence_split(s);
   p.splits_model = true;
@@ -326,11 +331,11 @@ void plan_one(Planning& s, const TransformConfig& entry, const TensorParallelCon
 // Context parallelism: the model's attention can be split, its samples are
 // sequences that cut into equal chunks, and the loss is a mean over tokens
 // (each rank's is the mean over its tokens; averaging over cp gives the whole).
-void plan_one(Planning& s, const TransformConfig& entry, const ContextParallelConfig& t) {
+void plan_one(Planning& s, const TransformConfig& entry, ContextParallelConfig& t) {
   const ExperimentConfig& c = s.c;
   Plan& p = s.p;
   if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "context_parallel spans exactly one mesh dim");
-  p.cp_size = dim_size(c.mesh, t.mesh_dim[0]);
+  s.cp_size = dim_size(c.mesh, t.mesh_dim[0]);
   const models::ModelSpec* spec = models::find_model(c.model.name);
   if (!spec->cp_check || !s.model.sequence_slot()) {
     throw PlanError(entry.ref, "model " + c.model.name + " has no attention context_parallel can split over the "
@@ -350,17 +355,14 @@ void plan_one(Planning& s, const TransformConfig& entry, const ContextParallelCo
     throw PlanError(entry.ref, "context_parallel averages each rank's gradient over cp, which matches a mean over "
                                "tokens, but train.loss is sum; use cross_entropy or mean");
   }
-  p.cp_dim = t.mesh_dim[0];
-  p.context_parallel = t;
   s.context_parallel = &entry;
   check_sequence_split(s);
 }
 
 // Activation checkpointing: every pattern names a module and the units do not nest.
-void plan_one(Planning& s, const TransformConfig& entry, const ActivationCheckpointingConfig& t) {
-  const parallel::ActivationCheckpointOptions o{t.units, t.every};
-  if (auto problem = parallel::check_checkpoint_units(s.model, o)) throw PlanError(entry.ref, *problem);
-  s.checkpointed = parallel::checkpoint_units(s.model, o);
+void plan_one(Planning& s, const TransformConfig& entry, ActivationCheckpointingConfig& t) {
+  if (auto problem = parallel::check_checkpoint_units(s.model, t)) throw PlanError(entry.ref, *problem);
+  s.checkpointed = parallel::checkpoint_units(s.model, t);
   s.checkpointing = &t;
   s.summary.push_back("activation_checkpointing: " + std::to_string(s.checkpointed.size()) + " units recompute "
                       "their forward in backward (" + join(s.checkpointed) + ")");
@@ -379,20 +381,20 @@ void plan_per_rank(Planning& s, const TransformConfig& entry, const T& t, bool m
   Plan& p = s.p;
   const std::string where = "per_rank";
   if (t.mesh_dim != p.dp_dims) {
-    throw PlanError(t.per_rank_ref, where + " parameters differ on every rank that sees other samples, but this " +
+    throw PlanError(entry.ref_of("per_rank"), where + " parameters differ on every rank that sees other samples, but this " +
                                         entry.name() + " spans [" + join(t.mesh_dim) + "] and data parallelism [" +
                                         join(p.dp_dims) + "]; give per_rank to one transform over every "
                                         "data-parallel dim (e.g. fully_shard: {mesh_dim: [" + join(p.dp_dims) + "]})");
   }
   for (const TransformConfig* u : {s.pipeline, s.tensor_parallel}) {
     if (!u) continue;
-    throw PlanError(t.per_rank_ref, where + " keeps each rank's copy whole and only on data-parallel ranks, "
+    throw PlanError(entry.ref_of("per_rank"), where + " keeps each rank's copy whole and only on data-parallel ranks, "
                                     "but " + u->name() + " (" + u->ref.where() + ") would split the model "
                                     "across ranks that must hold the same copy; this version does not combine "
                                     "them: drop per_rank or the " + u->name() + " transform");
   }
   if (mixed_precision) {
-    throw PlanError(t.per_rank_ref, where + " parameters stay outside fully_shard and compute in the training "
+    throw PlanError(entry.ref_of("per_rank"), where + " parameters stay outside fully_shard and compute in the training "
                                     "dtype, but this fully_shard computes in " + precision +
                                     "; drop param_dtype/all_gather or per_rank");
   }
@@ -400,7 +402,7 @@ void plan_per_rank(Planning& s, const TransformConfig& entry, const T& t, bool m
   for (const auto& pattern : t.per_rank) {
     auto selected = parallel::per_rank_params(s.model, {pattern});
     if (selected.empty()) {
-      throw PlanError(t.per_rank_ref, where + " pattern '" + pattern + "' selects no parameter of " + c.model.name +
+      throw PlanError(entry.ref_of("per_rank"), where + " pattern '" + pattern + "' selects no parameter of " + c.model.name +
                                           "; give a module or parameter FQN, e.g. " +
                                           nn::unique_named_parameters(s.model).back().first);
     }
@@ -409,7 +411,7 @@ void plan_per_rank(Planning& s, const TransformConfig& entry, const T& t, bool m
     }
   }
   if (names.size() == nn::unique_named_parameters(s.model).size()) {
-    throw PlanError(t.per_rank_ref, where + " selects every parameter of " + c.model.name + ": nothing would be "
+    throw PlanError(entry.ref_of("per_rank"), where + " selects every parameter of " + c.model.name + ": nothing would be "
                                         "data parallel (each rank trains its own model); leave some parameters out");
   }
   p.per_rank = Plan::PerRank{t.per_rank, t.per_rank_seed, t.mesh_dim};
@@ -425,7 +427,7 @@ void plan_per_rank(Planning& s, const TransformConfig& entry, const T& t, bool m
 // gathered inside the no-grad forward, out of reach of the recompute, which
 // computes with the parameters present when the unit's backward begins), and
 // under a pipeline every parameter is in a unit.
-void plan_one(Planning& s, const TransformConfig& entry, const FullyShardConfig& t) {
+void plan_one(Planning& s, const TransformConfig& entry, FullyShardConfig& t) {
   const ExperimentConfig& c = s.c;
   if (s.fully_shard) {
     throw PlanError(entry.ref, "a second fully_shard would shard the shards again, which this version does not do; "
@@ -441,11 +443,11 @@ void plan_one(Planning& s, const TransformConfig& entry, const FullyShardConfig&
     throw PlanError(entry.ref, "shard_placement: opposite_tp shards the dim tensor parallelism does not, but no "
                                "tensor_parallel comes before this fully_shard; use dim0 or add tensor_parallel");
   }
-  if (t.reshard_after_forward > 1) {
+  if (t.reshard_after_forward.size > 1) {
     int64_t shard = 1;
     for (const auto& d : flat_dims({t.mesh_dim.back()})) shard *= dim_size(c.mesh, d);
-    if (shard % t.reshard_after_forward != 0) {
-      throw PlanError(t.reshard_ref, "reshard_after_forward: " + std::to_string(t.reshard_after_forward) +
+    if (shard % t.reshard_after_forward.size != 0) {
+      throw PlanError(entry.ref_of("reshard_after_forward"), "reshard_after_forward: " + std::to_string(t.reshard_after_forward.size) +
                                          " must divide the shard dim " + t.mesh_dim.back() + " of " +
                                          std::to_string(shard) + " ranks (the group resharded to is that many "
                                          "consecutive ranks of it); use a divisor of " + std::to_string(shard) +
@@ -483,7 +485,7 @@ void plan_one(Planning& s, const TransformConfig& entry, const FullyShardConfig&
                 t.param_dtype ? std::string(name_of(*t.param_dtype)) : "rounded bfloat16");
 }
 
-void plan_one(Planning& s, const TransformConfig& entry, const ReplicateConfig& t) {
+void plan_one(Planning& s, const TransformConfig& entry, ReplicateConfig& t) {
   plan_per_rank(s, entry, t, false, "");
 }
 
@@ -513,11 +515,18 @@ void check_devices(const ExperimentConfig& c, int64_t local_ranks) {
   }
 }
 
+std::vector<parallel::Transform> Plan::steps() const {
+  std::vector<parallel::Transform> out;
+  for (const auto& t : transforms) out.push_back(t.options);
+  return out;
+}
+
 std::vector<int> stage_first_ranks(const ExperimentConfig& c, const Plan& plan) {
   std::vector<int> ranks{0};
-  if (!plan.pipeline) return ranks;
+  const auto* pipeline = plan.find<PipelineConfig>();
+  if (!pipeline) return ranks;
   const auto& names = c.mesh.names;
-  const size_t d = std::find(names.begin(), names.end(), plan.pipeline->mesh_dim.front()) - names.begin();
+  const size_t d = std::find(names.begin(), names.end(), pipeline->mesh_dim.front()) - names.begin();
   int64_t stride = 1;
   for (size_t i = d + 1; i < names.size(); ++i) stride *= c.mesh.shape[i];
   for (int64_t s = 1; s < c.mesh.shape[d]; ++s) ranks.push_back(static_cast<int>(s * stride));
@@ -537,10 +546,10 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
     model = models::find_model(c.model.name)->build(c.model.args);
   }
   Planning s{c, p, *model};
-  for (const auto& t : c.parallelize) {
-    std::visit([&](const auto& o) { plan_one(s, t, o); }, t.options);
+  for (auto& t : p.transforms) {
+    std::visit([&](auto& o) { plan_one(s, t, o); }, t.options);
   }
-  p.splits_model = p.splits_model || p.pipeline.has_value();
+  p.splits_model = p.splits_model || p.find<PipelineConfig>();
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "
@@ -551,9 +560,9 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   } else {
     p.summary.push_back("world size " + std::to_string(world_size) + ", data parallel over [" + join(p.dp_dims) +
                         "] (" + std::to_string(p.dp_size) + " ranks, " + std::to_string(p.local_batch) +
-                        " samples each), tensor parallel degree " + std::to_string(p.tp_size) +
-                        (p.cp_size > 1 ? ", context parallel degree " + std::to_string(p.cp_size) + " (each rank " +
-                                             "holds 1/" + std::to_string(p.cp_size) + " of every sequence)"
+                        " samples each), tensor parallel degree " + std::to_string(s.tp_size) +
+                        (s.cp_size > 1 ? ", context parallel degree " + std::to_string(s.cp_size) + " (each rank " +
+                                             "holds 1/" + std::to_string(s.cp_size) + " of every sequence)"
                                        : ""));
     for (size_t i = 0; i < c.parallelize.size(); ++i) {
       p.summary.push_back("transform " + std::to_string(i) + ": " + c.parallelize[i].name() + " over [" +

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "models/tp_plan.h"
 #include "runner/config/config.h"
 
 namespace composer {
@@ -14,20 +13,17 @@ namespace composer {
 struct Plan {
   int64_t world_size = 1;                 // ranks in the job (the mesh's product)
   std::vector<std::string> dp_dims;       // mesh dims that data parallelism spans
-  int64_t dp_size = 1;                    // ranks that split the global batch
-  int64_t local_batch = 0;                // samples per data-parallel rank per step
-  int64_t local_microbatch = 0;           // samples per microbatch on a rank
-  int64_t tp_size = 1;                    // tensor-parallel degree (1 = none)
-  models::TpPlan tp_plan;                 // the model's plan, when tensor_parallel is used
-  std::string loss_parallel;              // loss parallel: the module whose logits stay vocab-sharded
-  std::vector<TransformConfig> transforms;           // validated, in application order
+  // The batch geometry, computed here once: the ranks that split the global
+  // batch, each one's samples per step, the step's microbatches (the
+  // pipeline's when there is one) and the samples in each.
+  int64_t dp_size = 1;
+  int64_t local_batch = 0;
+  int64_t microbatches = 1;
+  int64_t local_microbatch = 0;
+  // Validated, in application order, each with what the planner resolved (a
+  // tensor-parallel plan's rules, a pipeline's microbatches).
+  std::vector<TransformConfig> transforms;
   std::vector<std::vector<std::string>> flat_groups; // multi-dim process groups to create
-  int64_t cp_size = 1;                    // context-parallel degree (1 = none)
-  std::string cp_dim;                     // its mesh dim
-  std::optional<ContextParallelConfig> context_parallel;  // its options, when the plan has it
-  int64_t pp_size = 1;                    // pipeline ranks (1 = no pipeline)
-  int64_t pp_microbatches = 0;            // pipeline microbatches per step
-  std::optional<PipelineConfig> pipeline; // the pipeline's options, when the plan has one
   // Parameters each data-parallel rank keeps its own (fully_shard's or
   // replicate's per_rank), the seed they are drawn with and the dims they differ over.
   struct PerRank {
@@ -41,6 +37,17 @@ struct Plan {
   // Accepted plans that train differently from one device in a way the user
   // likely did not mean: "file:line: key: what happens; the fix".
   std::vector<std::string> warnings;
+
+  // The transform of type T (its resolved options), or nullptr.
+  template <class T>
+  const T* find() const {
+    for (const auto& t : transforms) {
+      if (const T* o = t.get<T>()) return o;
+    }
+    return nullptr;
+  }
+  // The transforms as parallelize takes them.
+  std::vector<parallel::Transform> steps() const;
 };
 
 // Validates `c` for `world_size` ranks; throws PlanError.

@@ -19,8 +19,6 @@ namespace {
 // The key that names the model's initial weights (from_hf or init_from), for errors.
 const SourceRef& weights_ref(const ModelConfig& m) { return m.from_hf.empty() ? m.init_from_ref : m.from_hf_ref; }
 
-using parallel::Overloaded;
-
 // per_rank_seed: the seed of this rank's own initial values of its per-rank
 // parameters, the seed plus the rank's index over the data-parallel ranks
 // (-1: they start from the single-device values).
@@ -53,34 +51,6 @@ void move_model(models::Model& model, c10::Device device, bool parameters) {
     return;
   }
   for (auto& b : model.buffers()) b.set_data(b.to(device));
-}
-
-parallel::FullyShardStep fully_shard_step(const FullyShardConfig& t, RankContext& rank) {
-  parallel::FullyShardStep s;
-  s.group = &rank.mesh->group(flat_dims({t.mesh_dim.back()}));  // "dp+cp": the dims flattened
-  s.data_parallel = &rank.mesh->group(flat_dims(t.mesh_dim));
-  auto& o = s.options;
-  o.units = t.units;
-  o.reshard_after_forward = t.reshard_after_forward != 1;
-  if (t.reshard_after_forward > 1 && t.reshard_after_forward < s.group->size) {  // N consecutive shard ranks
-    const int n = static_cast<int>(t.reshard_after_forward);
-    std::vector<int> members;
-    for (int i = s.group->rank / n * n; i < (s.group->rank / n + 1) * n; ++i) members.push_back(i);
-    o.post_forward = &rank.mesh->subgroup(t.mesh_dim.back(), members);
-  }
-  o.prefetch = t.prefetch;
-  if (t.param_dtype) o.param_dtype = scalar_type_of(*t.param_dtype);
-  if (t.reduce_dtype) o.reduce_dtype = scalar_type_of(*t.reduce_dtype);
-  if (t.all_gather != AllGather::kPlain) o.extension = parallel::make_all_gather_extension(name_of(t.all_gather));
-  if (t.mesh_dim.size() == 2) o.replicate = &rank.mesh->group(flat_dims({t.mesh_dim[0]}));  // HSDP: [replicate, shard]
-  o.offload = t.offload == Offload::kCpu && rank.device.is_cuda();
-  o.per_rank = t.per_rank;
-  s.shard_opposite = t.shard_placement == ShardPlacement::kOppositeTp;
-  if (t.offload == Offload::kCpu && !o.offload && rank.is_main()) {
-    std::cout << rank.log_prefix << "fully_shard offload: cpu: this is a CPU run, shards and optimizer state "
-              << "already live in host memory; nothing to move\n";
-  }
-  return s;
 }
 
 }  // namespace
@@ -121,63 +91,25 @@ int rank_threads(const TrainConfig& t, int64_t local_ranks) {
   return static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks)));
 }
 
-std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankContext& rank) {
-  std::vector<parallel::Transform> out;
-  for (const auto& t : plan.transforms) {
-    out.push_back(
-        std::visit(Overloaded{
-                       [&](const PipelineConfig& p) -> parallel::Transform {
-                         parallel::PipelineStep s;
-                         s.group = &rank.mesh->group(p.mesh_dim);
-                         s.options.schedule = p.schedule;
-                         s.options.virtual_stages = static_cast<int>(p.virtual_stages);
-                         s.options.microbatches = static_cast<int>(plan.pp_microbatches);
-                         s.options.split_points = p.split_points;
-                         s.options.layers_per_stage = p.layers_per_stage;
-                         const std::string dim = p.mesh_dim.front();
-                         s.options.subgroup = [&rank, dim](const std::vector<int>& members) {
-                           return &rank.mesh->subgroup(dim, members);
-                         };
-                         return s;
-                       },
-                       [&](const TensorParallelConfig& p) -> parallel::Transform {
-                         return parallel::TensorParallelStep{&rank.mesh->group(p.mesh_dim), plan.tp_plan, plan.loss_parallel};
-                       },
-                       [&](const ContextParallelConfig& p) -> parallel::Transform {
-                         return parallel::ContextParallelStep{&rank.mesh->group(p.mesh_dim),
-                                                              {p.load_balance, p.rotate}};
-                       },
-                       [&](const ActivationCheckpointingConfig& p) -> parallel::Transform {
-                         return parallel::ActivationCheckpointingStep{{p.units, p.every}};
-                       },
-                       [&](const FullyShardConfig& p) -> parallel::Transform { return fully_shard_step(p, rank); },
-                       [&](const ReplicateConfig& p) -> parallel::Transform {
-                         return parallel::ReplicateStep{&rank.mesh->group(p.mesh_dim), {p.per_rank, p.bucket_mb}};
-                       },
-                   },
-                   t.options));
-  }
-  return out;
-}
-
 parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, const Plan& plan, RankContext& rank,
-                              const torch::Tensor& example) {
+                              std::function<torch::Tensor()> microbatch) {
   parallel::ParallelizeOptions o;
   if (rank.mesh) {
+    o.mesh = rank.mesh.get();
     o.world = &rank.mesh->world();
     if (!plan.dp_dims.empty()) o.data_parallel = &rank.mesh->group(plan.dp_dims);
   }
-  o.example = example;
+  o.device = rank.device;
+  o.microbatch = std::move(microbatch);
   const c10::ScalarType dtype = scalar_type_of(c.train.dtype);
-  o.shape_copy = [&c, dtype] {
+  o.shape_twin = [&c, dtype] {
     nn::ShapeOnly shapes;
     models::ModelPtr copy = models::find_model(c.model.name)->build(c.model.args);
     copy->to(dtype);
     return copy;
   };
   if (rank.is_main()) o.log = [&rank](const std::string& line) { std::cout << rank.log_prefix << line << "\n"; };
-  return parallel::parallelize(
-      model, plan.transforms.empty() ? std::vector<parallel::Transform>{} : parallel_transforms(plan, rank), o);
+  return parallel::parallelize(model, plan.steps(), o);
 }
 
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
@@ -215,9 +147,9 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
   out.dataset = make_dataset(c, out.data);
   if (c.eval.every > 0) out.eval_dataset = make_dataset(eval_data_config(c), out.data);
-  const int64_t pp_mb = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : 0;
-  const torch::Tensor example = pp_mb ? out.dataset->batch(1, 0, pp_mb).inputs : torch::Tensor();
-  out.par = apply_plan(model, c, plan, rank, example);
+  DataSet* data = out.dataset.get();
+  const int64_t mb = plan.local_microbatch;
+  out.par = apply_plan(model, c, plan, rank, [data, mb] { return data->batch(1, 0, mb).inputs; });
   out.par.device = device;
   if (owned_only) {
     MaterialiseOptions m;

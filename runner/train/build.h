@@ -31,15 +31,12 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
 // equally by the machine's local ranks.
 int rank_threads(const TrainConfig& t, int64_t local_ranks);
 
-// The plan's transforms, each with its groups on `rank`'s mesh and its own
-// options, in the plan's order.
-std::vector<parallel::Transform> parallel_transforms(const Plan& plan, RankContext& rank);
-
-// Applies the plan to `model` on `rank` (parallel::parallelize). `example` is
-// one pipeline microbatch of inputs (undefined: stage shapes are not needed);
-// the main rank logs one line per transform.
+// Applies the plan to `model` on `rank` (parallel::parallelize): the
+// transforms bind their groups on the rank's mesh. `microbatch` gives one
+// microbatch of inputs for a transform that traces activation shapes (unset:
+// shapes are not needed); the main rank logs one line per transform.
 parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, const Plan& plan, RankContext& rank,
-                              const torch::Tensor& example);
+                              std::function<torch::Tensor()> microbatch);
 
 // One rank's model with the plan applied and its values in place.
 struct RankModel {

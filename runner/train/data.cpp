@@ -247,15 +247,6 @@ uint64_t token_window(uint64_t seed, int64_t global_index, int64_t positions) {
   return h % static_cast<uint64_t>(positions);
 }
 
-torch::ScalarType scalar_type_of(DType d) {
-  switch (d) {
-    case DType::kFloat64: return torch::kDouble;
-    case DType::kBFloat16: return torch::kBFloat16;
-    case DType::kFloat16: return torch::kHalf;
-    default: return torch::kFloat;
-  }
-}
-
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index) {
   uint64_t h = splitmix64(seed);
   h = splitmix64(h ^ static_cast<uint64_t>(step));

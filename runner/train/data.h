@@ -44,9 +44,6 @@ class DataSet {
 
 std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan);
 
-// The torch dtype of a config dtype.
-torch::ScalarType scalar_type_of(DType d);
-
 // The per-sample generator seed: splitmix64 over (seed, step, index), 63 bits.
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index);
 

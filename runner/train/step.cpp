@@ -206,20 +206,15 @@ struct Microbatches {
 };
 
 // One pipeline step over this rank's batch. Backward runs on each microbatch
-// loss x grad_scale x the factor that gives PyTorch's scale_grads semantics:
-// its microbatch loss is loss_fn over the microbatch (a mean-type loss is n x
-// the microbatch's share of the batch loss), divided by n when scale_grads.
-// Returns the sum of the microbatch shares: the batch loss.
+// loss x grad_scale x the pipeline's own factor (its scale_grads, resolved by
+// the planner). Returns the sum of the microbatch shares: the batch loss.
 double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
                      double grad_scale, const parallel::Delays& delays, const parallel::VocabParallel& vocab) {
   const auto& t = c.train;
-  const int64_t n = plan.pp_microbatches, k = plan.local_batch / n;
-  const bool scale = plan.pipeline->scale_grads;
-  const bool sum_type = t.loss.name == LossKind::kSum;
-  const double factor = sum_type ? (scale ? 1.0 / n : 1.0) : (scale ? 1.0 : static_cast<double>(n));
-  const Microbatches m{b, k, t.loss, t.global_batch, vocab, [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
+  const Microbatches m{b, plan.local_microbatch, t.loss, t.global_batch, vocab,
+                       [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
   return pipe.run([&](int mb) { return m.input(mb); }, [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); },
-                  factor * grad_scale);
+                  grad_scale);
 }
 
 // The idle fraction of the last step over the pipeline ranks: 1 - busy time
@@ -385,7 +380,7 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
     double share = 0;
     if (par.pipe) {
       const Batch b = local_part(par, batch(j, begin, begin + s.plan.local_batch));
-      const Microbatches m{b, s.plan.local_batch / s.plan.pp_microbatches, t.loss, t.global_batch, par.vocab, {}};
+      const Microbatches m{b, s.plan.local_microbatch, t.loss, t.global_batch, par.vocab, {}};
       share = par.pipe->evaluate([&](int mb) { return m.input(mb); },
                                  [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); });
     } else {

@@ -41,7 +41,7 @@ Injection injection(const ExperimentConfig& c, const Plan& plan, int64_t dp_rank
   if (c.debug.inject == Inject::kNone) return in;
   if (c.debug.inject == Inject::kGradX2) in.grad_factor = 2.0;
   if (c.debug.inject == Inject::kMicrobatchOffByOne && dp_rank + 1 == plan.dp_size) {
-    in.data_shift = plan.pp_microbatches ? plan.local_batch / plan.pp_microbatches : plan.local_microbatch;
+    in.data_shift = plan.local_microbatch;
   }
   if (rank.is_main()) {
     std::cout << rank.log_prefix << "debug.inject: " << name_of(c.debug.inject)

@@ -41,7 +41,7 @@ void check_case(const Case& c) {
     full.backward(in[3]);
     // This rank: its slice of everything, attention through the split.
     Group& g = mesh.group("cp");
-    ContextParallel cp(g, {c.load_balance, c.rotate});
+    ContextParallel cp(g, {{"cp"}, c.load_balance, c.rotate});
     auto lq = cp.slice(in[0], 2).requires_grad_(), lk = cp.slice(in[1], 2).requires_grad_();
     auto lv = cp.slice(in[2], 2).requires_grad_();
     auto out = cp.attention(lq, lk, lv, c.causal);

@@ -47,7 +47,7 @@ struct Training {
 
 // Two forwards and backwards (gradients accumulate): the second step's
 // dropout masks come from the generator as the first backward left it.
-Training train(const std::optional<ActivationCheckpointOptions>& o, uint64_t data_seed = 11) {
+Training train(const std::optional<ActivationCheckpointingConfig>& o, uint64_t data_seed = 11) {
   auto m = transformer(kSmall);
   std::unique_ptr<ActivationCheckpoint> ac;
   if (o) ac = apply_activation_checkpointing(*m, *o);
@@ -75,7 +75,7 @@ void expect_bit_equal(const Training& a, const Training& b) {
 
 TEST(ActivationCheckpoint, LossesAndGradientsAreBitEqualWithDropout) {
   Training plain = train(std::nullopt);
-  Training ac = train(ActivationCheckpointOptions{{"layers.*"}, 1});
+  Training ac = train(ActivationCheckpointingConfig{{"layers.*"}, 1});
   expect_bit_equal(plain, ac);
   EXPECT_EQ(ac.units, (std::vector<std::string>{"layers.0", "layers.1", "layers.2", "layers.3"}));
   EXPECT_EQ(ac.recomputes, 4 * 2);  // each checkpointed block once per backward
@@ -86,7 +86,7 @@ TEST(ActivationCheckpoint, LossesAndGradientsAreBitEqualWithDropout) {
 
 TEST(ActivationCheckpoint, EveryNthUnit) {
   Training plain = train(std::nullopt);
-  Training ac = train(ActivationCheckpointOptions{{"layers"}, 2});  // a ModuleList: its children are the units
+  Training ac = train(ActivationCheckpointingConfig{{"layers"}, 2});  // a ModuleList: its children are the units
   expect_bit_equal(plain, ac);
   EXPECT_EQ(ac.units, (std::vector<std::string>{"layers.1", "layers.3"}));
   EXPECT_EQ(ac.recomputes, 2 * 2);

@@ -3,6 +3,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
 
@@ -157,11 +162,11 @@ TEST(Config, ParallelizeEntriesAreParsedStrictly) {
   EXPECT_TRUE(std::holds_alternative<TensorParallelConfig>(c.parallelize[0].options));
   EXPECT_STREQ(c.parallelize[0].name(), "tensor_parallel");
   EXPECT_EQ(c.parallelize[0].mesh_dim(), std::vector<std::string>{"tp"});
-  EXPECT_EQ(std::get<FullyShardConfig>(c.parallelize[1].options).reshard_after_forward, 1);  // false: kept gathered
+  EXPECT_EQ(std::get<FullyShardConfig>(c.parallelize[1].options).reshard_after_forward.size, 1);  // false: kept gathered
   auto fs_of = [](const std::string& v) {
     auto c = parse_config(std::string(kMinimal) + "parallelize:\n  - fully_shard: {reshard_after_forward: " + v + "}\n",
                           "x.yaml");
-    return std::get<FullyShardConfig>(c.parallelize[0].options).reshard_after_forward;
+    return std::get<FullyShardConfig>(c.parallelize[0].options).reshard_after_forward.size;
   };
   EXPECT_EQ(fs_of("true"), 0);  // the whole shard group
   EXPECT_EQ(fs_of("2"), 2);
@@ -366,9 +371,10 @@ TEST(Planner, TensorParallelPlanIsTheModels) {
                                   "parallelize:\n  - tensor_parallel: {}\n",
                                   "x.yaml"),
                      2);
-  EXPECT_EQ(p.tp_size, 2);
-  ASSERT_EQ(p.tp_plan.size(), 2u);
-  EXPECT_EQ(p.tp_plan[0].pattern, "net1");
+  const TensorParallelConfig* tp = p.find<TensorParallelConfig>();
+  ASSERT_NE(tp, nullptr);
+  ASSERT_EQ(tp->rules.size(), 2u);
+  EXPECT_EQ(tp->rules[0].pattern, "net1");
   EXPECT_EQ(p.dp_size, 1);
 }
 
@@ -449,6 +455,95 @@ TEST(Planner, LeavesTheRandomStateAlone) {
     make_plan(c, c.mesh.world_size());
     EXPECT_TRUE(before.equal(at::detail::getDefaultCPUGenerator().get_state())) << plan;
   }
+}
+
+// The transforms' key table in docs/configuration.md: each `# - KIND: {key:
+// default, ...}` line (continued on the comment lines below it until its
+// braces close), read as YAML.
+std::map<std::string, YAML::Node> documented_transforms() {
+  std::ifstream in("docs/configuration.md");
+  EXPECT_TRUE(in.good()) << "docs/configuration.md not found from " << std::getenv("PWD");
+  std::map<std::string, YAML::Node> out;
+  std::string line, text;
+  int depth = -1;  // -1: outside an entry
+  while (std::getline(in, line)) {
+    const size_t hash = line.find('#');
+    if (hash == std::string::npos) continue;
+    std::string rest = line.substr(hash + 1);
+    if (depth < 0) {
+      if (rest.rfind(" - ", 0) != 0 || rest.find(": {") == std::string::npos) continue;
+      text.clear();
+      depth = 0;
+      rest = rest.substr(3);
+    }
+    for (char ch : rest) {
+      text += ch;
+      if (ch == '{') ++depth;
+      if (ch == '}' && --depth == 0) break;
+    }
+    if (depth > 0) {
+      text += ' ';
+      continue;
+    }
+    const YAML::Node n = YAML::Load(text);
+    out[n.begin()->first.as<std::string>()] = n.begin()->second;
+    depth = -1;
+  }
+  return out;
+}
+
+// One spelling of a default for both sides: a one-element list as its element,
+// numbers by value, booleans and strings as written.
+std::string canonical(const nlohmann::json& j) {
+  if (j.is_array()) {
+    if (j.size() == 1) return canonical(j[0]);
+    std::string s = "[";
+    for (const auto& e : j) s += canonical(e) + ",";
+    return s + "]";
+  }
+  if (j.is_boolean()) return j.get<bool>() ? "true" : "false";
+  if (j.is_number()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", j.get<double>());
+    return buf;
+  }
+  return j.get<std::string>();
+}
+
+std::string canonical(const YAML::Node& n) {
+  if (n.IsSequence()) {
+    if (n.size() == 1) return canonical(n[0]);
+    std::string s = "[";
+    for (const auto& e : n) s += canonical(e) + ",";
+    return s + "]";
+  }
+  const std::string v = n.Scalar();
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (!v.empty() && end && *end == 0) return canonical(nlohmann::json(d));
+  return v;
+}
+
+TEST(Config, TheDocsKeyTableListsEveryTransformFieldWithItsDefault) {
+  const auto documented = documented_transforms();
+  std::set<std::string> kinds;
+  for (const auto& t : default_transforms()) {
+    const std::string kind = parallel::name_of(t);
+    kinds.insert(kind);
+    auto it = documented.find(kind);
+    ASSERT_NE(it, documented.end()) << kind << " is missing from docs/configuration.md's parallelize keys";
+    const nlohmann::json fields = to_json(t)[kind];
+    std::set<std::string> keys;
+    for (const auto& kv : it->second) keys.insert(kv.first.as<std::string>());
+    for (const auto& [key, value] : fields.items()) {
+      ASSERT_TRUE(keys.count(key)) << kind << "." << key << " is not in docs/configuration.md";
+      EXPECT_EQ(canonical(it->second[key]), canonical(value)) << kind << "." << key << ": the docs give another default";
+      keys.erase(key);
+    }
+    EXPECT_TRUE(keys.empty()) << kind << ": docs/configuration.md lists keys the code does not have: "
+                              << (keys.empty() ? "" : *keys.begin());
+  }
+  for (const auto& [kind, n] : documented) EXPECT_TRUE(kinds.count(kind)) << kind << " is documented but not a transform";
 }
 
 }  // namespace
