@@ -121,7 +121,17 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   for (const auto& rank_actions : actions_) {
     for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
   }
-  const RankActions& mine = actions_[pp.rank];
+  post_receives_early();
+  device_ = nn::param_options().device();  // meta in a dry run
+  cut_stages(model);
+  if (options.every_stage) return;  // a shape-only copy: nothing placed, nothing dropped
+  place_params(model);
+}
+
+// Each receive is posted right after the compute action before it, so it is
+// in flight while that action computes.
+void Pipeline::post_receives_early() {
+  const RankActions& mine = actions_[group_.rank];
   early_recvs_.assign(mine.size(), {});
   for (size_t i = 0, compute = mine.size(); i < mine.size(); ++i) {
     const Op op = mine[i].op;
@@ -131,8 +141,10 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
       compute = i;
     }
   }
-  device_ = nn::param_options().device();  // meta in a dry run
-  // Which ranks hold each parameter, and this rank's stages as roots.
+}
+
+// Which ranks hold each parameter, and this rank's stages as roots.
+void Pipeline::cut_stages(models::Model& model) {
   const models::NamedModules all = nn::named_modules(model);
   std::map<std::string, nn::Module*> modules(all.begin(), all.end());
   const int S = shape_.stages();
@@ -157,22 +169,24 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
         std::vector<models::PipelinePiece>(pieces_.begin() + ranges_[s].first, pieces_.begin() + ranges_[s].second));
     roots_.push_back(stage_root(s, *stages_[s], names, all));
   }
-  if (options.every_stage) return;  // a shape-only copy: nothing placed, nothing dropped
-  // Every parameter's placement on pp; this rank keeps only its stages' parameters.
+}
+
+// Every parameter's placement on pp; this rank keeps only its stages' parameters.
+void Pipeline::place_params(models::Model& model) {
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
     auto& info = params_[p.unsafeGetTensorImpl()];
     TORCH_CHECK(!info.ranks.empty(), "parameter ", name, " is in no pipeline piece of ", model.type());
     info.shape = p.sizes().vec();
     info.dtype = p.scalar_type();
-    if (options.placements) {
-      SpecDim d{pp.name, &group_, pp.size, pp.rank, Placement::replicate(), Placement::partial(Reduce::kSum)};
+    if (options_.placements) {
+      SpecDim d{group_.name, &group_, group_.size, group_.rank, Placement::replicate(), Placement::partial(Reduce::kSum)};
       d.members = info.ranks;
       if (info.ranks.size() > 1 && holds(p)) {
-        TORCH_CHECK(options.subgroup, "pipeline: a parameter held by several stages needs a subgroup factory");
-        d.member_group = options.subgroup(info.ranks);
+        TORCH_CHECK(options_.subgroup, "pipeline: a parameter held by several stages needs a subgroup factory");
+        d.member_group = options_.subgroup(info.ranks);
       }
-      options.placements->add(p, d);
+      options_.placements->add(p, d);
     }
     if (!holds(p)) p.set_data(torch::empty({0}, p.options()));
   }

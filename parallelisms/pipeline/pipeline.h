@@ -145,6 +145,10 @@ class Pipeline {
   std::vector<int> local_stages() const { return shape_.stages_of(group_.rank); }
 
  private:
+  // The constructor's stages: receives posted early, the cut into stages, the parameters' placements.
+  void post_receives_early();
+  void cut_stages(models::Model& model);
+  void place_params(models::Model& model);
   struct Slot;  // per (stage, microbatch) state
   struct Run;   // one run()'s slots, sends and loss
   void act(const Action& a, Run& run);
