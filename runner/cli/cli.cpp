@@ -76,13 +76,10 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Rank
 
 }  // namespace
 
-CliOptions parse_cli(int argc, char** argv) {
-  CliOptions o;
-  for (int i = 0; i < argc; ++i) {
-    o.command_line += (i ? " " : "") + std::string(argv[i]);
-    o.argv.push_back(argv[i]);
-  }
-  po::options_description desc("options");
+namespace {
+
+// Every option, each writing into `o`.
+void add_cli_options(po::options_description& desc, CliOptions& o) {
   desc.add_options()("help,h", "print this help")("version", "print the version")(
       "config,c", po::value<std::string>(&o.config), "experiment YAML file")(
       "set", po::value<std::vector<std::string>>(&o.sets)->composing(),
@@ -101,6 +98,44 @@ CliOptions parse_cli(int argc, char** argv) {
       "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
       "json", po::bool_switch(&o.json), "plan: print the resolved config and the plan's figures as one JSON object")(
       "command", po::value<std::string>(), "run, check, golden, plan or export");
+}
+
+// The command named by the positional argument.
+Command command_named(const std::string& name) {
+  for (const auto& [n, cmd] : kCommands) {
+    if (name == n) return cmd;
+  }
+  throw UserError("unknown command '" + name + "'; use run, check, golden, plan or export (composer --help)");
+}
+
+// Options that belong together, or to one command only.
+void check_combinations(const CliOptions& o) {
+  if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
+  const bool exporting = o.command == Command::kExport;
+  if (exporting && (o.checkpoint.empty() == o.weights.empty() || o.out.empty())) {
+    throw UserError("composer export needs one of --checkpoint DIR (a step-N folder) or --weights FILE (a run's "
+                    "final.safetensors), and --out FILE (a folder with --format hf); see composer --help");
+  }
+  if (exporting && !o.format.empty() && o.format != "pt" && o.format != "hf") {
+    throw UserError("--format " + o.format + ": use pt (a safetensors file) or hf (a Hugging Face Llama folder)");
+  }
+  if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
+  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty() || !o.weights.empty() || !o.format.empty())) {
+    throw UserError("--checkpoint, --weights, --format and --max-shard-size belong to composer export; to resume a "
+                    "run, set checkpoint.resume (--set checkpoint.resume=DIR)");
+  }
+}
+
+}  // namespace
+
+CliOptions parse_cli(int argc, char** argv) {
+  CliOptions o;
+  for (int i = 0; i < argc; ++i) {
+    o.command_line += (i ? " " : "") + std::string(argv[i]);
+    o.argv.push_back(argv[i]);
+  }
+  po::options_description desc("options");
+  add_cli_options(desc, o);
   po::positional_options_description pos;
   pos.add("command", 1);
   po::variables_map vm;
@@ -120,33 +155,8 @@ CliOptions parse_cli(int argc, char** argv) {
     o.exit_now = true;
     return o;
   }
-  if (vm.count("command")) {
-    std::string name = vm["command"].as<std::string>();
-    bool found = false;
-    for (const auto& [n, cmd] : kCommands) {
-      if (name == n) {
-        o.command = cmd;
-        found = true;
-      }
-    }
-    if (!found) {
-      throw UserError("unknown command '" + name + "'; use run, check, golden, plan or export (composer --help)");
-    }
-  }
-  if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
-  const bool exporting = o.command == Command::kExport;
-  if (exporting && (o.checkpoint.empty() == o.weights.empty() || o.out.empty())) {
-    throw UserError("composer export needs one of --checkpoint DIR (a step-N folder) or --weights FILE (a run's "
-                    "final.safetensors), and --out FILE (a folder with --format hf); see composer --help");
-  }
-  if (exporting && !o.format.empty() && o.format != "pt" && o.format != "hf") {
-    throw UserError("--format " + o.format + ": use pt (a safetensors file) or hf (a Hugging Face Llama folder)");
-  }
-  if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
-  if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty() || !o.weights.empty() || !o.format.empty())) {
-    throw UserError("--checkpoint, --weights, --format and --max-shard-size belong to composer export; to resume a "
-                    "run, set checkpoint.resume (--set checkpoint.resume=DIR)");
-  }
+  if (vm.count("command")) o.command = command_named(vm["command"].as<std::string>());
+  check_combinations(o);
   return o;
 }
 
