@@ -2,7 +2,7 @@
 // M13, M15): UnitModule, CompositeModel, CompositeParamModel, NestedWrappedModule,
 // MixtureOfExperts.
 #include "models/layers.h"
-#include "models/registry.h"
+#include "models/model_decl.h"
 
 namespace composer::models {
 namespace {
@@ -88,27 +88,50 @@ class MixtureOfExperts : public Model {
   std::shared_ptr<nn::Sequential> module;
 };
 
-ArgSpec dim_arg() { return {"dim", ArgType::kInt, int64_t{100}, "width of every Linear"}; }
+ArgSpec dim_arg() { return int_arg("dim", 100, "width of every Linear"); }
 void check_dim(const ModelArgs& a) { require_arg_positive(a, "dim"); }
+
+ModelSpec unit_module() {
+  return ModelDecl<UnitModule>("unit_module", "UnitModule: l1, seq=(ReLU, Linear, ReLU), l2")
+      .args({dim_arg()})
+      .check(check_dim)
+      .build([](const ModelArgs& a) { return std::make_shared<UnitModule>(a.i("dim")); });
+}
+
+ModelSpec composite_model() {
+  return ModelDecl<CompositeModel>("composite_model", "CompositeModel: l1, u1=UnitModule, u2=UnitModule, l2")
+      .args({dim_arg()})
+      .check(check_dim)
+      .build([](const ModelArgs& a) { return std::make_shared<CompositeModel>(a.i("dim"), false); });
+}
+
+ModelSpec composite_param_model() {
+  return ModelDecl<CompositeModel>("composite_param_model",
+                                   "CompositeParamModel: l, u1, u2 and mm(., p) with a parameter p")
+      .args({dim_arg()})
+      .check(check_dim)
+      .build([](const ModelArgs& a) { return std::make_shared<CompositeModel>(a.i("dim"), true); });
+}
+
+ModelSpec nested_wrapped_module() {
+  return ModelDecl<NestedWrappedModule>("nested_wrapped_module",
+                                        "NestedWrappedModule: Linear(8,4), (Linear(4,16), Linear(16,16)), "
+                                        "Linear(16,4), Linear(4,8)")
+      .build([](const ModelArgs&) { return std::make_shared<NestedWrappedModule>(); });
+}
+
+ModelSpec mixture_of_experts() {
+  return ModelDecl<MixtureOfExperts>("mixture_of_experts",
+                                     "MixtureOfExperts: Linear(8,12), shared Linear(12,23), expert Linear(23,12), "
+                                     "Linear(12,8)")
+      .build([](const ModelArgs&) { return std::make_shared<MixtureOfExperts>(); });
+}
 
 }  // namespace
 
+// In registration order: the order of the registry and of the names in messages.
 std::vector<ModelSpec> composable_specs() {
-  return {
-      {"unit_module", "UnitModule: l1, seq=(ReLU, Linear, ReLU), l2", {dim_arg()}, check_dim,
-       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<UnitModule>(a.i("dim")); }},
-      {"composite_model", "CompositeModel: l1, u1=UnitModule, u2=UnitModule, l2", {dim_arg()}, check_dim,
-       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<CompositeModel>(a.i("dim"), false); }},
-      {"composite_param_model", "CompositeParamModel: l, u1, u2 and mm(., p) with a parameter p",
-       {dim_arg()}, check_dim,
-       [](const ModelArgs& a) -> ModelPtr { return std::make_shared<CompositeModel>(a.i("dim"), true); }},
-      {"nested_wrapped_module", "NestedWrappedModule: Linear(8,4), (Linear(4,16), Linear(16,16)), "
-                                "Linear(16,4), Linear(4,8)",
-       {}, nullptr, [](const ModelArgs&) -> ModelPtr { return std::make_shared<NestedWrappedModule>(); }},
-      {"mixture_of_experts", "MixtureOfExperts: Linear(8,12), shared Linear(12,23), expert Linear(23,12), "
-                             "Linear(12,8)",
-       {}, nullptr, [](const ModelArgs&) -> ModelPtr { return std::make_shared<MixtureOfExperts>(); }},
-  };
+  return {unit_module(), composite_model(), composite_param_model(), nested_wrapped_module(), mixture_of_experts()};
 }
 
 }  // namespace composer::models

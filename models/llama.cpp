@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "models/layers.h"
-#include "models/registry.h"
+#include "models/model_decl.h"
 
 namespace composer::models {
 namespace {
@@ -158,7 +158,8 @@ class Llama : public Model {
     return (*output)((*norm)(h)).to(torch::kFloat);
   }
   InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
-  std::vector<PipelinePiece> pipeline_pieces() override {
+  // tok_embeddings, one piece per layer, then norm with output.
+  std::vector<PipelinePiece> pieces() {
     std::vector<PipelinePiece> out;
     out.push_back({"tok_embeddings", {"tok_embeddings"}, false,
                    [this](torch::Tensor tokens) { return (*tok_embeddings)(tokens); }});
@@ -172,88 +173,107 @@ class Llama : public Model {
   std::shared_ptr<nn::ModuleList> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   std::shared_ptr<Linear> output;
-  nn::SequenceSlot* sequence_slot() override { return slot_.get(); }
+  // Every attention's slot: rotary angles by global position, GQA heads repeated after the ring.
+  nn::SequenceSlot* slot() { return slot_.get(); }
 
  private:
   LlamaArgs args_;
   std::shared_ptr<nn::SequenceSlot> slot_ = std::make_shared<nn::SequenceSlot>();
 };
 
+void check_llama_args(const ModelArgs& a) {
+  for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
+    require_arg_positive(a, n);
+  }
+  require_arg_divides(a, "n_heads", "dim");
+  if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
+  if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
+    throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
+  }
+  if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
+    throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) + " does not divide n_heads " +
+                                     std::to_string(a.i("n_heads")) + "; use 0 or a divisor of n_heads");
+  }
+}
+
+std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
+  LlamaArgs l{a.i("dim"),
+              a.i("n_layers"),
+              a.i("n_heads"),
+              a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"),
+              a.i("vocab_size"),
+              a.i("multiple_of"),
+              a.i("max_seq_len"),
+              a.i("hidden_dim"),
+              a.f("ffn_dim_multiplier"),
+              a.f("norm_eps"),
+              a.f("rope_theta"),
+              a.b("depth_init"),
+              a.b("weight_tying")};
+  return std::make_shared<Llama>(l);
+}
+
+// torchtitan's Llama plan: vocab-parallel embedding, head-split attention
+// (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and
+// rowwise w2; with sequence parallelism, sequence-sharded norms.
+TpPlan llama_tp_plan(const ModelArgs&, bool sp) {
+  const Layout rep = Layout::replicate(), seq = Layout::shard(1);
+  TpPlan p;
+  if (sp) {
+    p = {rowwise("tok_embeddings", rep, seq),
+         sequence_parallel("norm"),
+         colwise("output", seq, rep),
+         sequence_parallel("layers.*.attention_norm"),
+         sequence_parallel("layers.*.ffn_norm"),
+         prepare_input("layers.*.attention", seq, rep),
+         prepare_input("layers.*.feed_forward", seq, rep),
+         rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
+         rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq)};
+  } else {
+    p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo"),
+         rowwise("layers.*.feed_forward.w2")};
+  }
+  for (auto w : {"attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"}) {
+    p.push_back(colwise(std::string("layers.*.") + w));
+  }
+  return p;
+}
+
+// tp divides the query and the key/value heads.
+void check_llama_tp(const ModelArgs& a, int64_t tp, bool) {
+  const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+  for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {
+    if (n % tp != 0) {
+      throw ArgError(name, "tp degree " + std::to_string(tp) + " does not divide " + name + " " + std::to_string(n) +
+                               " (model.args." + name + "); use a tp that divides it");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<ModelSpec> llama_specs() {
-  ModelSpec s;
-  s.name = "llama";
-  s.doc = "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU";
-  s.args = {{"dim", ArgType::kInt, int64_t{256}, "model width"},
-            {"n_layers", ArgType::kInt, int64_t{8}, "number of TransformerBlocks"},
-            {"n_heads", ArgType::kInt, int64_t{16}, "query heads; must divide dim"},
-            {"n_kv_heads", ArgType::kInt, int64_t{0}, "key/value heads; 0 means n_heads"},
-            {"vocab_size", ArgType::kInt, int64_t{256}, "vocabulary size"},
-            {"multiple_of", ArgType::kInt, int64_t{256}, "SwiGLU hidden width rounds up to this"},
-            {"ffn_dim_multiplier", ArgType::kFloat, 0.0, "hidden width multiplier; 0 means none"},
-            {"norm_eps", ArgType::kFloat, 1e-5, "RMSNorm epsilon"},
-            {"rope_theta", ArgType::kFloat, 10000.0, "rotary embedding base"},
-            {"max_seq_len", ArgType::kInt, int64_t{2048}, "longest sequence"},
-            {"depth_init", ArgType::kBool, true, "scale output-projection init by layer depth"},
-            {"hidden_dim", ArgType::kInt, int64_t{0},
-             "SwiGLU hidden width; 0 derives it from dim, ffn_dim_multiplier and multiple_of"},
-            {"weight_tying", ArgType::kBool, false, "output.weight is tok_embeddings.weight"}};
-  s.check = [](const ModelArgs& a) {
-    for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
-      require_arg_positive(a, n);
-    }
-    require_arg_divides(a, "n_heads", "dim");
-    if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
-    if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
-      throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
-    }
-    if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
-      throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) +
-                                       " does not divide n_heads " + std::to_string(a.i("n_heads")) +
-                                       "; use 0 or a divisor of n_heads");
-    }
-  };
-  s.build = [](const ModelArgs& a) -> ModelPtr {
-    LlamaArgs l{a.i("dim"), a.i("n_layers"), a.i("n_heads"),
-                a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"), a.i("vocab_size"),
-                a.i("multiple_of"), a.i("max_seq_len"), a.i("hidden_dim"), a.f("ffn_dim_multiplier"),
-                a.f("norm_eps"), a.f("rope_theta"), a.b("depth_init"), a.b("weight_tying")};
-    return std::make_shared<Llama>(l);
-  };
-  s.logits = "output";
-  s.cp_check = [](const ModelArgs&) {};  // rotary angles by global position, GQA heads repeated after the ring
-  // torchtitan's Llama plan: vocab-parallel embedding, head-split attention
-  // (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and
-  // rowwise w2; with sequence parallelism, sequence-sharded norms.
-  s.tp_plan = [](const ModelArgs&, bool sp) {
-    const Layout rep = Layout::replicate(), seq = Layout::shard(1);
-    TpPlan p;
-    if (sp) {
-      p = {rowwise("tok_embeddings", rep, seq), sequence_parallel("norm"), colwise("output", seq, rep),
-           sequence_parallel("layers.*.attention_norm"), sequence_parallel("layers.*.ffn_norm"),
-           prepare_input("layers.*.attention", seq, rep), prepare_input("layers.*.feed_forward", seq, rep),
-           rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
-           rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq)};
-    } else {
-      p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo"),
-           rowwise("layers.*.feed_forward.w2")};
-    }
-    for (auto w : {"attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"}) {
-      p.push_back(colwise(std::string("layers.*.") + w));
-    }
-    return p;
-  };
-  s.tp_check = [](const ModelArgs& a, int64_t tp, bool) {
-    const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
-    for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {
-      if (n % tp != 0) {
-        throw ArgError(name, "tp degree " + std::to_string(tp) + " does not divide " + name + " " + std::to_string(n) +
-                                 " (model.args." + name + "); use a tp that divides it");
-      }
-    }
-  };
-  return {s};
+  return {
+      ModelDecl<Llama>("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU")
+          .args({int_arg("dim", 256, "model width"), int_arg("n_layers", 8, "number of TransformerBlocks"),
+                 int_arg("n_heads", 16, "query heads; must divide dim"),
+                 int_arg("n_kv_heads", 0, "key/value heads; 0 means n_heads"),
+                 int_arg("vocab_size", 256, "vocabulary size"),
+                 int_arg("multiple_of", 256, "SwiGLU hidden width rounds up to this"),
+                 float_arg("ffn_dim_multiplier", 0.0, "hidden width multiplier; 0 means none"),
+                 float_arg("norm_eps", 1e-5, "RMSNorm epsilon"),
+                 float_arg("rope_theta", 10000.0, "rotary embedding base"),
+                 int_arg("max_seq_len", 2048, "longest sequence"),
+                 bool_arg("depth_init", true, "scale output-projection init by layer depth"),
+                 int_arg("hidden_dim", 0,
+                         "SwiGLU hidden width; 0 derives it from dim, ffn_dim_multiplier and multiple_of"),
+                 bool_arg("weight_tying", false, "output.weight is tok_embeddings.weight")})
+          .check(check_llama_args)
+          .build(build_llama)
+          .pipeline(&Llama::pieces)
+          .context_parallel(&Llama::slot, [](const ModelArgs&) {})
+          .tp_plan(llama_tp_plan, check_llama_tp)
+          .logits("output")};
 }
 
 }  // namespace composer::models

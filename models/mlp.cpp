@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "models/layers.h"
-#include "models/registry.h"
+#include "models/model_decl.h"
 
 namespace composer::models {
 namespace {
@@ -85,7 +85,8 @@ class SequentialModel : public Model {
     return x;
   }
   InputSpec input_spec() const override { return {false, features_}; }
-  std::vector<PipelinePiece> pipeline_pieces() override {
+  // Each child is one piece.
+  std::vector<PipelinePiece> pieces() {
     std::vector<PipelinePiece> out;
     for (size_t i = 0; i < items_.size(); ++i) {
       auto m = items_[i];
@@ -135,131 +136,131 @@ class MLPModuleLayers : public Model {
     return x;
   }
   InputSpec input_spec() const override { return {false, dim_}; }
-  std::vector<PipelinePiece> pipeline_pieces() override { return layer_pieces("layers", *layers); }
+  std::vector<PipelinePiece> pieces() { return layer_pieces("layers", *layers); }
   std::shared_ptr<nn::ModuleList> layers;
 
  private:
   int64_t dim_;
 };
 
-ArgSpec int_arg(const char* name, int64_t def, const char* doc) { return {name, ArgType::kInt, def, doc}; }
-ArgSpec bool_arg(const char* name, bool def, const char* doc) { return {name, ArgType::kBool, def, doc}; }
+// Tensor-parallel plans: colwise then rowwise, so each MLP block issues one
+// all-reduce in forward (the rowwise output) and one in backward (the colwise
+// input's gradient). None has a sequence-parallel variant.
+
+ModelSpec mlp_module() {
+  return ModelDecl<MLPModule>("mlp_module", "MLPModule: net1=Linear(dim,hidden), relu, net2=Linear(hidden,dim)")
+      .args({int_arg("dim", 10, "input and output width"),
+             int_arg("hidden", 0, "net1 output width; 0 means dim (16 for the 10-16-10 model)"),
+             bool_arg("kaiming_init", false, "kaiming_uniform_(fan_in, relu) on both weights")})
+      .check([](const ModelArgs& a) {
+        require_arg_positive(a, "dim");
+        if (a.i("hidden") < 0) throw ArgError("hidden", "hidden must be 0 or positive");
+      })
+      .build([](const ModelArgs& a) {
+        int64_t h = a.i("hidden") ? a.i("hidden") : a.i("dim");
+        return std::make_shared<MLPModule>(a.i("dim"), h, a.b("kaiming_init"));
+      })
+      .tp_plan({colwise("net1"), rowwise("net2")});
+}
+
+ModelSpec mlp_module_even() {
+  return ModelDecl<MLPModuleEven>("mlp_module_even",
+                                  "MLPModuleEven: relu(net1) -> relu(net2) -> relu(net3), net3 to 2*dim")
+      .args({int_arg("dim", 8, "input width")})
+      .check([](const ModelArgs& a) { require_arg_positive(a, "dim"); })
+      .build([](const ModelArgs& a) { return std::make_shared<MLPModuleEven>(a.i("dim")); })
+      .tp_plan({colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())});
+}
+
+ModelSpec mlp_module_layers() {
+  return ModelDecl<MLPModuleLayers>("mlp_module_layers", "n_layers x MLPModule(dim) in layers.0 .. layers.<n-1>")
+      .args({int_arg("n_layers", 8, "number of MLPModule layers"), int_arg("dim", 10, "width"),
+             bool_arg("kaiming_init", false, "kaiming_uniform_(fan_in, relu) on the weights")})
+      .check([](const ModelArgs& a) {
+        require_arg_positive(a, "n_layers");
+        require_arg_positive(a, "dim");
+      })
+      .build([](const ModelArgs& a) {
+        return std::make_shared<MLPModuleLayers>(a.i("n_layers"), a.i("dim"), a.b("kaiming_init"));
+      })
+      .pipeline(&MLPModuleLayers::pieces)
+      .tp_plan({colwise("layers.*.net1"), rowwise("layers.*.net2")});
+}
+
+ModelSpec mlp() {
+  return ModelDecl<MLP>("mlp", "MLP: relu(out_proj(relu(in_proj(x)))), in_proj to dim_multiplier*dim")
+      .args({int_arg("dim", 8, "input width"), bool_arg("bias", true, "linear biases"),
+             int_arg("dim_multiplier", 4, "hidden width multiplier")})
+      .check([](const ModelArgs& a) {
+        require_arg_positive(a, "dim");
+        require_arg_positive(a, "dim_multiplier");
+      })
+      .build([](const ModelArgs& a) { return std::make_shared<MLP>(a.i("dim"), a.b("bias"), a.i("dim_multiplier")); })
+      .tp_plan({colwise("in_proj"), rowwise("out_proj")});
+}
+
+ModelSpec mlp_stack() {
+  return ModelDecl<SequentialModel>("mlp_stack",
+                                    "MLPStack: MLP(d, x3), MLP(d, x4), MLP(d, x3) [, LayerNorm(d, no bias)]")
+      .args({int_arg("mlp_dim", 16, "model width"),
+             bool_arg("with_seq_parallel", false, "append LayerNorm(mlp_dim, bias=False) as child 3")})
+      .check([](const ModelArgs& a) { require_arg_positive(a, "mlp_dim"); })
+      .build([](const ModelArgs& a) {
+        int64_t d = a.i("mlp_dim");
+        std::vector<std::pair<std::string, nn::ModulePtr>> kids = {{"0", std::make_shared<MLP>(d, true, 3)},
+                                                                   {"1", std::make_shared<MLP>(d, true, 4)},
+                                                                   {"2", std::make_shared<MLP>(d, true, 3)}};
+        if (a.b("with_seq_parallel")) kids.push_back({"3", std::make_shared<nn::LayerNorm>(d, 1e-5, false)});
+        return std::make_shared<SequentialModel>("MLPStack", kids, d);
+      })
+      .pipeline(&SequentialModel::pieces)
+      .tp_plan({colwise("*.in_proj"), rowwise("*.out_proj")});
+}
+
+// No built-in tensor-parallel plan (plan: custom gives one).
+ModelSpec mlp_seq() {
+  return ModelDecl<SequentialModel>(
+             "mlp_seq", "Sequential(n_mlps x MLP(dim, bias, dim_multiplier)): the all-gather extension model")
+      .args({int_arg("n_mlps", 3, "number of MLPs"), int_arg("dim", 8, "width"),
+             bool_arg("bias", false, "linear biases"), int_arg("dim_multiplier", 4, "hidden width multiplier")})
+      .check([](const ModelArgs& a) {
+        require_arg_positive(a, "n_mlps");
+        require_arg_positive(a, "dim");
+        require_arg_positive(a, "dim_multiplier");
+      })
+      .build([](const ModelArgs& a) {
+        std::vector<std::pair<std::string, nn::ModulePtr>> kids;
+        for (int64_t i = 0; i < a.i("n_mlps"); ++i) {
+          kids.push_back({std::to_string(i), std::make_shared<MLP>(a.i("dim"), a.b("bias"), a.i("dim_multiplier"))});
+        }
+        return std::make_shared<SequentialModel>("MLPSeq", kids, a.i("dim"));
+      })
+      .pipeline(&SequentialModel::pieces);
+}
+
+ModelSpec simple_model() {
+  return ModelDecl<LinearChain>("simple_model", "SimpleModel: Linear(5,8), Linear(8,4), Linear(4,12), relu after each")
+      .build([](const ModelArgs&) {
+        return std::make_shared<LinearChain>("SimpleModel", std::vector<int64_t>{5, 8, 4, 12}, true);
+      })
+      .tp_plan({colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())});
+}
+
+ModelSpec simple_model_uneven() {
+  return ModelDecl<LinearChain>("simple_model_uneven",
+                                "SimpleModelUneven: Linear(5,10), (10,15), (15,30), (30,5), relu after the first three")
+      .build([](const ModelArgs&) {
+        return std::make_shared<LinearChain>("SimpleModelUneven", std::vector<int64_t>{5, 10, 15, 30, 5}, false);
+      })
+      .tp_plan({colwise("net1"), rowwise("net2"), colwise("net3"), rowwise("net4")});
+}
 
 }  // namespace
 
+// In registration order: the order of the registry and of the names in messages.
 std::vector<ModelSpec> mlp_specs() {
-  std::vector<ModelSpec> specs;
-  specs.push_back({"mlp_module", "MLPModule: net1=Linear(dim,hidden), relu, net2=Linear(hidden,dim)",
-                   {int_arg("dim", 10, "input and output width"),
-                    int_arg("hidden", 0, "net1 output width; 0 means dim (16 for the 10-16-10 model)"),
-                    bool_arg("kaiming_init", false, "kaiming_uniform_(fan_in, relu) on both weights")},
-                   [](const ModelArgs& a) {
-                     require_arg_positive(a, "dim");
-                     if (a.i("hidden") < 0) throw ArgError("hidden", "hidden must be 0 or positive");
-                   },
-                   [](const ModelArgs& a) -> ModelPtr {
-                     int64_t h = a.i("hidden") ? a.i("hidden") : a.i("dim");
-                     return std::make_shared<MLPModule>(a.i("dim"), h, a.b("kaiming_init"));
-                   }});
-  specs.push_back({"mlp_module_even", "MLPModuleEven: relu(net1) -> relu(net2) -> relu(net3), net3 to 2*dim",
-                   {int_arg("dim", 8, "input width")},
-                   [](const ModelArgs& a) { require_arg_positive(a, "dim"); },
-                   [](const ModelArgs& a) -> ModelPtr { return std::make_shared<MLPModuleEven>(a.i("dim")); }});
-  specs.push_back({"mlp_module_layers", "n_layers x MLPModule(dim) in layers.0 .. layers.<n-1>",
-                   {int_arg("n_layers", 8, "number of MLPModule layers"), int_arg("dim", 10, "width"),
-                    bool_arg("kaiming_init", false, "kaiming_uniform_(fan_in, relu) on the weights")},
-                   [](const ModelArgs& a) {
-                     require_arg_positive(a, "n_layers");
-                     require_arg_positive(a, "dim");
-                   },
-                   [](const ModelArgs& a) -> ModelPtr {
-                     return std::make_shared<MLPModuleLayers>(a.i("n_layers"), a.i("dim"), a.b("kaiming_init"));
-                   }});
-  specs.push_back({"mlp", "MLP: relu(out_proj(relu(in_proj(x)))), in_proj to dim_multiplier*dim",
-                   {int_arg("dim", 8, "input width"), bool_arg("bias", true, "linear biases"),
-                    int_arg("dim_multiplier", 4, "hidden width multiplier")},
-                   [](const ModelArgs& a) {
-                     require_arg_positive(a, "dim");
-                     require_arg_positive(a, "dim_multiplier");
-                   },
-                   [](const ModelArgs& a) -> ModelPtr {
-                     return std::make_shared<MLP>(a.i("dim"), a.b("bias"), a.i("dim_multiplier"));
-                   }});
-  specs.push_back({"mlp_stack", "MLPStack: MLP(d, x3), MLP(d, x4), MLP(d, x3) [, LayerNorm(d, no bias)]",
-                   {int_arg("mlp_dim", 16, "model width"),
-                    bool_arg("with_seq_parallel", false, "append LayerNorm(mlp_dim, bias=False) as child 3")},
-                   [](const ModelArgs& a) { require_arg_positive(a, "mlp_dim"); },
-                   [](const ModelArgs& a) -> ModelPtr {
-                     int64_t d = a.i("mlp_dim");
-                     std::vector<std::pair<std::string, nn::ModulePtr>> kids = {
-                         {"0", std::make_shared<MLP>(d, true, 3)},
-                         {"1", std::make_shared<MLP>(d, true, 4)},
-                         {"2", std::make_shared<MLP>(d, true, 3)}};
-                     if (a.b("with_seq_parallel")) kids.push_back({"3", std::make_shared<nn::LayerNorm>(d, 1e-5, false)});
-                     return std::make_shared<SequentialModel>("MLPStack", kids, d);
-                   }});
-  specs.push_back({"mlp_seq", "Sequential(n_mlps x MLP(dim, bias, dim_multiplier)): the all-gather extension model",
-                   {int_arg("n_mlps", 3, "number of MLPs"), int_arg("dim", 8, "width"),
-                    bool_arg("bias", false, "linear biases"), int_arg("dim_multiplier", 4, "hidden width multiplier")},
-                   [](const ModelArgs& a) {
-                     require_arg_positive(a, "n_mlps");
-                     require_arg_positive(a, "dim");
-                     require_arg_positive(a, "dim_multiplier");
-                   },
-                   [](const ModelArgs& a) -> ModelPtr {
-                     std::vector<std::pair<std::string, nn::ModulePtr>> kids;
-                     for (int64_t i = 0; i < a.i("n_mlps"); ++i) {
-                       kids.push_back({std::to_string(i), std::make_shared<MLP>(a.i("dim"), a.b("bias"), a.i("dim_multiplier"))});
-                     }
-                     return std::make_shared<SequentialModel>("MLPSeq", kids, a.i("dim"));
-                   }});
-  specs.push_back({"simple_model", "SimpleModel: Linear(5,8), Linear(8,4), Linear(4,12), relu after each",
-                   {},
-                   nullptr,
-                   [](const ModelArgs&) -> ModelPtr {
-                     return std::make_shared<LinearChain>("SimpleModel", std::vector<int64_t>{5, 8, 4, 12}, true);
-                   }});
-  specs.push_back({"simple_model_uneven",
-                   "SimpleModelUneven: Linear(5,10), (10,15), (15,30), (30,5), relu after the first three",
-                   {},
-                   nullptr,
-                   [](const ModelArgs&) -> ModelPtr {
-                     return std::make_shared<LinearChain>("SimpleModelUneven",
-                                                          std::vector<int64_t>{5, 10, 15, 30, 5}, false);
-                   }});
-  // Tensor-parallel plans: colwise then rowwise, so each MLP block issues one
-  // all-reduce in forward (the rowwise output) and one in backward (the
-  // colwise input's gradient).
-  auto no_sp = [](const std::string& model) {
-    return [model](const ModelArgs&, int64_t, bool sp) {
-      if (sp) throw ArgError("", "model " + model + " has no sequence-parallel plan; set sequence_parallel: false");
-    };
-  };
-  for (auto& s : specs) {
-    if (s.name == "mlp_module") {
-      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("net1"), rowwise("net2")}; };
-    } else if (s.name == "mlp_module_even") {
-      s.tp_plan = [](const ModelArgs&, bool) {
-        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())};
-      };
-    } else if (s.name == "mlp_module_layers") {
-      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("layers.*.net1"), rowwise("layers.*.net2")}; };
-    } else if (s.name == "mlp") {
-      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("in_proj"), rowwise("out_proj")}; };
-    } else if (s.name == "mlp_stack") {
-      s.tp_plan = [](const ModelArgs&, bool) { return TpPlan{colwise("*.in_proj"), rowwise("*.out_proj")}; };
-    } else if (s.name == "simple_model") {
-      s.tp_plan = [](const ModelArgs&, bool) {
-        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3", Layout::replicate(), Layout::replicate())};
-      };
-    } else if (s.name == "simple_model_uneven") {
-      s.tp_plan = [](const ModelArgs&, bool) {
-        return TpPlan{colwise("net1"), rowwise("net2"), colwise("net3"), rowwise("net4")};
-      };
-    }
-    if (s.tp_plan) s.tp_check = no_sp(s.name);
-  }
-  return specs;
+  return {mlp_module(), mlp_module_even(), mlp_module_layers(), mlp(),
+          mlp_stack(),  mlp_seq(),         simple_model(),      simple_model_uneven()};
 }
 
 }  // namespace composer::models

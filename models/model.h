@@ -89,16 +89,38 @@ class Model : public nn::Module {
   using nn::Module::Module;
   virtual InputSpec input_spec() const = 0;
   // The model as pipeline pieces; empty when it cannot be split into stages.
-  virtual std::vector<PipelinePiece> pipeline_pieces() { return {}; }
+  std::vector<PipelinePiece> pipeline_pieces() { return pieces_ ? pieces_(*this) : std::vector<PipelinePiece>{}; }
   // Where context parallelism installs a sequence split (sequence.h); null
   // for a model whose attention cannot be split over the sequence.
-  virtual nn::SequenceSlot* sequence_slot() { return nullptr; }
+  nn::SequenceSlot* sequence_slot() { return slot_ ? slot_(*this) : nullptr; }
+
+  using PiecesFn = std::function<std::vector<PipelinePiece>(Model&)>;
+  using SlotFn = std::function<nn::SequenceSlot*(Model&)>;
+  // Set once by the builder of the model's spec (ModelDecl, model_decl.h), so
+  // that what a model can do is what its declaration says.
+  void bind_declared(PiecesFn pieces, SlotFn slot) {
+    pieces_ = std::move(pieces);
+    slot_ = std::move(slot);
+  }
+
+ private:
+  PiecesFn pieces_;
+  SlotFn slot_;
 };
 
 using ModelPtr = std::shared_ptr<Model>;
 
+// What the planner asks of a model before building it.
+enum class Capability {
+  kPipeline,         // cuts into pipeline pieces
+  kTpPlan,           // has a built-in tensor-parallel plan
+  kContextParallel,  // has attention context parallelism can split over the sequence
+  kLogits,           // has vocabulary logits for loss parallel
+};
+
 // A registry entry: the name used in YAML (model.name), its arguments, a
-// validity check (throws ArgError) and the builder.
+// validity check (throws ArgError) and the builder. Each model writes its
+// entry in one declaration beside the model (ModelDecl, model_decl.h).
 struct ModelSpec {
   std::string name;
   std::string doc;
@@ -116,6 +138,13 @@ struct ModelSpec {
   // The Linear whose outputs are the vocabulary's logits (loss parallel keeps
   // them sharded over tp); empty: the model has none.
   std::string logits;
+  // How a built model cuts into pipeline pieces and where its sequence slot
+  // is; `build` binds both to every model it returns. Unset: it cannot.
+  Model::PiecesFn pipeline;
+  Model::SlotFn sequence_slot;
+
+  // Whether the declaration gives the model `c`.
+  bool has(Capability c) const;
 };
 
 // Rule constructors for plans.

@@ -35,11 +35,40 @@ TpRule prepare_input(std::string pattern, Layout input, Layout desired) {
   return {std::move(pattern), TpStyle::kPrepareInput, input, desired, desired};
 }
 
+bool ModelSpec::has(Capability c) const {
+  switch (c) {
+    case Capability::kPipeline:
+      return static_cast<bool>(pipeline);
+    case Capability::kTpPlan:
+      return static_cast<bool>(tp_plan);
+    case Capability::kContextParallel:
+      return cp_check && sequence_slot;
+    case Capability::kLogits:
+      return !logits.empty();
+  }
+  return false;
+}
+
+// Each model family's file defines its list of declared models. The list is
+// explicit, not filled by static registrars: the linker leaves out a static
+// library's objects that nothing references, and the order of names in
+// messages must not depend on link order. A new family file adds one line to
+// kFamilies and its declaration here.
+std::vector<ModelSpec> mlp_specs();
+std::vector<ModelSpec> transformer_specs();
+std::vector<ModelSpec> llama_specs();
+std::vector<ModelSpec> composable_specs();
+std::vector<ModelSpec> transformer_shared_specs();
+
+namespace {
+constexpr std::vector<ModelSpec> (*kFamilies[])() = {mlp_specs, transformer_specs, llama_specs, composable_specs,
+                                                     transformer_shared_specs};
+}  // namespace
+
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = [] {
     std::vector<ModelSpec> all;
-    for (auto family : {mlp_specs, transformer_specs, llama_specs, composable_specs,
-                        transformer_shared_specs}) {
+    for (auto family : kFamilies) {
       for (auto& s : family()) all.push_back(std::move(s));
     }
     return all;
@@ -58,6 +87,20 @@ std::vector<std::string> model_names() {
   std::vector<std::string> names;
   for (const auto& s : registry()) names.push_back(s.name);
   return names;
+}
+
+std::vector<std::string> names_with(Capability c) {
+  std::vector<std::string> names;
+  for (const auto& s : registry()) {
+    if (s.has(c)) names.push_back(s.name);
+  }
+  return names;
+}
+
+std::string listed_names_with(Capability c) {
+  std::string out;
+  for (const auto& name : names_with(c)) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
 
 }  // namespace composer::models

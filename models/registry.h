@@ -1,4 +1,5 @@
-// The model registry: every model family registers its ModelSpecs here by name.
+// The model registry: every model, declared in its own file (model_decl.h), by
+// name, and the questions the planner asks of the registered models.
 #pragma once
 #include <string>
 #include <vector>
@@ -7,6 +8,8 @@
 
 namespace composer::models {
 
+// Every registered model, in registration order (registry.cpp's family list,
+// then each family's own list).
 const std::vector<ModelSpec>& registry();
 
 // The spec named `name`, or nullptr.
@@ -14,11 +17,10 @@ const ModelSpec* find_model(const std::string& name);
 
 std::vector<std::string> model_names();
 
-// Each family file defines its specs.
-std::vector<ModelSpec> mlp_specs();
-std::vector<ModelSpec> transformer_specs();
-std::vector<ModelSpec> llama_specs();
-std::vector<ModelSpec> composable_specs();
-std::vector<ModelSpec> transformer_shared_specs();
+// The names of the registered models that have `c`, in registration order.
+std::vector<std::string> names_with(Capability c);
+
+// The same names as one list for messages: "transformer, llama".
+std::string listed_names_with(Capability c);
 
 }  // namespace composer::models

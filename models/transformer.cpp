@@ -2,7 +2,7 @@
 // position embeddings, causal multi-head attention, LayerNorm, GELU
 // feed-forward, optional weight tying between output and tok_embeddings.
 #include "models/layers.h"
-#include "models/registry.h"
+#include "models/model_decl.h"
 
 namespace composer::models {
 namespace {
@@ -95,9 +95,11 @@ class Transformer : public Model {
     auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
     return torch::dropout(h, args_.dropout_p, is_training());
   }
-  nn::SequenceSlot* sequence_slot() override { return slot_.get(); }
+  // Every attention's slot, and the positions of the embeddings.
+  nn::SequenceSlot* slot() { return slot_.get(); }
   InputSpec input_spec() const override { return {true, 0, args_.vocab_size, args_.max_seq_len}; }
-  std::vector<PipelinePiece> pipeline_pieces() override {
+  // tok_embeddings with pos_embeddings, one piece per layer, then norm with output.
+  std::vector<PipelinePiece> pieces() {
     std::vector<PipelinePiece> out;
     out.push_back({"tok_embeddings", {"tok_embeddings", "pos_embeddings"}, false,
                    [this](torch::Tensor tokens) { return embed(tokens); }});
@@ -117,68 +119,81 @@ class Transformer : public Model {
   std::shared_ptr<nn::SequenceSlot> slot_ = std::make_shared<nn::SequenceSlot>();
 };
 
+void check_transformer_args(const ModelArgs& a) {
+  for (auto n : {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads"}) require_arg_positive(a, n);
+  require_arg_divides(a, "n_heads", "dim");
+  if (a.f("dropout_p") < 0 || a.f("dropout_p") >= 1) {
+    throw ArgError("dropout_p", "dropout_p must be in [0, 1), got " + std::to_string(a.f("dropout_p")));
+  }
+}
+
+std::shared_ptr<Transformer> build_transformer(const ModelArgs& a) {
+  TransformerArgs t{a.i("n_layers"), a.i("vocab_size"), a.i("max_seq_len"),   a.i("dim"),
+                    a.i("n_heads"),  a.f("dropout_p"),  a.b("use_attn_mask"), a.b("weight_tying")};
+  return std::make_shared<Transformer>(t);
+}
+
+// The ring attention has no attention dropout (nor could ranks draw one device's masks).
+void check_transformer_cp(const ModelArgs& a) {
+  if (a.f("dropout_p") > 0) {
+    throw ArgError("dropout_p",
+                   "context_parallel's attention applies no dropout and its ranks cannot draw one "
+                   "device's dropout masks; set model.args.dropout_p: 0");
+  }
+}
+
+// docs/scenarios.md M4's Transformer.parallelize: embeddings vocab/position
+// parallel, head-split attention, colwise/rowwise feed-forward, colwise
+// output (tied to tok_embeddings, both sharded on the vocab dim); with
+// sequence parallelism the norms and residual stream are sequence-sharded.
+TpPlan transformer_tp_plan(const ModelArgs&, bool sp) {
+  const Layout rep = Layout::replicate(), seq = Layout::shard(1);
+  TpPlan p;
+  if (sp) {
+    p = {rowwise("tok_embeddings", rep, seq),
+         rowwise("pos_embeddings", rep, Layout::shard(0)),
+         sequence_parallel("norm"),
+         prepare_input("layers.*.attention", seq, rep),
+         sequence_parallel("layers.*.attention_norm"),
+         sequence_parallel("layers.*.ffn_norm"),
+         rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
+         colwise("layers.*.feed_forward.w1", seq),
+         rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq),
+         colwise("output", seq, rep)};
+  } else {
+    p = {rowwise("tok_embeddings", rep, rep), rowwise("pos_embeddings", rep, rep), rowwise("layers.*.attention.wo"),
+         colwise("layers.*.feed_forward.w1"), rowwise("layers.*.feed_forward.w2"), colwise("output", rep, rep)};
+  }
+  for (auto w : {"wq", "wk", "wv"}) p.push_back(colwise(std::string("layers.*.attention.") + w));
+  return p;
+}
+
+// tp divides the heads.
+void check_transformer_tp(const ModelArgs& a, int64_t tp, bool) {
+  if (a.i("n_heads") % tp != 0) {
+    throw ArgError("n_heads", "tp degree " + std::to_string(tp) + " does not divide n_heads " +
+                                  std::to_string(a.i("n_heads")) + " (model.args.n_heads); use a tp that divides it");
+  }
+}
+
 }  // namespace
 
 std::vector<ModelSpec> transformer_specs() {
-  ModelSpec s;
-  s.name = "transformer";
-  s.doc = "Transformer(ModelArgs) of PyTorch's DTensor tests: embeddings, causal attention, GELU FFN";
-  s.args = {{"n_layers", ArgType::kInt, int64_t{2}, "number of TransformerBlocks"},
-            {"vocab_size", ArgType::kInt, int64_t{8}, "vocabulary size"},
-            {"max_seq_len", ArgType::kInt, int64_t{16}, "positions in pos_embeddings"},
-            {"dim", ArgType::kInt, int64_t{16}, "model width"},
-            {"n_heads", ArgType::kInt, int64_t{4}, "attention heads; must divide dim"},
-            {"dropout_p", ArgType::kFloat, 0.1, "dropout probability (0 for parity runs)"},
-            {"use_attn_mask", ArgType::kBool, true, "causal attention"},
-            {"weight_tying", ArgType::kBool, true, "output.weight is tok_embeddings.weight"}};
-  s.check = [](const ModelArgs& a) {
-    for (auto n : {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads"}) require_arg_positive(a, n);
-    require_arg_divides(a, "n_heads", "dim");
-    if (a.f("dropout_p") < 0 || a.f("dropout_p") >= 1) {
-      throw ArgError("dropout_p", "dropout_p must be in [0, 1), got " + std::to_string(a.f("dropout_p")));
-    }
-  };
-  s.build = [](const ModelArgs& a) -> ModelPtr {
-    TransformerArgs t{a.i("n_layers"), a.i("vocab_size"), a.i("max_seq_len"), a.i("dim"),
-                      a.i("n_heads"), a.f("dropout_p"), a.b("use_attn_mask"), a.b("weight_tying")};
-    return std::make_shared<Transformer>(t);
-  };
-  // The ring attention has no attention dropout (nor could ranks draw one device's masks).
-  s.logits = "output";
-  s.cp_check = [](const ModelArgs& a) {
-    if (a.f("dropout_p") > 0) {
-      throw ArgError("dropout_p", "context_parallel's attention applies no dropout and its ranks cannot draw one "
-                                  "device's dropout masks; set model.args.dropout_p: 0");
-    }
-  };
-  // docs/scenarios.md M4's Transformer.parallelize: embeddings vocab/position
-  // parallel, head-split attention, colwise/rowwise feed-forward, colwise
-  // output (tied to tok_embeddings, both sharded on the vocab dim); with
-  // sequence parallelism the norms and residual stream are sequence-sharded.
-  s.tp_plan = [](const ModelArgs&, bool sp) {
-    const Layout rep = Layout::replicate(), seq = Layout::shard(1);
-    TpPlan p;
-    if (sp) {
-      p = {rowwise("tok_embeddings", rep, seq), rowwise("pos_embeddings", rep, Layout::shard(0)),
-           sequence_parallel("norm"), prepare_input("layers.*.attention", seq, rep),
-           sequence_parallel("layers.*.attention_norm"), sequence_parallel("layers.*.ffn_norm"),
-           rowwise("layers.*.attention.wo", Layout::shard(-1), seq), colwise("layers.*.feed_forward.w1", seq),
-           rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq), colwise("output", seq, rep)};
-    } else {
-      p = {rowwise("tok_embeddings", rep, rep), rowwise("pos_embeddings", rep, rep),
-           rowwise("layers.*.attention.wo"), colwise("layers.*.feed_forward.w1"),
-           rowwise("layers.*.feed_forward.w2"), colwise("output", rep, rep)};
-    }
-    for (auto w : {"wq", "wk", "wv"}) p.push_back(colwise(std::string("layers.*.attention.") + w));
-    return p;
-  };
-  s.tp_check = [](const ModelArgs& a, int64_t tp, bool sp) {
-    if (a.i("n_heads") % tp != 0) {
-      throw ArgError("n_heads", "tp degree " + std::to_string(tp) + " does not divide n_heads " +
-                                    std::to_string(a.i("n_heads")) + " (model.args.n_heads); use a tp that divides it");
-    }
-  };
-  return {s};
+  return {
+      ModelDecl<Transformer>(
+          "transformer", "Transformer(ModelArgs) of PyTorch's DTensor tests: embeddings, causal attention, GELU FFN")
+          .args({int_arg("n_layers", 2, "number of TransformerBlocks"), int_arg("vocab_size", 8, "vocabulary size"),
+                 int_arg("max_seq_len", 16, "positions in pos_embeddings"), int_arg("dim", 16, "model width"),
+                 int_arg("n_heads", 4, "attention heads; must divide dim"),
+                 float_arg("dropout_p", 0.1, "dropout probability (0 for parity runs)"),
+                 bool_arg("use_attn_mask", true, "causal attention"),
+                 bool_arg("weight_tying", true, "output.weight is tok_embeddings.weight")})
+          .check(check_transformer_args)
+          .build(build_transformer)
+          .pipeline(&Transformer::pieces)
+          .context_parallel(&Transformer::slot, check_transformer_cp)
+          .tp_plan(transformer_tp_plan, check_transformer_tp)
+          .logits("output")};
 }
 
 }  // namespace composer::models

@@ -20,7 +20,7 @@
 // decoder layers and the cross-attention take cat([query rows, memory rows])
 // with the memory's length (src_len) fixed at construction.
 #include "models/layers.h"
-#include "models/registry.h"
+#include "models/model_decl.h"
 
 namespace composer::models {
 namespace {
@@ -205,52 +205,55 @@ class TransformerWithSharedParams : public Model {
   SharedArgs a_;
 };
 
+void check_shared_args(const ModelArgs& a) {
+  for (auto n : {"vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
+                 "src_len", "tgt_len", "bs"}) {
+    require_arg_positive(a, n);
+  }
+  require_arg_divides(a, "nhead", "d_model");
+  if (a.f("dropout_p") < 0 || a.f("dropout_p") >= 1) {
+    throw ArgError("dropout_p", "dropout_p must be in [0, 1), got " + std::to_string(a.f("dropout_p")));
+  }
+  if (a.s("mode") != "eval" && a.s("mode") != "train") {
+    throw ArgError("mode", "mode must be eval or train, got '" + a.s("mode") + "'");
+  }
+}
+
+std::shared_ptr<TransformerWithSharedParams> build_shared(const ModelArgs& a) {
+  SharedArgs t{a.i("vocab_size"),
+               a.i("d_model"),
+               a.i("nhead"),
+               a.i("num_encoder_layers"),
+               a.i("num_decoder_layers"),
+               a.i("dim_feedforward"),
+               a.i("src_len"),
+               a.i("tgt_len"),
+               a.i("bs"),
+               a.f("dropout_p"),
+               a.s("mode") == "train"};
+  return std::make_shared<TransformerWithSharedParams>(t);
+}
+
 }  // namespace
 
 std::vector<ModelSpec> transformer_shared_specs() {
-  ModelSpec s;
-  s.name = "transformer_with_shared_params";
-  s.doc = "TransformerWithSharedParams of the FSDP core tests: tied embedding, nn.Transformer, buffers, BatchNorm1d";
-  s.args = {{"vocab_size", ArgType::kInt, int64_t{23}, "vocabulary of embed_tokens and output_proj (tied)"},
-            {"d_model", ArgType::kInt, int64_t{16}, "model width"},
-            {"nhead", ArgType::kInt, int64_t{8}, "attention heads; must divide d_model"},
-            {"num_encoder_layers", ArgType::kInt, int64_t{2}, "encoder layers"},
-            {"num_decoder_layers", ArgType::kInt, int64_t{2}, "decoder layers"},
-            {"dim_feedforward", ArgType::kInt, int64_t{8}, "feed-forward width of every layer"},
-            {"dropout_p", ArgType::kFloat, 0.1, "dropout of every layer (train mode only)"},
-            {"src_len", ArgType::kInt, int64_t{6}, "source positions per sample"},
-            {"tgt_len", ArgType::kInt, int64_t{4}, "target positions per sample"},
-            {"bs", ArgType::kInt, int64_t{2}, "columns per sample: the seed's batch, BatchNorm1d's features"},
-            {"mode", ArgType::kString, std::string("eval"),
-             "eval (the seed's: dropout off and BatchNorm on its running statistics while training) or train"}};
-  s.check = [](const ModelArgs& a) {
-    for (auto n : {"vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
-                   "src_len", "tgt_len", "bs"}) {
-      require_arg_positive(a, n);
-    }
-    require_arg_divides(a, "nhead", "d_model");
-    if (a.f("dropout_p") < 0 || a.f("dropout_p") >= 1) {
-      throw ArgError("dropout_p", "dropout_p must be in [0, 1), got " + std::to_string(a.f("dropout_p")));
-    }
-    if (a.s("mode") != "eval" && a.s("mode") != "train") {
-      throw ArgError("mode", "mode must be eval or train, got '" + a.s("mode") + "'");
-    }
-  };
-  s.build = [](const ModelArgs& a) -> ModelPtr {
-    SharedArgs t{a.i("vocab_size"),
-                 a.i("d_model"),
-                 a.i("nhead"),
-                 a.i("num_encoder_layers"),
-                 a.i("num_decoder_layers"),
-                 a.i("dim_feedforward"),
-                 a.i("src_len"),
-                 a.i("tgt_len"),
-                 a.i("bs"),
-                 a.f("dropout_p"),
-                 a.s("mode") == "train"};
-    return std::make_shared<TransformerWithSharedParams>(t);
-  };
-  return {s};
+  return {
+      ModelDecl<TransformerWithSharedParams>(
+          "transformer_with_shared_params",
+          "TransformerWithSharedParams of the FSDP core tests: tied embedding, nn.Transformer, buffers, BatchNorm1d")
+          .args({int_arg("vocab_size", 23, "vocabulary of embed_tokens and output_proj (tied)"),
+                 int_arg("d_model", 16, "model width"), int_arg("nhead", 8, "attention heads; must divide d_model"),
+                 int_arg("num_encoder_layers", 2, "encoder layers"), int_arg("num_decoder_layers", 2, "decoder layers"),
+                 int_arg("dim_feedforward", 8, "feed-forward width of every layer"),
+                 float_arg("dropout_p", 0.1, "dropout of every layer (train mode only)"),
+                 int_arg("src_len", 6, "source positions per sample"),
+                 int_arg("tgt_len", 4, "target positions per sample"),
+                 int_arg("bs", 2, "columns per sample: the seed's batch, BatchNorm1d's features"),
+                 string_arg("mode", "eval",
+                            "eval (the seed's: dropout off and BatchNorm on its running statistics while "
+                            "training) or train")})
+          .check(check_shared_args)
+          .build(build_shared)};
 }
 
 }  // namespace composer::models

@@ -213,8 +213,8 @@ void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
   }
   auto pieces = s.model.pipeline_pieces();
   if (pieces.empty()) {
-    throw PlanError(entry.ref, "model " + c.model.name + " cannot be split into pipeline stages; models that can: "
-                               "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama");
+    throw PlanError(entry.ref, "model " + c.model.name + " cannot be split into pipeline stages; models that can: " +
+                                   models::listed_names_with(models::Capability::kPipeline));
   }
   std::vector<std::pair<size_t, size_t>> ranges;
   if (auto why = parallel::split_stages(pieces, pp * v, t.split_points, t.layers_per_stage, ranges)) {
@@ -279,7 +279,8 @@ void plan_loss_parallel(Planning& s, const TransformConfig& entry, TensorParalle
   }
   if (spec.logits.empty()) {
     throw PlanError(entry.ref, "model " + c.model.name + " has no vocabulary output for loss_parallel to shard "
-                               "(models with one: transformer, llama); set loss_parallel: false");
+                               "(models with one: " + models::listed_names_with(models::Capability::kLogits) +
+                                   "); set loss_parallel: false");
   }
   models::TpRule* rule = nullptr;
   for (auto& r : t.rules) {
@@ -305,9 +306,9 @@ void plan_one(Planning& s, const TransformConfig& entry, TensorParallelConfig& t
   const models::ModelSpec* spec = models::find_model(c.model.name);
   const bool custom = t.plan == "custom";
   if (!custom && !spec->tp_plan) {
-    throw PlanError(entry.ref, "model " + c.model.name + " has no tensor-parallel plan; models with one: "
-                               "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, "
-                               "simple_model_uneven, transformer, llama; or give plan: custom with styles");
+    throw PlanError(entry.ref, "model " + c.model.name + " has no tensor-parallel plan; models with one: " +
+                                   models::listed_names_with(models::Capability::kTpPlan) +
+                                   "; or give plan: custom with styles");
   }
   if (!custom && t.plan != "default") {
     throw PlanError(entry.ref, "unknown tensor-parallel plan '" + t.plan + "' for model " + c.model.name +
@@ -339,7 +340,8 @@ void plan_one(Planning& s, const TransformConfig& entry, ContextParallelConfig& 
   const models::ModelSpec* spec = models::find_model(c.model.name);
   if (!spec->cp_check || !s.model.sequence_slot()) {
     throw PlanError(entry.ref, "model " + c.model.name + " has no attention context_parallel can split over the "
-                               "sequence; models that have: transformer, llama");
+                               "sequence; models that have: " +
+                                   models::listed_names_with(models::Capability::kContextParallel));
   }
   try {
     spec->cp_check(c.model.args);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include "models/registry.h"
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
 
@@ -352,7 +353,10 @@ TEST(Planner, TensorParallelNeedsAPlan) {
   std::string e = plan_error("name: t\nmodel: {name: unit_module}\nmesh: {shape: [2], names: [tp]}\n"
                              "parallelize:\n  - tensor_parallel: {}\n",
                              2);
-  EXPECT_NE(e.find("model unit_module has no tensor-parallel plan"), std::string::npos) << e;
+  EXPECT_NE(e.find("model unit_module has no tensor-parallel plan; models with one: " +
+                   models::listed_names_with(models::Capability::kTpPlan) + "; or give plan: custom with styles"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Planner, SequenceParallelNeedsDividedSequence) {

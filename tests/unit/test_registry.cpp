@@ -42,6 +42,33 @@ TEST(Registry, EveryModelBuildsAndRunsForward) {
 
 TEST(Registry, UnknownNameIsNull) { EXPECT_EQ(models::find_model("nope"), nullptr); }
 
+// The planner's messages list these, in registration order. A model declared
+// with one of these capabilities joins its list here.
+TEST(Registry, CapabilitiesNameTheModelsThatHaveThem) {
+  using models::Capability;
+  EXPECT_EQ(models::listed_names_with(Capability::kPipeline),
+            "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama");
+  EXPECT_EQ(models::listed_names_with(Capability::kTpPlan),
+            "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, simple_model_uneven, "
+            "transformer, llama");
+  EXPECT_EQ(models::listed_names_with(Capability::kContextParallel), "transformer, llama");
+  EXPECT_EQ(models::listed_names_with(Capability::kLogits), "transformer, llama");
+  EXPECT_EQ(models::names_with(Capability::kLogits), (std::vector<std::string>{"transformer", "llama"}));
+}
+
+// What a built model does is what its declaration says, for every model.
+TEST(Registry, BuiltModelsDoWhatTheirDeclarationsSay) {
+  for (const auto& spec : models::registry()) {
+    auto model = spec.build(testing::small_args(spec));
+    EXPECT_EQ(!model->pipeline_pieces().empty(), spec.has(models::Capability::kPipeline)) << spec.name;
+    EXPECT_EQ(model->sequence_slot() != nullptr, static_cast<bool>(spec.sequence_slot)) << spec.name;
+    EXPECT_EQ(static_cast<bool>(spec.tp_plan), static_cast<bool>(spec.tp_check)) << spec.name;
+    if (spec.has(models::Capability::kLogits)) {
+      EXPECT_TRUE(model->named_parameters().contains(spec.logits + ".weight")) << spec.name;
+    }
+  }
+}
+
 TEST(Registry, MLPStackHasPyTorchNames) {
   auto spec = models::find_model("mlp_stack");
   auto args = defaults(*spec);
