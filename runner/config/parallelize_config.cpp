@@ -251,17 +251,19 @@ nlohmann::json to_json(const parallel::Transform& t) {
   return {{parallel::name_of(t), fields}};
 }
 
-std::vector<std::string> TransformConfig::mesh_dim() const {
+std::vector<std::string> TransformConfig::mesh_dim_entries() const {
   return std::visit(
       [](const auto& o) -> std::vector<std::string> {
         if constexpr (HasMeshDim<std::decay_t<decltype(o)>>::value) {
-          return flat_dims(o.mesh_dim);
+          return o.mesh_dim;
         } else {
           return {};
         }
       },
       options);
 }
+
+std::vector<std::string> TransformConfig::mesh_dim() const { return flat_dims(mesh_dim_entries()); }
 
 const SourceRef& TransformConfig::ref_of(const std::string& key) const {
   auto it = refs.find(key);

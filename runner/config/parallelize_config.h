@@ -36,6 +36,7 @@ struct TransformConfig {
   std::map<std::string, SourceRef> refs;  // each key given
   const char* name() const { return parallel::name_of(options); }
   std::vector<std::string> mesh_dim() const;  // the dims it spans, "a+b" entries split ([] without mesh_dim)
+  std::vector<std::string> mesh_dim_entries() const;  // its mesh_dim as written ([] without one)
   // Where `key` was written, else where the transform was.
   const SourceRef& ref_of(const std::string& key) const;
   // Its options, when it is a T.

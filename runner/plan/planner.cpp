@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -25,12 +26,27 @@ using parallel::Overloaded;
 // activation checkpointing wraps the sharded blocks, and data parallelism
 // shards or replicates what remains. The transforms apply in the order the
 // YAML lists them, so that is the order it must list them in.
-int order_of(const TransformConfig& t) {
+// docs/composition.md#the-order-rule states it for users.
+int order_of(const parallel::Transform& t) {
   return std::visit(Overloaded{[](const PipelineConfig&) { return 0; }, [](const TensorParallelConfig&) { return 1; },
                                [](const ContextParallelConfig&) { return 1; },
                                [](const ActivationCheckpointingConfig&) { return 2; },
                                [](const FullyShardConfig&) { return 3; }, [](const ReplicateConfig&) { return 3; }},
-                    t.options);
+                    t);
+}
+
+// The order rule as a phrase, from order_of: "pipeline, tensor_parallel and
+// context_parallel (either order), ...".
+std::string order_rule() {
+  std::map<int, std::vector<std::string>> by_place;
+  for (const auto& t : default_transforms()) by_place[order_of(t)].push_back(parallel::name_of(t));
+  std::string s;
+  for (const auto& [place, names] : by_place) {
+    if (!s.empty()) s += ", ";
+    for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    if (names.size() > 1) s += " (either order)";
+  }
+  return s;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -79,11 +95,7 @@ void check_order_and_dims(const ExperimentConfig& c) {
   const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
     const auto* fs = std::get_if<FullyShardConfig>(&t.options);
-    for (const auto& entry : std::visit(Overloaded{[](const ActivationCheckpointingConfig&) {
-                                                     return std::vector<std::string>{};
-                                                   },
-                                                   [](const auto& o) { return o.mesh_dim; }},
-                                        t.options)) {
+    for (const auto& entry : t.mesh_dim_entries()) {
       if (entry.find('+') != std::string::npos && !fs) {
         throw PlanError(t.ref, std::string(t.name()) + " mesh_dim '" + entry + "': only fully_shard flattens dims "
                                "with '+' (to shard over them as one); list the dims instead");
@@ -101,14 +113,12 @@ void check_order_and_dims(const ExperimentConfig& c) {
                                    (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));
       }
     }
-    if (order_of(t) < last_order) {
+    if (order_of(t.options) < last_order) {
       throw PlanError(t.ref, std::string(t.name()) + " comes after " + last_name +
-                                 "; transforms apply in the order parallelize lists them, which must be pipeline "
-                                 "(it cuts the model into stages), tensor_parallel and context_parallel (either "
-                                 "order), activation_checkpointing, "
-                                 "fully_shard or replicate: reorder parallelize");
+                                 "; transforms apply in the order parallelize lists them, which must be " +
+                                 order_rule() + ": reorder parallelize (docs/composition.md#the-order-rule)");
     }
-    last_order = order_of(t);
+    last_order = order_of(t.options);
     last_name = t.name();
   }
   for (size_t i = 0; i < c.mesh.names.size(); ++i) {
@@ -567,8 +577,9 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
                                              "holds 1/" + std::to_string(s.cp_size) + " of every sequence)"
                                        : ""));
     for (size_t i = 0; i < c.parallelize.size(); ++i) {
-      p.summary.push_back("transform " + std::to_string(i) + ": " + c.parallelize[i].name() + " over [" +
-                          join(c.parallelize[i].mesh_dim()) + "]");
+      const auto dims = c.parallelize[i].mesh_dim();
+      p.summary.push_back("transform " + std::to_string(i) + ": " + c.parallelize[i].name() +
+                          (dims.empty() ? "" : " over [" + join(dims) + "]"));
     }
   }
   p.summary.insert(p.summary.end(), s.summary.begin(), s.summary.end());
