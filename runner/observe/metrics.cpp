@@ -119,7 +119,7 @@ void add_optional(nlohmann::json& j, const StepRecord& r) {
 }
 
 // A multi-rank run's communication, as the logging rank saw it.
-void add_comm(nlohmann::json& j, const StepRecord& r) {
+void add_communication(nlohmann::json& j, const StepRecord& r) {
   if (!r.parallel) return;
   j["comm_calls"] = r.comm_calls;
   j["comm_bytes"] = r.comm_bytes;
@@ -142,7 +142,7 @@ nlohmann::json metrics_line(const StepRecord& r) {
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
   add_optional(j, r);
-  add_comm(j, r);
+  add_communication(j, r);
   return j;
 }
 
