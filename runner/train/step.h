@@ -16,7 +16,7 @@
 #include "runner/launch/rank.h"
 #include "runner/plan/planner.h"
 #include "runner/train/data.h"
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 
 namespace composer {
 

@@ -1,7 +1,6 @@
 #include "runner/train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -9,11 +8,10 @@
 #include "runner/base/memory.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/export.h"
+#include "runner/observe/step_watch.h"
 #include "runner/train/build.h"
 #include "runner/train/optim.h"
-#include "runner/train/profile.h"
 #include "runner/train/step.h"
-#include "runner/train/tensorboard.h"
 
 namespace composer {
 namespace {
@@ -60,24 +58,6 @@ std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) 
   return out;
 }
 
-// "name (dp2 x tp2)": the experiment and its mesh, for the progress line.
-std::string run_label(const ExperimentConfig& c) {
-  std::string mesh;
-  for (size_t i = 0; i < c.mesh.shape.size(); ++i) {
-    mesh += (i ? " x " : "") + (i < c.mesh.names.size() ? c.mesh.names[i] : "") + std::to_string(c.mesh.shape[i]);
-  }
-  return c.name + (mesh.empty() || c.mesh.world_size() == 1 ? "" : " (" + mesh + ")");
-}
-
-// A rank's own figures of a step, for its TensorBoard run.
-std::vector<std::pair<std::string, double>> rank_scalars(const StepRecord& r) {
-  std::vector<std::pair<std::string, double>> out{{"step_ms", r.step_ms}, {"peak_rss_mb", r.peak_rss_mb}};
-  if (r.peak_alloc_mb >= 0) out.emplace_back("peak_alloc_mb", r.peak_alloc_mb);
-  if (r.device_peak_allocated_mb >= 0) out.emplace_back("device_peak_allocated_mb", r.device_peak_allocated_mb);
-  if (r.parallel) out.emplace_back("comm_bytes", static_cast<double>(r.comm_bytes));
-  return out;
-}
-
 // What the loop measured, for the reports after it.
 struct LoopResult {
   std::vector<StepRecord> steps;
@@ -103,105 +83,112 @@ struct Loop {
   int64_t setup_live_bytes = 0;  // counted tensor bytes before the first step
 };
 
-// One step's figures beyond the step's own: time, throughput, memory and
-// communication.
-void measure(const Loop& l, StepRecord& r, std::chrono::steady_clock::time_point start, double tcp_start) {
-  RankContext& rank = l.rank;
-  const c10::Device device = rank.device;
-  if (rank.cuda) {  // the step's kernels are done before it is timed
-    rank.cuda->synchronize(device.index());
-    r.device_peak_allocated_mb = static_cast<double>(rank.cuda->peak_allocated(device.index())) / (1 << 20);
-    r.device_peak_reserved_mb = static_cast<double>(rank.cuda->peak_reserved(device.index())) / (1 << 20);
-  }
-  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  r.samples_per_s = static_cast<double>(l.c.train.global_batch) * 1000.0 / std::max(r.step_ms, 1e-9);
-  if (l.rm.data.inputs == InputKind::kTokens) r.tokens_per_s = r.samples_per_s * static_cast<double>(l.rm.data.seq_len);
-  r.peak_rss_mb = peak_rss_mb();
-  r.peak_alloc_mb = static_cast<double>(memory::peak_bytes()) / (1 << 20);
-  add_comm(rank, r);
-  if (tcp_start >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start;
-}
-
-// The steps from l.first_step to train.steps, with metrics and checkpoints.
-LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
-  const auto& t = l.c.train;
+// What the watch looks at: this rank, its device and its counters.
+WatchedRun watched_run(const Loop& l) {
   RankContext& rank = l.rank;
   parallel::Parallel& par = l.rm.par;
-  std::unique_ptr<Metrics> metrics;
-  if (rank.is_main()) {
-    metrics = std::make_unique<Metrics>(l.out_dir + "/metrics.jsonl", t.steps, t.log_every, rank.log_prefix,
-                                        run_label(l.c), l.first_step - 1, l.c.metrics.tensorboard);
-  }
-  // Each rank's own memory and time per step, as a TensorBoard run of its own.
-  std::unique_ptr<TensorBoardWriter> rank_tb;
-  if (!l.c.metrics.tensorboard.empty()) {
-    rank_tb = std::make_unique<TensorBoardWriter>(l.c.metrics.tensorboard + "/rank" + std::to_string(rank.rank));
-  }
+  const c10::Device device = rank.device;
+  WatchedRun w{l.c};
+  w.out_dir = l.out_dir;
+  w.rank = rank.rank;
+  w.world_size = rank.world_size;
+  w.log_prefix = rank.log_prefix;
+  w.first_step = l.first_step;
+  w.seq_len = l.rm.data.inputs == InputKind::kTokens ? l.rm.data.seq_len : 0;
+  w.device = device;
+  w.cuda = rank.cuda;
+  w.ac = par.ac.get();
+  w.barrier = [p = &par, device] {
+    if (!p->world) return;
+    auto t = torch::zeros({1}, torch::TensorOptions().device(device));
+    parallel::all_reduce(*p->world, t);
+  };
+  w.reset_comm = [ctx = &rank] { reset_counters(*ctx); };
+  w.add_comm = [ctx = &rank](StepRecord& r) { add_comm(*ctx, r); };
+  return w;
+}
+
+// What a step reads on this rank: its share of each global batch (moved by
+// debug.inject) and the scale its backward runs with.
+StepState step_state(const Loop& l, const parallel::Delays& delays) {
+  RankContext& rank = l.rank;
+  parallel::Parallel& par = l.rm.par;
   const int64_t dp_rank = par.dp ? par.dp->rank : 0;
   const Injection inject = injection(l.c, l.plan, dp_rank, rank);
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
   const double grad_scale = static_cast<double>(l.plan.dp_size) * inject.grad_factor;
   const c10::Device device = rank.device;
-  DataSet& dataset = *l.rm.dataset;
-  StepState state{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer,
-                  [&](int64_t step, int64_t begin, int64_t end) { return on_device(dataset.batch(step, begin, end), device); },
-                  dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
-  const std::function<Batch(int64_t, int64_t, int64_t)> eval_batch = [&](int64_t step, int64_t begin, int64_t end) {
-    return on_device(l.rm.eval_dataset->batch(step, begin, end), device);
+  DataSet* dataset = l.rm.dataset.get();
+  auto batch = [dataset, device](int64_t step, int64_t begin, int64_t end) {
+    return on_device(dataset->batch(step, begin, end), device);
   };
-  const int64_t buffers_before = par.buffer_bytes();
-  StepProfiler profiler(l.c.profile, l.out_dir, rank.rank, rank.world_size, rank.cuda != nullptr, [&par, device] {
-    if (!par.world) return;
-    auto t = torch::zeros({1}, torch::TensorOptions().device(device));
-    parallel::all_reduce(*par.world, t);
-  });
+  // The fields in StepState's order, not as a table.
+  // clang-format off
+  return StepState{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer, batch,
+                   dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
+  // clang-format on
+}
+
+// debug.fail_at: step: this rank fails on purpose as debug.fail_step begins.
+void fail_if_asked(const Loop& l, int64_t step) {
+  const DebugConfig& d = l.c.debug;
+  if (l.rank.rank == d.fail_rank && step == d.fail_step && d.fail_at == FailAt::kStep) {
+    fail_on_purpose(d, l.rank.rank, "at step " + std::to_string(step));
+  }
+}
+
+// eval.every: the mean held-out loss after every eval.every-th step and the last.
+void evaluate_if_due(const Loop& l, StepState& state, StepRecord& r) {
+  if (!l.rm.eval_dataset || (r.step % l.c.eval.every != 0 && r.step != l.c.train.steps)) return;
+  const c10::Device device = l.rank.device;
+  DataSet* eval_dataset = l.rm.eval_dataset.get();
+  r.has_eval = true;
+  r.eval_loss = evaluate(
+      state,
+      [eval_dataset, device](int64_t step, int64_t begin, int64_t end) {
+        return on_device(eval_dataset->batch(step, begin, end), device);
+      },
+      l.c.eval.batches);
+}
+
+// A stop request honoured after `step`: what was saved and how to go on.
+Stopped stopped(const Loop& l, int64_t step) {
+  return Stopped("asked to stop (SIGTERM or SIGINT); step " + std::to_string(step) + " of " +
+                 std::to_string(l.c.train.steps) + " finished on every rank" +
+                 (l.checkpoints ? " and its checkpoint is saved in " + l.checkpointer.dir() +
+                                      "; run the same command again to resume"
+                                : "; nothing was saved (composer check and golden keep no checkpoints)"));
+}
+
+// The steps from l.first_step to train.steps, each watched (metrics, progress
+// line, TensorBoard, profiler), evaluated and checkpointed when due.
+LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
+  const auto& t = l.c.train;
+  StepWatch watch(watched_run(l));
+  StepState state = step_state(l, delays);
+  const int64_t buffers_before = l.rm.par.buffer_bytes();
   LoopResult out;
   for (int64_t step = l.first_step; step <= t.steps; ++step) {
-    profiler.begin_step(step);
-    const auto start = std::chrono::steady_clock::now();
-    const int64_t recomputes_before = par.ac ? par.ac->recomputes() : 0;
-    const double tcp_start = rank.world_size > 1 && rank.is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
-    reset_counters(rank);
-    memory::reset_peak();
-    if (rank.cuda) rank.cuda->reset_peaks(device.index());
-    if (rank.rank == l.c.debug.fail_rank && step == l.c.debug.fail_step && l.c.debug.fail_at == FailAt::kStep) {
-      fail_on_purpose(l.c.debug, rank.rank, "at step " + std::to_string(step));
-    }
+    watch.begin(step);
+    fail_if_asked(l, step);
     StepRecord r;
     r.step = step;
     r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
     set_lr(l.optimizer, r.lr);
     run_step(state, r);
     if (step == l.first_step) {
-      out.terms = memory_terms(par, l.params, buffers_before, l.setup_live_bytes, memory::live_bytes());
+      out.terms = memory_terms(l.rm.par, l.params, buffers_before, l.setup_live_bytes, memory::live_bytes());
     }
-    out.comm = comm_bytes(rank);
-    measure(l, r, start, tcp_start);
-    profiler.end_step(step);
-    if (!profiler.path().empty() && step == l.c.profile.steps[1] && rank.is_main()) {
-      std::cout << rank.log_prefix << "profile: steps " << l.c.profile.steps[0] << "-" << step << " traced in "
-                << (profiler.merged_path().empty() ? profiler.path() : profiler.merged_path() + " (every rank)")
-                << "\n";
-    }
+    out.comm = comm_bytes(l.rank);  // before the watch's end: the profiler's barrier is not the step's
+    watch.end(step, r);
     out.step_peaks.push_back(memory::peak_bytes());
-    if (par.ac) r.recomputes = par.ac->recomputes() - recomputes_before;
-    if (l.rm.eval_dataset && (step % l.c.eval.every == 0 || step == t.steps)) {  // after the step's figures
-      r.has_eval = true;
-      r.eval_loss = evaluate(state, eval_batch, l.c.eval.batches);
-    }
-    if (metrics) metrics->record(r);
-    if (rank_tb) rank_tb->scalars(step, rank_scalars(r));
+    evaluate_if_due(l, state, r);  // after the step's figures
+    watch.show(r);
     out.steps.push_back(r);
-    const bool saves = l.checkpoints && (l.checkpointer.due(step) || (r.stop && step < t.steps));
-    if (saves) l.checkpointer.save(step, l.held, l.optimizer);
-    if (r.stop && step < t.steps) {  // asked to stop: every rank saw it in this step's gradient-norm reduction
-      throw Stopped("asked to stop (SIGTERM or SIGINT); step " + std::to_string(step) + " of " +
-                    std::to_string(t.steps) + " finished on every rank" +
-                    (l.checkpoints ? " and its checkpoint is saved in " + l.checkpointer.dir() +
-                                         "; run the same command again to resume"
-                                   : "; nothing was saved (composer check and golden keep no checkpoints)"));
-    }
+    const bool stops = r.stop && step < t.steps;  // every rank saw it in this step's gradient-norm reduction
+    if (l.checkpoints && (l.checkpointer.due(step) || stops)) l.checkpointer.save(step, l.held, l.optimizer);
+    if (stops) throw stopped(l, step);
   }
   return out;
 }

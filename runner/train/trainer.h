@@ -9,7 +9,7 @@
 #include "runner/config/config.h"
 #include "runner/launch/rank.h"
 #include "runner/plan/planner.h"
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 
 namespace composer {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "runner/config/config.h"
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 #include "runner/base/safetensors.h"
 
 namespace composer {

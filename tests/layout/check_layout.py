@@ -19,6 +19,7 @@ LAYERS = [
     "parallelisms",
     "runner/base",
     "runner/config",
+    "runner/observe",
     "runner/plan",
     "runner/launch",
     "runner/checkpoint",
@@ -33,6 +34,8 @@ LAYERS = [
 FORBIDDEN = [
     ("runner/base", "models"),
     ("runner/base", "parallelisms"),
+    # The planner is pure: it shows nothing of a run.
+    ("runner/plan", "runner/observe"),
 ]
 SOURCE_DIRS = ["models", "parallelisms", "runner"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "runner/train/tensorboard_events.h"
+#include "runner/observe/tensorboard_events.h"
 
 namespace composer::tensorboard_events {
 namespace {

@@ -1,13 +1,13 @@
-// Per-step metrics: one JSON line per step in <out>/metrics.jsonl, a readable
-// log line, and a progress bar when stdout is a terminal.
+// A step's figures (StepRecord) and the main rank's record of them: one JSON
+// line per step in <out>/metrics.jsonl and, with metrics.tensorboard, the same
+// numbers as TensorBoard scalars. The progress line is progress.h's.
 #pragma once
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace composer {
 
@@ -21,13 +21,13 @@ struct StepRecord {
   double grad_norm = 0;
   double lr = 0;
   double step_ms = 0;
-  double forward_ms = 0;    // of step_ms: forward and loss (all microbatches)
-  double backward_ms = 0;   // backward, gradient communication included
-  double optimizer_ms = 0;  // gradient norm, clipping and the optimizer step
-  double pipeline_bubble = -1;  // idle fraction over the pipeline ranks this step; -1 without a pipeline
-  double pipeline_bubble_formula = -1;  // the schedule's bubble with unit-cost actions
+  double forward_ms = 0;                  // of step_ms: forward and loss (all microbatches)
+  double backward_ms = 0;                 // backward, gradient communication included
+  double optimizer_ms = 0;                // gradient norm, clipping and the optimizer step
+  double pipeline_bubble = -1;            // idle fraction over the pipeline ranks this step; -1 without a pipeline
+  double pipeline_bubble_formula = -1;    // the schedule's bubble with unit-cost actions
   std::vector<double> microbatch_losses;  // pipeline: each microbatch's loss (summed over dp ranks)
-  int64_t recomputes = -1;  // activation checkpointing: unit forwards recomputed this step; -1 without it
+  int64_t recomputes = -1;                // activation checkpointing: unit forwards recomputed this step; -1 without it
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;
@@ -39,10 +39,10 @@ struct StepRecord {
   // Communication this step, as seen by the logging rank (multi-rank runs only).
   bool parallel = false;
   int64_t comm_calls = 0;
-  int64_t comm_bytes = 0;       // payload handed to collectives
-  int64_t comm_ring_bytes = 0;  // bytes a rank sends under the ring algorithms
+  int64_t comm_bytes = 0;                              // payload handed to collectives
+  int64_t comm_ring_bytes = 0;                         // bytes a rank sends under the ring algorithms
   std::map<std::string, int64_t> comm_bytes_by_group;  // comm_bytes per process group (mesh dim, or dims joined)
-  double tcp_tx_bytes = -1;     // bytes the logging rank's TCP sockets sent (kernel counters), -1 unknown
+  double tcp_tx_bytes = -1;  // bytes the logging rank's TCP sockets sent (kernel counters), -1 unknown
 };
 
 // Bytes this process's TCP sockets have sent so far (the kernel's
@@ -61,25 +61,21 @@ class TensorBoardWriter;
 // nested ones as key/name (comm_bytes_by_group/dp) and lists as key/index.
 std::vector<std::pair<std::string, double>> scalars_of(const nlohmann::json& line);
 
+// A step's metrics.jsonl line: the figures every step has, then those only
+// some runs have (eval, pipeline, memory counters, tokens, communication).
+nlohmann::json metrics_line(const StepRecord& r);
+
 class Metrics {
  public:
-  // `log_prefix` starts every log line (e.g. "[rank 0/1] "), `label` names the
-  // run in it (the experiment and its mesh). With `resumed_at` > 0 the file
-  // keeps its lines of steps up to that step (a resumed run's history) and
-  // this run's lines follow them. With `tensorboard` every line's numbers also
-  // go to an event file there.
-  Metrics(const std::string& jsonl_path, int64_t total_steps, int64_t log_every, std::string log_prefix,
-          std::string label, int64_t resumed_at = 0, const std::string& tensorboard = "");
+  // With `resumed_at` > 0 the file keeps its lines of steps up to that step (a
+  // resumed run's history) and this run's lines follow them. With
+  // `tensorboard` every line's numbers also go to an event file there.
+  Metrics(const std::string& jsonl_path, int64_t resumed_at = 0, const std::string& tensorboard = "");
   ~Metrics();
   void record(const StepRecord& r);
 
  private:
   std::ofstream jsonl_;
-  int64_t total_, every_;
-  std::string prefix_, label_;
-  bool tty_;
-  int64_t first_ = -1;       // the first step this run recorded
-  double elapsed_ms_ = 0;    // its steps' time so far, for the ETA
   std::unique_ptr<TensorBoardWriter> tb_;
 };
 

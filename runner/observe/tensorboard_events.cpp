@@ -1,4 +1,4 @@
-#include "runner/train/tensorboard_events.h"
+#include "runner/observe/tensorboard_events.h"
 
 #include <unistd.h>
 

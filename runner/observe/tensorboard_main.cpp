@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "runner/train/tensorboard_events.h"
+#include "runner/observe/tensorboard_events.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -1,4 +1,4 @@
-#include "runner/train/tensorboard.h"
+#include "runner/observe/tensorboard.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,7 +17,8 @@ std::string writer_program() {
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string path = (ec ? std::filesystem::path(".") : self.parent_path()).string() + "/composer-tensorboard";
   if (access(path.c_str(), X_OK) != 0) {
-    throw UserError(path + " is missing: the TensorBoard writer is built with composer (tools/build) when "
+    throw UserError(path +
+                    " is missing: the TensorBoard writer is built with composer (tools/build) when "
                     "protobuf and python's tensorboard package are installed (tools/setup)");
   }
   return path;
@@ -33,8 +34,9 @@ std::string quoted(const std::string& s) {
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
   if (!tensorboard_available()) {
-    throw UserError("this composer was built without TensorBoard event files (protobuf, protoc or python's "
-                    "tensorboard package was missing when CMake configured it); run tools/setup and rebuild");
+    throw UserError(
+        "this composer was built without TensorBoard event files (protobuf, protoc or python's "
+        "tensorboard package was missing when CMake configured it); run tools/setup and rebuild");
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
