@@ -109,7 +109,7 @@ struct ReshardAfterForward {
 };
 
 // The `fully_shard` transform's options (docs/configuration.md).
-struct FullyShardConfig {
+struct FullyShardConfig : PerRankFields {
   static constexpr const char* kKey = "fully_shard";
   std::vector<std::string> mesh_dim{"dp"};
   std::vector<std::string> units;
@@ -120,8 +120,6 @@ struct FullyShardConfig {
   AllGather all_gather = AllGather::kPlain;
   Offload offload = Offload::kNone;
   bool prefetch = true;
-  std::vector<std::string> per_rank;
-  int64_t per_rank_seed = -1;
 
   template <class V>
   void fields(V& v) {
@@ -134,11 +132,10 @@ struct FullyShardConfig {
     v("all_gather", all_gather);          // all-gather extension for float32 parameters
     v("offload", offload);                // cpu keeps shards and optimizer state on the host
     v("prefetch", prefetch);              // issue the next unit's all-gather early
-    v("per_rank", per_rank);              // parameters (FQN patterns) each rank keeps its own (per_rank.h)
-    v("per_rank_seed", per_rank_seed);    // rank i draws them with the model's init under seed + i (-1: keep)
+    PerRankFields::fields(v);
   }
   std::optional<FieldError> check(const std::set<std::string>&) const {
-    return check_per_rank(per_rank, per_rank_seed);
+    return check_per_rank();
   }
 };
 

@@ -45,16 +45,4 @@ void copy_per_rank(models::Model& model, models::Model& source, const std::vecto
   }
 }
 
-std::optional<FieldError> check_per_rank(const std::vector<std::string>& patterns, int64_t seed) {
-  if (seed < -1) {
-    return FieldError{"per_rank_seed", "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep the "
-                                       "model's init"};
-  }
-  if (seed >= 0 && patterns.empty()) {
-    return FieldError{"per_rank_seed", "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. per_rank: "
-                                       "[experts.*])"};
-  }
-  return std::nullopt;
-}
-
 }  // namespace composer::parallel

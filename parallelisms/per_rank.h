@@ -30,10 +30,29 @@ bool per_rank_selects(const std::vector<std::string>& patterns, const std::strin
 // The FQNs of the parameters `patterns` select, in registration order.
 std::vector<std::string> per_rank_params(models::Model& model, const std::vector<std::string>& patterns);
 
-// fully_shard's and replicate's per_rank options: the patterns and the seed
-// rank i draws its values with (seed + i; -1 keeps the model's init). Their
-// check refuses a seed below -1 or a seed without patterns.
-std::optional<FieldError> check_per_rank(const std::vector<std::string>& patterns, int64_t seed);
+// The per_rank options fully_shard's and replicate's Configs share (config_fields.h).
+struct PerRankFields {
+  std::vector<std::string> per_rank;
+  int64_t per_rank_seed = -1;
+
+  template <class V>
+  void fields(V& v) {
+    v("per_rank", per_rank);            // parameters (FQN patterns) each rank keeps its own
+    v("per_rank_seed", per_rank_seed);  // rank i draws them with the model's init under seed + i (-1: keep)
+  }
+  // A seed below -1, or a seed without patterns.
+  std::optional<FieldError> check_per_rank() const {
+    if (per_rank_seed < -1) {
+      return FieldError{"per_rank_seed", "per_rank_seed must be >= 0 (rank i draws with seed + i), or -1 to keep "
+                                         "the model's init"};
+    }
+    if (per_rank_seed >= 0 && per_rank.empty()) {
+      return FieldError{"per_rank_seed", "per_rank_seed needs per_rank: the parameters drawn per rank (e.g. "
+                                         "per_rank: [experts.*])"};
+    }
+    return std::nullopt;
+  }
+};
 
 // The set of per-rank parameters (by TensorImpl) that apply_per_rank returns.
 using ParamSet = std::unordered_set<const c10::TensorImpl*>;

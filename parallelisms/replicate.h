@@ -23,22 +23,19 @@
 namespace composer::parallel {
 
 // The `replicate` transform's options (docs/configuration.md).
-struct ReplicateConfig {
+struct ReplicateConfig : PerRankFields {
   static constexpr const char* kKey = "replicate";
   std::vector<std::string> mesh_dim{"dp"};
   double bucket_mb = GradSyncOptions{}.bucket_mb;
-  std::vector<std::string> per_rank;
-  int64_t per_rank_seed = -1;
 
   template <class V>
   void fields(V& v) {
     v("mesh_dim", mesh_dim, kOneOrList);   // the dims whose ranks hold copies
     v("bucket_mb", bucket_mb, kPositive);  // gradient bucket size
-    v("per_rank", per_rank);               // parameters (FQN patterns) each rank keeps its own (per_rank.h)
-    v("per_rank_seed", per_rank_seed);     // rank i draws them with the model's init under seed + i (-1: keep)
+    PerRankFields::fields(v);
   }
   std::optional<FieldError> check(const std::set<std::string>&) const {
-    return check_per_rank(per_rank, per_rank_seed);
+    return check_per_rank();
   }
 };
 
