@@ -22,6 +22,12 @@ class CastGather : public AllGatherExtension {
                                 c10::ScalarType param_dtype, const torch::Tensor& out) const override {
     return unpad_cat(gathered[0], info, param_dtype, out);
   }
+  bool writes_alone() const override { return true; }
+  void write_alone(const torch::Tensor& shard, const ShardInfo& info, c10::ScalarType,
+                   const torch::Tensor& out) const override {
+    auto whole = shard.reshape(info.full_shape);
+    const_cast<torch::Tensor&>(out).copy_(wire_ ? whole.to(*wire_) : whole);  // the wire's rounding, as gathered
+  }
 
  private:
   std::string name_;

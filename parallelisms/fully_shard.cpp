@@ -45,6 +45,10 @@ struct FullyShard::Unit {
   int64_t grad_numel = 0;                // per rank, in reduce_dtype
   int64_t unsharded_bytes = 0;           // every unsharded parameter, in compute dtypes
   int64_t needs[FullyShard::kNumBufferKinds] = {};  // the bytes of each pooled buffer it takes
+  // A one-rank group whose parameters' extensions write alone: gathering is a
+  // cast of each shard into the unsharded buffer, reducing a cast of each
+  // gradient to the shard's dtype; no send, receive or gradient buffers.
+  bool alone = false;
   torch::Tensor unsharded_base;          // a pooled buffer the unsharded parameters live in
   bool freed = false;                    // storage released after forward
   torch::Tensor pending;                 // unreduced gradients of earlier microbatches
@@ -100,6 +104,7 @@ int64_t unsharded_bytes_of(const FullyShard::Param& p) { return bytes_of(p.info.
 // one byte buffer, one collective.
 void start_gather(FullyShard::Unit& u) {
   TORCH_INTERNAL_ASSERT(!u.recv.defined(), "unit ", u.name, " is already being gathered");
+  if (u.alone) return;  // finish_gather casts each shard in place
   torch::NoGradGuard no_grad;
   Group& g = *u.group;
   if (u.kept.defined()) {  // resharded to a smaller group: gather the kept rows over it
@@ -151,6 +156,7 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
   for (auto& p : u.params) {
     std::vector<torch::Tensor> gathered;
     for (const Slot& s : p.slots) {
+      if (u.alone) break;
       std::vector<int64_t> shape{u.group->size};
       shape.insert(shape.end(), s.shape.begin(), s.shape.end());
       gathered.push_back(u.recv.narrow(1, s.offset, s.bytes).view(s.dtype).view(shape));
@@ -167,7 +173,11 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
     } else {
       out = pool_view(at, p.info.full_shape, p.compute_dtype, u.unsharded_base.device());
     }
-    p.ext->post_all_gather(gathered, p.info, p.compute_dtype, out);
+    if (u.alone) {
+      p.ext->write_alone(p.param.detach(), p.info, p.compute_dtype, out);
+    } else {
+      p.ext->post_all_gather(gathered, p.info, p.compute_dtype, out);
+    }
     if (!refill) values.push_back(out.view(p.shape));
   }
   // Resharding to a smaller group of N keeps this rank's share of a full
@@ -196,6 +206,21 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
   const bool sync = *u.sync;
   torch::Tensor base, buf;
   const bool accumulate = u.pending.defined();
+  if (u.alone && sync && !accumulate) {
+    // One rank: its gradient is the average, rounded to the reduce dtype as
+    // the buffer would hold it, then to the shard's dtype and device.
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const auto& p = u.params[i];
+      if (!grads[i].defined()) {
+        out.emplace_back();
+        continue;
+      }
+      auto grad = grads[i].reshape(p.info.full_shape).to(u.reduce_dtype);
+      out.push_back(grad.to(p.param.device(), p.param.scalar_type()).view(p.info.shard_shape(0)));
+    }
+    return out;
+  }
   if (accumulate) {
     buf = u.pending;
   } else if (!sync) {
@@ -414,10 +439,12 @@ void FullyShard::size_pools() {
   for (auto& u : units_) {
     if (u->params.empty()) continue;
     u->reduce_dtype = options_.reduce_dtype.value_or(u->params.front().compute_dtype);
+    u->alone = group_.size == 1 &&
+               std::all_of(u->params.begin(), u->params.end(), [](const Param& q) { return q.ext->writes_alone(); });
     const int64_t grad_bytes = group_.size * u->grad_numel * static_cast<int64_t>(c10::elementSize(u->reduce_dtype));
     for (auto [kind, bytes] : {std::pair{kSend, u->gather_bytes}, std::pair{kRecv, group_.size * u->gather_bytes},
                                std::pair{kGrad, grad_bytes}, std::pair{kUnsharded, u->unsharded_bytes}}) {
-      u->needs[kind] = bytes;
+      u->needs[kind] = u->alone && kind != kUnsharded ? 0 : bytes;
     }
     for (auto& q : u->params) by_impl_[q.param.unsafeGetTensorImpl()] = &q;
   }

@@ -64,6 +64,13 @@ class AllGatherExtension {
   // which fully_shard owns and reuses (FSDP2's out= form), and returns it.
   virtual torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
                                         c10::ScalarType param_dtype, const torch::Tensor& out) const = 0;
+  // A one-rank group gathers nothing. An extension whose round trip is a cast
+  // says so here, and fully_shard then calls write_alone() in place of both
+  // halves: the shard (the whole parameter) written into `out` by one cast,
+  // with no all-gather buffers and no copies through them.
+  virtual bool writes_alone() const { return false; }
+  virtual void write_alone(const torch::Tensor& /*shard*/, const ShardInfo& /*info*/,
+                           c10::ScalarType /*param_dtype*/, const torch::Tensor& /*out*/) const {}
 };
 
 // This rank's shard padded along info.dim to the largest piece.

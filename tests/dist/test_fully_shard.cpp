@@ -167,6 +167,58 @@ TEST(FullyShard, OneWayShardingIssuesNoCollective) {
 }
 
 
+// The default extension without its one-rank shortcut: every gather goes
+// through the send buffer and the collective's path, as on a larger group.
+class ThroughBuffers : public AllGatherExtension {
+ public:
+  std::string name() const override { return "through_buffers"; }
+  std::vector<torch::Tensor> pre_all_gather(const torch::Tensor& shard, const ShardInfo& info,
+                                            c10::ScalarType dtype) const override {
+    return default_all_gather().pre_all_gather(shard, info, dtype);
+  }
+  torch::Tensor post_all_gather(const std::vector<torch::Tensor>& gathered, const ShardInfo& info,
+                                c10::ScalarType dtype, const torch::Tensor& out) const override {
+    return default_all_gather().post_all_gather(gathered, info, dtype, out);
+  }
+};
+
+TEST(FullyShard, OneRankCastsEachShardInPlaceAndTrainsBitForBitAsThroughTheBuffers) {
+  testing::run_ranks({"dp"}, {1}, [](DeviceMesh& mesh) {
+    auto& g = mesh.group("dp");
+    std::vector<std::map<std::string, torch::Tensor>> grads;
+    std::vector<torch::Tensor> outputs;
+    std::vector<int64_t> pooled;
+    for (bool alone : {true, false}) {
+      auto m = make_stack();
+      FullyShardOptions o{{"*"}, true};
+      o.param_dtype = torch::kBFloat16;
+      o.reduce_dtype = torch::kFloat;
+      if (!alone) o.extension = std::make_shared<ThroughBuffers>();
+      auto fs = apply_fully_shard(*m, g, o);
+      auto y = (*m)(input_of(0));
+      y.sum().backward();  // the backward re-gathers every unit (reshard after forward)
+      fs->reshard();
+      outputs.push_back(y);
+      grads.emplace_back();
+      for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+        EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << n;
+        grads.back()[n] = p.grad();
+      }
+      pooled.push_back(fs->pooled_bytes());
+    }
+    EXPECT_EQ(g.counter->total().calls, 0);
+    EXPECT_TRUE(outputs[0].equal(outputs[1]));
+    for (auto& [n, grad] : grads[0]) EXPECT_TRUE(grad.equal(grads[1][n])) << n;
+    // Only the unsharded buffer is pooled: no send buffer (bf16) and no
+    // gradient buffer (float32) beside it.
+    EXPECT_LT(pooled[0], pooled[1]);
+    int64_t unsharded = 0;
+    for (auto& [n, grad] : grads[0]) unsharded += grad.numel() * 2;
+    EXPECT_GE(pooled[0], unsharded / 3);  // at least the largest unit's bf16 parameters
+    EXPECT_GE(pooled[1], pooled[0] + unsharded / 3 + unsharded / 3 * 2);
+  });
+}
+
 // The average over `ranks` inputs of the single-device gradients.
 std::map<std::string, torch::Tensor> reference_grads(int ranks) {
   auto ref = make_stack();
