@@ -5,6 +5,7 @@
 
 #include "models/layers.h"
 #include "models/model_decl.h"
+#include "models/moe.h"
 
 namespace composer::models {
 namespace {
@@ -15,6 +16,7 @@ struct LlamaArgs {
   int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len, hidden_dim;
   double ffn_dim_multiplier, norm_eps, rope_theta;
   bool depth_init, weight_tying;
+  MoeArgs moe;  // moe.experts 0: every block's feed-forward is dense
   int64_t head_dim() const { return dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
@@ -90,25 +92,18 @@ class Attention : public nn::Module {
   torch::Tensor cos_, sin_;
 };
 
-class FeedForward : public nn::Module {
- public:
-  FeedForward(int64_t dim, int64_t hidden) : Module("FeedForward") {
-    w1 = add("w1", std::make_shared<Linear>(dim, hidden, false));
-    w2 = add("w2", std::make_shared<Linear>(hidden, dim, false));
-    w3 = add("w3", std::make_shared<Linear>(dim, hidden, false));
-  }
-  torch::Tensor forward(torch::Tensor x) override {
-    return (*w2)(torch::silu((*w1)(x)) * (*w3)(x));
-  }
-  std::shared_ptr<Linear> w1, w2, w3;
-};
-
 class TransformerBlock : public nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
       : Module("TransformerBlock") {
     attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
-    feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, a.ffn_hidden()));
+    if (a.moe.experts > 0) {
+      MoeArgs m = a.moe;
+      if (m.hidden <= 0) m.hidden = a.ffn_hidden();
+      moe = add("feed_forward", std::make_shared<MoE>(a.dim, m));
+    } else {
+      feed_forward = add("feed_forward", std::make_shared<FeedForward>(a.dim, a.ffn_hidden()));
+    }
     attention_norm = add("attention_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     ffn_norm = add("ffn_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     double std = a.depth_init ? 0.02 / std::sqrt(2.0 * (layer_id + 1)) : 0.02 / std::sqrt(2.0 * a.n_layers);
@@ -116,17 +111,29 @@ class TransformerBlock : public nn::Module {
     for (auto* w : {&attention->wq->weight, &attention->wk->weight, &attention->wv->weight}) {
       nn::init_param(*w, trunc_normal(0.02));
     }
-    for (auto* w : {&attention->wo->weight, &feed_forward->w2->weight, &feed_forward->w3->weight}) {
-      nn::init_param(*w, trunc_normal(std));
+    nn::init_param(attention->wo->weight, trunc_normal(std));
+    // torchtitan's: the first SwiGLU projection at 0.02, the other two and the
+    // router depth-scaled.
+    auto init_swiglu = [&](FeedForward& f) {
+      for (auto* w : {&f.w2->weight, &f.w3->weight}) nn::init_param(*w, trunc_normal(std));
+      nn::init_param(f.w1->weight, trunc_normal(0.02));
+    };
+    if (feed_forward) init_swiglu(*feed_forward);
+    if (moe) {
+      nn::init_param(moe->router->weight, trunc_normal(std));
+      for (auto* w : {&moe->experts->w2, &moe->experts->w3}) nn::init_param(*w, trunc_normal(std));
+      nn::init_param(moe->experts->w1, trunc_normal(0.02));
+      if (moe->shared) init_swiglu(*moe->shared);
     }
-    nn::init_param(feed_forward->w1->weight, trunc_normal(0.02));
   }
   torch::Tensor forward(torch::Tensor x) override {
     auto h = x + (*attention)((*attention_norm)(x));
-    return h + (*feed_forward)((*ffn_norm)(h));
+    auto n = (*ffn_norm)(h);
+    return h + (feed_forward ? (*feed_forward)(n) : (*moe)(n));
   }
   std::shared_ptr<Attention> attention;
-  std::shared_ptr<FeedForward> feed_forward;
+  std::shared_ptr<FeedForward> feed_forward;  // dense
+  std::shared_ptr<MoE> moe;                   // or routed (model.args.n_experts)
   std::shared_ptr<nn::RMSNorm> attention_norm, ffn_norm;
 };
 
@@ -190,6 +197,21 @@ void check_llama_args(const ModelArgs& a) {
   if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
     throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
   }
+  if (a.i("n_experts") < 0) throw ArgError("n_experts", "n_experts must be 0 (a dense feed-forward) or positive");
+  if (a.i("n_experts") > 0) {
+    if (a.i("top_k") < 1 || a.i("top_k") > a.i("n_experts")) {
+      throw ArgError("top_k", "top_k " + std::to_string(a.i("top_k")) + " must be between 1 and n_experts " +
+                                  std::to_string(a.i("n_experts")) + "; route each token to at most every expert");
+    }
+    if (a.i("n_shared_experts") < 0) throw ArgError("n_shared_experts", "n_shared_experts must be 0 or positive");
+    if (a.i("moe_hidden_dim") < 0) {
+      throw ArgError("moe_hidden_dim", "moe_hidden_dim must be 0 (the dense feed-forward's width) or positive");
+    }
+    if (a.s("score_func") != "softmax" && a.s("score_func") != "sigmoid") {
+      throw ArgError("score_func", "score_func '" + a.s("score_func") + "' is not one of softmax, sigmoid");
+    }
+    if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
+  }
   if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
     throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) + " does not divide n_heads " +
                                      std::to_string(a.i("n_heads")) + "; use 0 or a divisor of n_heads");
@@ -209,7 +231,9 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               a.f("norm_eps"),
               a.f("rope_theta"),
               a.b("depth_init"),
-              a.b("weight_tying")};
+              a.b("weight_tying"),
+              MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
+                      a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale")}};
   return std::make_shared<Llama>(l);
 }
 
@@ -241,6 +265,11 @@ TpPlan llama_tp_plan(const ModelArgs&, bool sp) {
 
 // tp divides the query and the key/value heads.
 void check_llama_tp(const ModelArgs& a, int64_t tp, bool) {
+  if (a.i("n_experts") > 0) {
+    throw ArgError("n_experts", "tensor_parallel has no plan for mixture-of-experts blocks yet (model.args.n_experts " +
+                                    std::to_string(a.i("n_experts")) + "); spread the experts with expert_parallel "
+                                    "and the rest with fully_shard instead");
+  }
   const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
   for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {
     if (n % tp != 0) {
@@ -267,13 +296,21 @@ std::vector<ModelSpec> llama_specs() {
                  bool_arg("depth_init", true, "scale output-projection init by layer depth"),
                  int_arg("hidden_dim", 0,
                          "SwiGLU hidden width; 0 derives it from dim, ffn_dim_multiplier and multiple_of"),
-                 bool_arg("weight_tying", false, "output.weight is tok_embeddings.weight")})
+                 bool_arg("weight_tying", false, "output.weight is tok_embeddings.weight"),
+                 int_arg("n_experts", 0, "routed experts in every block's feed-forward (mixture of experts); 0 is dense"),
+                 int_arg("top_k", 1, "experts each token is routed to"),
+                 int_arg("n_shared_experts", 0, "experts every token goes through besides its routed ones"),
+                 int_arg("moe_hidden_dim", 0, "each expert's SwiGLU hidden width; 0 means the dense width"),
+                 string_arg("score_func", "softmax", "router scores: softmax over the experts, or sigmoid"),
+                 bool_arg("route_norm", false, "divide each token's top_k scores by their sum"),
+                 float_arg("route_scale", 1.0, "multiplier of the routing weights")})
           .check(check_llama_args)
           .build(build_llama)
           .pipeline(&Llama::pieces)
           .context_parallel(&Llama::slot, [](const ModelArgs&) {})
           .tp_plan(llama_tp_plan, check_llama_tp)
-          .logits("output")};
+          .logits("output")
+          .experts([](const ModelArgs& a) { return a.i("n_experts"); })};
 }
 
 }  // namespace composer::models

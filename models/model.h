@@ -116,6 +116,7 @@ enum class Capability {
   kTpPlan,           // has a built-in tensor-parallel plan
   kContextParallel,  // has attention context parallelism can split over the sequence
   kLogits,           // has vocabulary logits for loss parallel
+  kExperts,          // may have routed experts (expert parallelism)
 };
 
 // A registry entry: the name used in YAML (model.name), its arguments, a
@@ -138,6 +139,9 @@ struct ModelSpec {
   // The Linear whose outputs are the vocabulary's logits (loss parallel keeps
   // them sharded over tp); empty: the model has none.
   std::string logits;
+  // How many routed experts each mixture-of-experts block has under the
+  // arguments (0: none, a dense model). Unset: the model never has any.
+  std::function<int64_t(const ModelArgs&)> experts;
   // How a built model cuts into pipeline pieces and where its sequence slot
   // is; `build` binds both to every model it returns. Unset: it cannot.
   Model::PiecesFn pipeline;

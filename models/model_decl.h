@@ -81,6 +81,12 @@ class ModelDecl {
     return *this;
   }
 
+  // The routed experts per mixture-of-experts block under the arguments (0: none).
+  ModelDecl& experts(std::function<int64_t(const ModelArgs&)> count) {
+    spec_.experts = std::move(count);
+    return *this;
+  }
+
   // Every model `build` returns carries the declared pieces and slot.
   operator ModelSpec() const {
     TORCH_INTERNAL_ASSERT(make_, "model ", spec_.name, " is declared without build");

@@ -45,6 +45,8 @@ bool ModelSpec::has(Capability c) const {
       return cp_check && sequence_slot;
     case Capability::kLogits:
       return !logits.empty();
+    case Capability::kExperts:
+      return static_cast<bool>(experts);
   }
   return false;
 }

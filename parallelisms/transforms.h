@@ -6,6 +6,7 @@
 
 #include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/context_parallel.h"
+#include "parallelisms/expert_parallel.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/pipeline/pipeline.h"
 #include "parallelisms/replicate.h"
@@ -13,7 +14,7 @@
 
 namespace composer::parallel {
 
-using Transform = std::variant<PipelineConfig, TensorParallelConfig, ContextParallelConfig,
+using Transform = std::variant<PipelineConfig, TensorParallelConfig, ContextParallelConfig, ExpertParallelConfig,
                                ActivationCheckpointingConfig, FullyShardConfig, ReplicateConfig>;
 
 // Its YAML key: "fully_shard", "pipeline", ...

@@ -399,6 +399,29 @@ torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   return mine;
 }
 
+torch::Tensor all_to_all(Group& g, const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& recv_counts) {
+  TORCH_INTERNAL_ASSERT(static_cast<int>(send_counts.size()) == g.size && static_cast<int>(recv_counts.size()) == g.size);
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < g.size; ++r) {
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  TORCH_CHECK(sent == input.size(0), "all_to_all: send counts sum to ", sent, " but the input has ", input.size(0),
+              " rows");
+  auto shape = input.sizes().vec();
+  shape[0] = received;
+  if (g.size == 1 || !g.pg) return g.size == 1 ? input.clone() : torch::empty(shape, input.options());
+  const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0)) * static_cast<int64_t>(input.element_size());
+  TraceSpan span = counted(g, "all_to_all", sent * row, (sent - send_counts[g.rank]) * row);
+  delay_at(g.delays, DelayPoint::kBeforeAllToAll);
+  auto wire_in = input.to(wire_device(g, input)).contiguous();
+  auto wire_out = torch::empty(shape, wire_in.options());
+  std::vector<int64_t> out_splits(recv_counts), in_splits(send_counts);
+  g.pg->alltoall_base(wire_out, wire_in, out_splits, in_splits)->wait();
+  return wire_out.to(input.device());
+}
+
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   delay_at(g.delays, DelayPoint::kBeforeSend);
   auto c = t.to(wire_device(g, t)).contiguous();

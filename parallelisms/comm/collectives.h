@@ -59,6 +59,13 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
 // afterwards), so the caller may keep views of it and reuse `flat`.
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op = Reduce::kSum);
 
+// Rows of `input` to every rank and back: the first send_counts[0] rows to
+// group rank 0, the next send_counts[1] to rank 1, ...; returns the rows
+// received, recv_counts[s] from rank s, in rank order (c10d's alltoall_base,
+// uneven splits; every rank's send_counts[r] is rank r's recv_counts of it).
+torch::Tensor all_to_all(Group& g, const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& recv_counts);
+
 // Point to point; an async send or receive completes at the handle's wait().
 // A receive posted early lets the transport move the data while this rank
 // computes: Gloo transfers a message once both sides have posted it.
@@ -82,6 +89,9 @@ torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t);
 torch::Tensor reduce_grad_autograd(Group& g, const torch::Tensor& t);
 // Forward all-gather on dim 0 (uneven allowed), backward reduce-scatter (sum).
 torch::Tensor all_gather_autograd(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes);
+// Forward all_to_all; backward the all_to_all the other way (counts swapped).
+torch::Tensor all_to_all_autograd(Group& g, const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                                  const std::vector<int64_t>& recv_counts);
 // Forward reduce-scatter (sum) on dim 0, backward all-gather.
 torch::Tensor reduce_scatter_autograd(Group& g, const torch::Tensor& full);
 

@@ -37,6 +37,21 @@ struct ReduceGradFn : torch::autograd::Function<ReduceGradFn> {
   }
 };
 
+struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, int64_t group, std::vector<int64_t> send,
+                               std::vector<int64_t> recv) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return all_to_all(*reinterpret_cast<Group*>(group), input, send, recv);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto send = ctx->saved_data["send"].toIntVector(), recv = ctx->saved_data["recv"].toIntVector();
+    return {all_to_all(from_id(ctx), grads[0].contiguous(), recv, send), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor shard, int64_t group, std::vector<int64_t> sizes) {
     ctx->saved_data["group"] = group;
@@ -198,6 +213,11 @@ torch::Tensor reduce_scatter_along(Group& g, const torch::Tensor& t, int64_t dim
   dim = dim < 0 ? dim + t.dim() : dim;
   if (t.is_meta() && g.pg) return meta_resized(t, dim, chunk_sizes(t.size(dim), g.size)[g.rank]);
   return ReduceScatterAlongFn::apply(t, as_id(g), dim);
+}
+
+torch::Tensor all_to_all_autograd(Group& g, const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                                  const std::vector<int64_t>& recv_counts) {
+  return AllToAllFn::apply(input, as_id(g), send_counts, recv_counts);
 }
 
 torch::Tensor all_reduce_autograd(Group& g, const torch::Tensor& t) {

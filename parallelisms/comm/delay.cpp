@@ -17,6 +17,7 @@ const std::vector<DelayPointName>& delay_point_names() {
       {DelayPoint::kBeforeFree, "before_free"},
       {DelayPoint::kBeforeSend, "before_send"},
       {DelayPoint::kBeforeRecv, "before_recv"},
+      {DelayPoint::kBeforeAllToAll, "before_all_to_all"},
   };
   return names;
 }

@@ -23,6 +23,7 @@ enum class DelayPoint {
   kBeforeFree,           // fully_shard: before freeing a unit's unsharded storage
   kBeforeSend,           // pipeline: before every point-to-point send
   kBeforeRecv,           // pipeline: before every point-to-point receive
+  kBeforeAllToAll,       // expert_parallel: before every all-to-all (counts, tokens, outputs)
 };
 
 // The name table: {kBeforeReduceScatter, "before_reduce_scatter"}, ...

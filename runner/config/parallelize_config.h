@@ -20,6 +20,7 @@ namespace composer {
 using PipelineConfig = parallel::PipelineConfig;
 using TensorParallelConfig = parallel::TensorParallelConfig;
 using ContextParallelConfig = parallel::ContextParallelConfig;
+using ExpertParallelConfig = parallel::ExpertParallelConfig;
 using ActivationCheckpointingConfig = parallel::ActivationCheckpointingConfig;
 using FullyShardConfig = parallel::FullyShardConfig;
 using ReplicateConfig = parallel::ReplicateConfig;

@@ -105,7 +105,8 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
   for (const auto& t : c.parallelize) {
     const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
-    const bool dp = fsdp || std::holds_alternative<ReplicateConfig>(t.options);
+    const bool dp = fsdp || std::holds_alternative<ReplicateConfig>(t.options) ||
+                    std::holds_alternative<ExpertParallelConfig>(t.options);  // the same shapes under uniform routing
     for (const auto& d : t.mesh_dim()) {
       const size_t i = static_cast<size_t>(index(d));
       if (i >= names.size()) continue;

@@ -30,6 +30,7 @@ using parallel::Overloaded;
 int order_of(const parallel::Transform& t) {
   return std::visit(Overloaded{[](const PipelineConfig&) { return 0; }, [](const TensorParallelConfig&) { return 1; },
                                [](const ContextParallelConfig&) { return 1; },
+                               [](const ExpertParallelConfig&) { return 1; },
                                [](const ActivationCheckpointingConfig&) { return 2; },
                                [](const FullyShardConfig&) { return 3; }, [](const ReplicateConfig&) { return 3; }},
                     t);
@@ -76,8 +77,11 @@ void check_mesh(const ExperimentConfig& c, int64_t world_size) {
   }
 }
 
+// Whether the transform's dims split the batch: fully_shard and replicate,
+// and expert_parallel (each ep rank routes its own tokens).
 bool data_parallel(const TransformConfig& t) {
-  return std::holds_alternative<FullyShardConfig>(t.options) || std::holds_alternative<ReplicateConfig>(t.options);
+  return std::holds_alternative<FullyShardConfig>(t.options) || std::holds_alternative<ReplicateConfig>(t.options) ||
+         std::holds_alternative<ExpertParallelConfig>(t.options);
 }
 
 // The mesh dim context_parallel splits sequences over ("" without it).
@@ -499,6 +503,32 @@ void plan_one(Planning& s, const TransformConfig& entry, FullyShardConfig& t) {
 
 void plan_one(Planning& s, const TransformConfig& entry, ReplicateConfig& t) {
   plan_per_rank(s, entry, t, false, "");
+}
+
+// Expert parallelism: the model has routed experts, and they split evenly
+// over the dim.
+void plan_one(Planning& s, const TransformConfig& entry, ExpertParallelConfig& t) {
+  const ExperimentConfig& c = s.c;
+  if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "expert_parallel spans exactly one mesh dim");
+  const models::ModelSpec* spec = models::find_model(c.model.name);
+  const int64_t experts = spec->experts ? spec->experts(c.model.args) : 0;
+  if (experts == 0) {
+    throw PlanError(entry.ref, "model " + c.model.name + " has no routed experts to spread" +
+                                   (spec->experts ? " (model.args.n_experts is 0); set n_experts" : "") +
+                                   "; models that can have them: " +
+                                   models::listed_names_with(models::Capability::kExperts) +
+                                   ", or remove expert_parallel");
+  }
+  const int64_t ep = dim_size(c.mesh, t.mesh_dim[0]);
+  if (experts % ep != 0) {
+    throw PlanError(entry.ref, "expert_parallel over " + t.mesh_dim[0] + " (" + std::to_string(ep) + " ranks) needs " +
+                                   "model.args.n_experts " + std::to_string(experts) + " to split evenly; use an " +
+                                   "n_experts divisible by " + std::to_string(ep) + " or a dim whose size divides " +
+                                   std::to_string(experts));
+  }
+  s.p.splits_model = true;
+  s.summary.push_back("expert_parallel: " + std::to_string(experts / ep) + " of " + std::to_string(experts) +
+                      " experts per rank over " + t.mesh_dim[0] + "; tokens travel by all-to-all");
 }
 
 }  // namespace

@@ -260,12 +260,66 @@ class LlamaFeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class Experts(nn.Module):
+    """The routed experts' SwiGLU weights, stacked on a leading expert dim."""
+
+    def __init__(self, n, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.zeros(n, hidden, dim))
+        self.w2 = nn.Parameter(torch.zeros(n, dim, hidden))
+        self.w3 = nn.Parameter(torch.zeros(n, hidden, dim))
+
+    def expert(self, e, x):
+        return F.linear(F.silu(F.linear(x, self.w1[e])) * F.linear(x, self.w3[e]), self.w2[e])
+
+
+class LlamaMoE(nn.Module):
+    """The mixture-of-experts feed-forward written the plain way: route, then a loop over the experts."""
+
+    def __init__(self, a, hidden):
+        super().__init__()
+        n = a["n_experts"]
+        self.n, self.k = n, a.get("top_k", 1)
+        self.sigmoid = a.get("score_func", "softmax") == "sigmoid"
+        self.route_norm, self.route_scale = a.get("route_norm", False), a.get("route_scale", 1.0)
+        hidden = a.get("moe_hidden_dim", 0) or hidden
+        self.router = nn.Linear(a["dim"], n, bias=False)
+        self.experts = Experts(n, a["dim"], hidden)
+        shared = a.get("n_shared_experts", 0)
+        self.shared = LlamaFeedForward(a["dim"], 0, 1, 0, given=hidden * shared) if shared else None
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        logits = self.router(flat).float()
+        scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        ids = torch.topk(scores, self.k, dim=-1, largest=True, sorted=True).indices
+        weights = scores.gather(-1, ids)
+        if self.route_norm:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        if self.route_scale != 1.0:
+            weights = weights * self.route_scale
+        out = torch.zeros_like(flat)
+        for e in range(self.n):
+            token, choice = (ids == e).nonzero(as_tuple=True)
+            if token.numel() == 0:
+                continue
+            y = self.experts.expert(e, flat[token])
+            out = out.index_add(0, token, (y.float() * weights[token, choice].unsqueeze(1)).to(x.dtype))
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view(x.shape)
+
+
 class LlamaBlock(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.attention = LlamaAttention(a)
-        self.feed_forward = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
-                                             a.get("hidden_dim", 0))
+        dense = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
+                                 a.get("hidden_dim", 0))
+        if a.get("n_experts", 0):
+            self.feed_forward = LlamaMoE(a, dense.w1.out_features)
+        else:
+            self.feed_forward = dense
         self.attention_norm = RMSNorm(a["dim"], a["norm_eps"])
         self.ffn_norm = RMSNorm(a["dim"], a["norm_eps"])
 

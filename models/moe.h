@@ -1,0 +1,74 @@
+// The feed-forward layers of the Llama family: the dense SwiGLU (FeedForward)
+// and the mixture of experts (MoE) that takes its place when model.args.n_experts
+// is set: a router scores every token against n_experts SwiGLU experts, each
+// token goes to its top_k, their outputs come back weighted by the router, and
+// optional shared experts see every token (torchtitan's and DeepSeek-V3's form).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/layers.h"
+
+namespace composer::models {
+
+// w2(silu(w1 x) * w3 x): torchtitan's FeedForward, with its names.
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t dim, int64_t hidden);
+  torch::Tensor forward(torch::Tensor x) override;
+  std::shared_ptr<nn::Linear> w1, w2, w3;
+};
+
+// Every routed expert's SwiGLU weights, stacked on a leading expert dim:
+// w1 and w3 [experts, hidden, dim], w2 [experts, dim, hidden]. Expert
+// parallelism keeps a contiguous block of them on each rank (dim 0 sharded).
+class GroupedExperts : public nn::Module {
+ public:
+  GroupedExperts(int64_t experts, int64_t dim, int64_t hidden);
+  // Rows of `x` grouped by expert, counts[j] rows for the j-th expert held here,
+  // in order; each group goes through its expert (one product per expert).
+  torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& counts);
+  torch::Tensor forward(torch::Tensor x) override;  // every row through expert 0 (never used by MoE)
+  torch::Tensor w1, w2, w3;
+};
+
+struct MoeArgs {
+  int64_t experts = 0, top_k = 1, shared = 0, hidden = 0;
+  bool sigmoid = false;  // score function: softmax over the experts, or a sigmoid each
+  bool route_norm = false;
+  double route_scale = 1.0;
+};
+
+// The routed feed-forward. Per token: scores = softmax or sigmoid of the
+// router's logits (float32); its top_k experts by score (ties to the lower
+// index); their weights are those scores, divided by their sum when
+// route_norm (plus 1e-20), times route_scale. The token's rows, sorted stably
+// by expert, go through the experts; each output times its weight is added
+// back at its token, and the shared experts' output on top. Dropless: every
+// token reaches all of its top_k experts.
+class MoE : public nn::Module {
+ public:
+  MoE(int64_t dim, const MoeArgs& a);
+  torch::Tensor forward(torch::Tensor x) override;
+
+  // How the expert-sorted rows reach the experts and come back: unset, this
+  // rank's GroupedExperts runs them all (counts per expert, every expert here);
+  // expert parallelism sets it to its all-to-all dispatch (same contract: rows
+  // sorted by global expert id, counts[e] for each of the n_experts, returns
+  // each row's expert output in the same order).
+  std::function<torch::Tensor(const torch::Tensor& rows, const std::vector<int64_t>& counts)> dispatch;
+  // Tokens each expert received in the last forward on this rank (before any
+  // dispatch), for metrics.
+  std::vector<int64_t> last_counts;
+
+  const MoeArgs& args() const { return args_; }
+  std::shared_ptr<nn::Linear> router;
+  std::shared_ptr<GroupedExperts> experts;
+  std::shared_ptr<FeedForward> shared;  // null without shared experts
+
+ private:
+  MoeArgs args_;
+};
+
+}  // namespace composer::models
