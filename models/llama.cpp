@@ -211,6 +211,9 @@ void check_llama_args(const ModelArgs& a) {
       throw ArgError("score_func", "score_func '" + a.s("score_func") + "' is not one of softmax, sigmoid");
     }
     if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
+    for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor"}) {
+      if (a.f(n) < 0) throw ArgError(n, std::string(n) + " must be 0 (off) or positive");
+    }
   }
   if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
     throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) + " does not divide n_heads " +
@@ -233,7 +236,8 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               a.b("depth_init"),
               a.b("weight_tying"),
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
-                      a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale")}};
+                      a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
+                      a.f("bias_update_rate"), a.f("capacity_factor")}};
   return std::make_shared<Llama>(l);
 }
 
@@ -261,6 +265,18 @@ TpPlan llama_tp_plan(const ModelArgs&, bool sp) {
     p.push_back(colwise(std::string("layers.*.") + w));
   }
   return p;
+}
+
+// The load-balancing loss and the capacity count per sequence, which
+// context parallelism splits over ranks.
+void check_llama_cp(const ModelArgs& a) {
+  if (a.i("n_experts") == 0) return;
+  for (auto n : {"aux_loss_coeff", "capacity_factor"}) {
+    if (a.f(n) > 0) {
+      throw ArgError(n, std::string(n) + " counts each sequence's routing, which context_parallel splits over ranks; "
+                                         "not supported together yet: set " + n + ": 0 or remove context_parallel");
+    }
+  }
 }
 
 // tp divides the query and the key/value heads.
@@ -303,11 +319,16 @@ std::vector<ModelSpec> llama_specs() {
                  int_arg("moe_hidden_dim", 0, "each expert's SwiGLU hidden width; 0 means the dense width"),
                  string_arg("score_func", "softmax", "router scores: softmax over the experts, or sigmoid"),
                  bool_arg("route_norm", false, "divide each token's top_k scores by their sum"),
-                 float_arg("route_scale", 1.0, "multiplier of the routing weights")})
+                 float_arg("route_scale", 1.0, "multiplier of the routing weights"),
+                 float_arg("aux_loss_coeff", 0.0, "load-balancing loss coefficient (per sequence); 0 is none"),
+                 float_arg("bias_update_rate", 0.0,
+                           "auxiliary-loss-free balancing: the expert bias's step per optimizer step; 0 is none"),
+                 float_arg("capacity_factor", 0.0,
+                           "rows each expert takes per sequence, x seq_len x top_k / n_experts; 0 is dropless")})
           .check(check_llama_args)
           .build(build_llama)
           .pipeline(&Llama::pieces)
-          .context_parallel(&Llama::slot, [](const ModelArgs&) {})
+          .context_parallel(&Llama::slot, check_llama_cp)
           .tp_plan(llama_tp_plan, check_llama_tp)
           .logits("output")
           .experts([](const ModelArgs& a) { return a.i("n_experts"); })};

@@ -35,16 +35,67 @@ torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int6
     at += counts[j];
   }
   TORCH_CHECK(at == x.size(0), "GroupedExperts: counts sum to ", at, " but ", x.size(0), " rows came");
-  if (outs.empty()) return x.narrow(0, 0, 0) * 0;  // no rows: an empty output still joined to the graph
+  if (outs.empty()) {
+    // No rows (an expert-parallel rank nobody routed to): an empty product
+    // through the first expert, so every expert's weights still get a
+    // gradient, of zeros, as on one device (the optimizer's momentum and
+    // decay then step them there too).
+    auto none = x.narrow(0, 0, 0);
+    return torch::linear(torch::silu(torch::linear(none, a[0])) * torch::linear(none, c[0]), b[0]);
+  }
   return outs.size() == 1 ? outs[0] : torch::cat(outs, 0);
 }
 
 torch::Tensor GroupedExperts::forward(torch::Tensor x) { return run(x, {x.size(0)}); }
 
+namespace {
+
+// Forward identity for the block's output; backward also gives the
+// load-balancing loss `aux` the gradient `weight`, as if weight x aux were
+// part of the loss.
+struct AuxLossFn : torch::autograd::Function<AuxLossFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& out, const torch::Tensor& aux,
+                               double weight) {
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["aux"] = aux.detach();
+    return out.view_as(out);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto aux = ctx->saved_data["aux"].toTensor();
+    return {grads[0], torch::full_like(aux, ctx->saved_data["weight"].toDouble()), torch::Tensor()};
+  }
+};
+
+// Per sequence (rows of [B, S, ...]) and expert: whether each row of the
+// expert-sorted order is within the expert's capacity for its sequence.
+torch::Tensor within_capacity(const torch::Tensor& expert, const torch::Tensor& token, int64_t seq_len,
+                              int64_t sequences, int64_t capacity) {
+  // Sorted by expert and then token, so each (expert, sequence) group is contiguous.
+  auto group = expert * sequences + token.div(seq_len, "floor");
+  auto [unique, inverse, sizes] = torch::unique_consecutive(group, /*return_inverse=*/true, /*return_counts=*/true);
+  auto starts = sizes.cumsum(0) - sizes;
+  auto position = torch::arange(group.size(0), group.options()) - starts.index_select(0, inverse);
+  return position < capacity;
+}
+
+}  // namespace
+
 MoE::MoE(int64_t dim, const MoeArgs& a) : Module("MoE"), args_(a) {
   router = add("router", std::make_shared<Linear>(dim, a.experts, false));
   experts = add("experts", std::make_shared<GroupedExperts>(a.experts, dim, a.hidden));
   if (a.shared > 0) shared = add("shared", std::make_shared<FeedForward>(dim, a.hidden * a.shared));
+  if (a.bias_update_rate > 0) {
+    expert_bias = register_buffer("expert_bias", torch::zeros({a.experts}, nn::buffer_options().dtype(torch::kFloat)));
+  }
+  step_counts.assign(a.experts, 0);
+}
+
+void MoE::update_bias(const torch::Tensor& counts) {
+  if (!expert_bias.defined()) return;
+  torch::NoGradGuard no_grad;
+  auto c = counts.to(expert_bias.device(), torch::kFloat);
+  expert_bias.add_(torch::sign(c.mean() - c) * args_.bias_update_rate);
 }
 
 torch::Tensor MoE::forward(torch::Tensor x) {
@@ -52,7 +103,8 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   auto flat = x.reshape({-1, dim});
   auto logits = (*router)(flat).to(torch::kFloat);
   auto scores = args_.sigmoid ? torch::sigmoid(logits) : torch::softmax(logits, -1);
-  auto ids = std::get<1>(scores.topk(k, -1, /*largest=*/true, /*sorted=*/true));
+  const auto& choose = expert_bias.defined() ? scores + expert_bias.to(scores.device()) : scores;
+  auto ids = std::get<1>(choose.topk(k, -1, /*largest=*/true, /*sorted=*/true));
   auto weights = scores.gather(-1, ids);
   if (args_.route_norm) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
   if (args_.route_scale != 1.0) weights = weights * args_.route_scale;
@@ -60,21 +112,51 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   // Every (token, choice) row, sorted stably by expert: expert-major, tokens
   // in order within an expert.
   auto choice = ids.reshape({-1});
-  auto order = std::get<1>(choice.sort(/*stable=*/true, 0, /*descending=*/false));
+  auto [sorted_expert, order] = choice.sort(/*stable=*/true, 0, /*descending=*/false);
   auto token = order.div(k, "floor");
-  std::vector<int64_t> counts(n, choice.numel() / n);
-  if (choice.is_meta()) {  // a dry run has no routing: it sizes for uniform routing
-    for (int64_t e = 0; e < choice.numel() % n; ++e) ++counts[e];
-  } else {
-    auto c = torch::bincount(choice, {}, n).to(torch::kCPU);
-    counts.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n);
-  }
+  const bool meta = choice.is_meta();
+  auto count = [n, meta](const torch::Tensor& expert) {
+    std::vector<int64_t> out(n, expert.numel() / n);
+    if (meta) {  // a dry run has no routing: it sizes for uniform routing
+      for (int64_t e = 0; e < expert.numel() % n; ++e) ++out[e];
+    } else {
+      auto c = torch::bincount(expert, {}, n).to(torch::kCPU);
+      out.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n);
+    }
+    return out;
+  };
+  std::vector<int64_t> counts = count(choice);
   last_counts = counts;
+  const bool training = torch::GradMode::is_enabled() && !meta;
+  if (training) {
+    for (int64_t e = 0; e < n; ++e) step_counts[e] += counts[e];
+  }
+  if (args_.capacity_factor > 0 && x.dim() == 3 && !meta) {
+    const int64_t seq = x.size(1);
+    const auto capacity = static_cast<int64_t>(std::ceil(args_.capacity_factor * static_cast<double>(seq * k) /
+                                                         static_cast<double>(n)));
+    auto keep = within_capacity(sorted_expert, token, seq, x.size(0), capacity);
+    auto kept = keep.nonzero().view(-1);
+    if (training) step_dropped += order.numel() - kept.numel();
+    order = order.index_select(0, kept);
+    token = token.index_select(0, kept);
+    counts = count(sorted_expert.index_select(0, kept));
+  }
   auto rows = flat.index_select(0, token);
   auto out_rows = dispatch ? dispatch(rows, counts) : experts->run(rows, counts);
   auto weighted = (out_rows.to(torch::kFloat) * weights.reshape({-1}).index_select(0, order).unsqueeze(1)).to(x.scalar_type());
   auto out = torch::zeros_like(flat).index_add(0, token, weighted);
   if (shared) out = out + (*shared)(flat);
+  if (args_.aux_loss_coeff > 0 && x.dim() == 3 && torch::GradMode::is_enabled()) {
+    const int64_t b = x.size(0), seq = x.size(1);
+    auto p = args_.sigmoid ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
+    auto mean_score = p.view({b, seq, n}).mean(1);
+    auto routed = torch::zeros({b, n}, scores.options())
+                      .scatter_add_(1, ids.view({b, seq * k}), torch::ones({b, seq * k}, scores.options()))
+                      .div_(static_cast<double>(seq * k));
+    auto aux = (mean_score * routed).sum() * (static_cast<double>(n) * args_.aux_loss_coeff);
+    out = AuxLossFn::apply(out, aux, aux_weight);
+  }
   return out.view(x.sizes());
 }
 

@@ -38,15 +38,26 @@ struct MoeArgs {
   bool sigmoid = false;  // score function: softmax over the experts, or a sigmoid each
   bool route_norm = false;
   double route_scale = 1.0;
+  double aux_loss_coeff = 0;    // the load-balancing loss's coefficient (0: none)
+  double bias_update_rate = 0;  // the auxiliary-loss-free balancing bias's step (0: no bias)
+  double capacity_factor = 0;   // rows each expert takes per sequence, x S x top_k / experts (0: dropless)
 };
 
 // The routed feed-forward. Per token: scores = softmax or sigmoid of the
-// router's logits (float32); its top_k experts by score (ties to the lower
-// index); their weights are those scores, divided by their sum when
-// route_norm (plus 1e-20), times route_scale. The token's rows, sorted stably
-// by expert, go through the experts; each output times its weight is added
-// back at its token, and the shared experts' output on top. Dropless: every
-// token reaches all of its top_k experts.
+// router's logits (float32); its top_k experts by score plus expert_bias
+// (ties to the lower index); their weights are the scores (without the bias),
+// divided by their sum when route_norm (plus 1e-20), times route_scale. The
+// token's rows, sorted stably by expert, go through the experts; each output
+// times its weight is added back at its token, and the shared experts' output
+// on top. Dropless by default; with a capacity factor, each expert takes at
+// most ceil(capacity_factor x S x top_k / experts) rows of each sequence, its
+// earliest tokens first, and the later rows are dropped (they add nothing).
+// In a training forward (grad mode on; an activation-checkpointed block's
+// recompute, not its first pass) with aux_loss_coeff, the load-balancing loss
+// of each sequence s, experts x sum_i f_i P_i (f_i: the fraction of s's rows
+// routed to expert i, P_i: s's mean score of i, sigmoid scores normalised to
+// sum to 1), times aux_loss_coeff, joins backward with the gradient aux_weight
+// (what one sequence's loss gets); its forward value is not in the loss.
 class MoE : public nn::Module {
  public:
   MoE(int64_t dim, const MoeArgs& a);
@@ -58,9 +69,21 @@ class MoE : public nn::Module {
   // sorted by global expert id, counts[e] for each of the n_experts, returns
   // each row's expert output in the same order).
   std::function<torch::Tensor(const torch::Tensor& rows, const std::vector<int64_t>& counts)> dispatch;
-  // Tokens each expert received in the last forward on this rank (before any
-  // dispatch), for metrics.
+  // Rows routed to each expert in the last forward on this rank (before any
+  // capacity drop or dispatch).
   std::vector<int64_t> last_counts;
+  // Summed over this step's training forwards, until take_step_counts().
+  std::vector<int64_t> step_counts;
+  int64_t step_dropped = 0;  // rows dropped over capacity, likewise
+  // The gradient one sequence's load-balancing loss gets: the trainer's loss
+  // weight of a sample (loss.scale x its backward scale / global_batch).
+  double aux_weight = 0;
+  // Auxiliary-loss-free balancing (DeepSeek-V3; Megatron's update): a float32
+  // buffer added to the scores for the choice only; after each optimizer step
+  // update_bias(the step's counts summed over every rank that routed tokens)
+  // adds bias_update_rate x sign(mean count - count) to each expert's.
+  torch::Tensor expert_bias;
+  void update_bias(const torch::Tensor& counts);
 
   const MoeArgs& args() const { return args_; }
   std::shared_ptr<nn::Linear> router;

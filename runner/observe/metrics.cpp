@@ -104,6 +104,11 @@ namespace {
 void add_optional(nlohmann::json& j, const StepRecord& r) {
   if (r.has_eval) j["eval_loss"] = r.eval_loss;
   if (r.recomputes >= 0) j["recomputes"] = r.recomputes;
+  if (r.expert_imbalance >= 0) {
+    j["expert_tokens"] = r.expert_tokens;
+    j["expert_imbalance"] = r.expert_imbalance;
+  }
+  if (r.expert_dropped >= 0) j["expert_dropped"] = r.expert_dropped;
   if (r.skipped) j["skipped"] = true;
   if (r.pipeline_bubble >= 0) {
     j["pipeline_bubble"] = r.pipeline_bubble;

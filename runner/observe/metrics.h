@@ -28,6 +28,12 @@ struct StepRecord {
   double pipeline_bubble_formula = -1;    // the schedule's bubble with unit-cost actions
   std::vector<double> microbatch_losses;  // pipeline: each microbatch's loss (summed over dp ranks)
   int64_t recomputes = -1;                // activation checkpointing: unit forwards recomputed this step; -1 without it
+  // Mixture of experts: rows routed to each expert this step over every rank
+  // (summed over the logging rank's blocks), the largest max/mean over them
+  // (-1: no experts), and the fraction dropped over capacity (-1: dropless).
+  std::vector<double> expert_tokens;
+  double expert_imbalance = -1;
+  double expert_dropped = -1;
   double samples_per_s = 0;
   double tokens_per_s = 0;  // 0 for non-token models
   double peak_rss_mb = 0;

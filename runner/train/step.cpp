@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "parallelisms/comm/trace_span.h"
+#include "runner/train/experts.h"
 #include "runner/train/optim.h"
 
 namespace composer {
@@ -354,6 +355,7 @@ void run_step(StepState& s, StepRecord& r) {
   r.grad_norm = g.norm;
   r.stop = g.stop;
   if (!g.finite || !std::isfinite(r.loss)) {
+    finish_experts(s.model, par, /*update=*/false);
     on_nonfinite(s, r, g);
     r.optimizer_ms = ms_since(phase);
     return;
@@ -363,6 +365,12 @@ void run_step(StepState& s, StepRecord& r) {
   {
     parallel::TraceSpan span([] { return std::string("optimizer step"); });
     s.optimizer.step();
+  }
+  const ExpertStats experts = finish_experts(s.model, par, /*update=*/true);
+  if (experts.any) {
+    r.expert_tokens = experts.tokens;
+    r.expert_imbalance = experts.imbalance;
+    r.expert_dropped = experts.dropped;
   }
   r.optimizer_ms = ms_since(phase);
 }

@@ -10,6 +10,7 @@
 #include "runner/checkpoint/export.h"
 #include "runner/observe/step_watch.h"
 #include "runner/train/build.h"
+#include "runner/train/experts.h"
 #include "runner/train/optim.h"
 #include "runner/train/step.h"
 
@@ -118,6 +119,11 @@ StepState step_state(const Loop& l, const parallel::Delays& delays) {
   // Each rank's loss is its share of the global-batch loss; averaging gradients
   // over the dp ranks divides by dp_size, so backward runs on dp_size x share.
   const double grad_scale = static_cast<double>(l.plan.dp_size) * inject.grad_factor;
+  // A mixture-of-experts block's load-balancing loss, per sequence, weighs as
+  // one sample of the loss does in backward.
+  const auto* pipeline = l.plan.find<PipelineConfig>();
+  bind_experts(*l.rm.model, l.c.train.loss.scale * grad_scale * (pipeline ? pipeline->loss_factor : 1.0) /
+                                static_cast<double>(l.c.train.global_batch));
   const c10::Device device = rank.device;
   DataSet* dataset = l.rm.dataset.get();
   auto batch = [dataset, device](int64_t step, int64_t begin, int64_t end) {

@@ -104,8 +104,10 @@ void check_dispatch(int ep, bool skewed) {
     for (auto [local, full] : {std::pair{&moe.experts->w1, &whole.experts->w1}, {&moe.experts->w2, &whole.experts->w2},
                                {&moe.experts->w3, &whole.experts->w3}}) {
       auto expect = full->grad().narrow(0, g.rank * e, e);
-      auto got = local->grad().defined() ? local->grad() : torch::zeros_like(*local);
-      EXPECT_TRUE(torch::allclose(got, expect, 1e-5, 1e-6)) << (got - expect).abs().max();
+      // Defined even where no row arrived (zeros), as one device's: the
+      // optimizer steps such an expert by its momentum and decay.
+      ASSERT_TRUE(local->grad().defined());
+      EXPECT_TRUE(torch::allclose(local->grad(), expect, 1e-5, 1e-6)) << (local->grad() - expect).abs().max();
     }
   });
 }
@@ -115,7 +117,7 @@ TEST(ExpertParallel, DispatchAndCombineEqualOneProcessForUnevenCounts) {
   check_dispatch(4, false);
 }
 
-TEST(ExpertParallel, ExpertsAndARankThatReceiveNoTokenKeepZeroGradients) { check_dispatch(2, true); }
+TEST(ExpertParallel, ExpertsAndARankThatReceiveNoTokenGetZeroGradients) { check_dispatch(2, true); }
 
 TEST(ExpertParallel, ExpertWeightsAreShardedOverEpAndTheRestReplicated) {
   testing::run_ranks({"ep"}, {2}, [](DeviceMesh& mesh) {

@@ -1,6 +1,7 @@
 """The seed models in plain PyTorch, with the fully-qualified names and math of
 PyTorch's composability tests (see docs/scenarios.md section 0). Written from the
 test sources, independently of composer's C++ models."""
+import math
 import warnings
 
 import torch
@@ -274,7 +275,13 @@ class Experts(nn.Module):
 
 
 class LlamaMoE(nn.Module):
-    """The mixture-of-experts feed-forward written the plain way: route, then a loop over the experts."""
+    """The mixture-of-experts feed-forward written the plain way: route, then a loop over the experts.
+
+    With aux_loss_coeff, a training forward appends each sequence's load-balancing loss (summed over the
+    batch) to self.aux, for the training loop to add to the loss (take_aux); with bias_update_rate, it
+    counts the rows routed to each expert for update_bias() after the optimizer step; with
+    capacity_factor, each expert keeps the first ceil(cf * S * k / n) of each sequence's tokens routed to it.
+    """
 
     def __init__(self, a, hidden):
         super().__init__()
@@ -282,6 +289,13 @@ class LlamaMoE(nn.Module):
         self.n, self.k = n, a.get("top_k", 1)
         self.sigmoid = a.get("score_func", "softmax") == "sigmoid"
         self.route_norm, self.route_scale = a.get("route_norm", False), a.get("route_scale", 1.0)
+        self.aux_coeff = a.get("aux_loss_coeff", 0.0)
+        self.bias_rate = a.get("bias_update_rate", 0.0)
+        self.capacity_factor = a.get("capacity_factor", 0.0)
+        self.aux = []
+        self.counts = torch.zeros(n)
+        if self.bias_rate > 0:
+            self.register_buffer("expert_bias", torch.zeros(n))
         hidden = a.get("moe_hidden_dim", 0) or hidden
         self.router = nn.Linear(a["dim"], n, bias=False)
         self.experts = Experts(n, a["dim"], hidden)
@@ -292,22 +306,51 @@ class LlamaMoE(nn.Module):
         flat = x.reshape(-1, x.size(-1))
         logits = self.router(flat).float()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
-        ids = torch.topk(scores, self.k, dim=-1, largest=True, sorted=True).indices
+        choose = scores + self.expert_bias if self.bias_rate > 0 else scores
+        ids = torch.topk(choose, self.k, dim=-1, largest=True, sorted=True).indices
+        training = torch.is_grad_enabled()
+        if training:
+            self.counts += torch.bincount(ids.reshape(-1), minlength=self.n).float()
         weights = scores.gather(-1, ids)
         if self.route_norm:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         if self.route_scale != 1.0:
             weights = weights * self.route_scale
         out = torch.zeros_like(flat)
+        b, s = x.shape[0], x.shape[1]
+        capacity = math.ceil(self.capacity_factor * s * self.k / self.n) if self.capacity_factor > 0 else None
         for e in range(self.n):
             token, choice = (ids == e).nonzero(as_tuple=True)
+            if capacity is not None:  # each sequence's first `capacity` tokens routed to e
+                keep = [i for i, t in enumerate(token.tolist())
+                        if sum(1 for u in token.tolist()[:i] if u // s == t // s) < capacity]
+                token, choice = token[keep], choice[keep]
             if token.numel() == 0:
                 continue
             y = self.experts.expert(e, flat[token])
             out = out.index_add(0, token, (y.float() * weights[token, choice].unsqueeze(1)).to(x.dtype))
         if self.shared is not None:
             out = out + self.shared(flat)
+        if self.aux_coeff > 0 and training:
+            p = scores / scores.sum(-1, keepdim=True) if self.sigmoid else scores
+            total = 0
+            for q in range(b):  # sequence q: n * sum_i f_i P_i
+                rows = slice(q * s, (q + 1) * s)
+                f = torch.bincount(ids[rows].reshape(-1), minlength=self.n).float() / (s * self.k)
+                total = total + self.n * (f * p[rows].mean(0)).sum()
+            self.aux.append(total * self.aux_coeff)
         return out.view(x.shape)
+
+    def take_aux(self):
+        aux, self.aux = self.aux, []
+        return sum(aux) if aux else 0.0
+
+    def update_bias(self):
+        """Megatron's auxiliary-loss-free update: bias += rate * sign(mean(c) - c); then the counts restart."""
+        if self.bias_rate > 0:
+            with torch.no_grad():
+                self.expert_bias += torch.sign(self.counts.mean() - self.counts) * self.bias_rate
+        self.counts.zero_()
 
 
 class LlamaBlock(nn.Module):

@@ -382,7 +382,10 @@ def main():
             x, y = data.batch(step, m * mb, (m + 1) * mb)
             out = mixed.forward(x) if mixed else model(x)
             loss = loss_fn(t["loss"], out, y, mb, B)
-            loss.backward()
+            # Mixture-of-experts load-balancing losses (per sequence, summed) weigh as samples of the loss
+            # do; they join backward only, as composer's do (the logged loss is the model's).
+            aux = sum(m.take_aux() for m in model.modules() if isinstance(m, models.LlamaMoE))
+            (loss + aux * (t["loss"]["scale"] / B) if torch.is_tensor(aux) else loss).backward()
             total += loss.item()
             if mixed:
                 mixed.accumulate_gradients()
@@ -402,6 +405,9 @@ def main():
                     g.mul_(coef)
         opt.step()
         scheduler.step()
+        for m in model.modules():
+            if isinstance(m, models.LlamaMoE):
+                m.update_bias()
         if mixed:
             mixed.restore_masters()
         records.append({"step": step, "loss": total, "grad_norm": norm, "lr": lr})
