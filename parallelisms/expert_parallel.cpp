@@ -34,9 +34,9 @@ torch::Tensor dispatch(Group& g, models::GroupedExperts& experts, int64_t e, con
   // planning mesh (the dry run) has no peers: it takes uniform routing, where
   // every rank sends what this one sends.
   std::vector<int64_t> recv(ep * e);
+  auto got = all_to_all(g, torch::tensor(counts, torch::kLong), std::vector<int64_t>(ep, e),
+                        std::vector<int64_t>(ep, e)).contiguous();
   if (g.pg) {
-    auto mine = torch::tensor(counts, torch::kLong);
-    auto got = all_to_all(g, mine, std::vector<int64_t>(ep, e), std::vector<int64_t>(ep, e)).contiguous();
     recv.assign(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + ep * e);
   } else {
     for (int s = 0; s < ep; ++s) {

@@ -411,9 +411,10 @@ torch::Tensor all_to_all(Group& g, const torch::Tensor& input, const std::vector
               " rows");
   auto shape = input.sizes().vec();
   shape[0] = received;
-  if (g.size == 1 || !g.pg) return g.size == 1 ? input.clone() : torch::empty(shape, input.options());
+  if (g.size == 1) return input.clone();
   const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0)) * static_cast<int64_t>(input.element_size());
   TraceSpan span = counted(g, "all_to_all", sent * row, (sent - send_counts[g.rank]) * row);
+  if (!g.pg) return torch::empty(shape, input.options());  // a dry run: counted, nothing moves
   delay_at(g.delays, DelayPoint::kBeforeAllToAll);
   auto wire_in = input.to(wire_device(g, input)).contiguous();
   auto wire_out = torch::empty(shape, wire_in.options());

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "models/moe.h"
 #include "models/registry.h"
 #include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/comm/cuda_runtime.h"
@@ -529,6 +530,29 @@ void plan_one(Planning& s, const TransformConfig& entry, ExpertParallelConfig& t
   s.p.splits_model = true;
   s.summary.push_back("expert_parallel: " + std::to_string(experts / ep) + " of " + std::to_string(experts) +
                       " experts per rank over " + t.mesh_dim[0] + "; tokens travel by all-to-all");
+  // What a block's dispatch holds on a rank, for a microbatch: the rows it
+  // receives, under uniform routing (the dry run's, in the memory table) and
+  // when every row of the ep ranks goes to its experts.
+  const models::MoE* moe = nullptr;
+  for (const auto& m : s.model.modules(/*include_self=*/false)) {
+    if ((moe = dynamic_cast<const models::MoE*>(m.get()))) break;
+  }
+  if (!moe) return;
+  const std::string cp_dim = context_parallel_dim(c);
+  const int64_t seq = (c.data.seq_len ? c.data.seq_len : s.model.input_spec().max_seq_len) /
+                      (cp_dim.empty() ? 1 : dim_size(c.mesh, cp_dim));
+  const int64_t rows = s.p.local_microbatch * seq * moe->args().top_k;
+  const int64_t row_bytes = moe->router->in_features * static_cast<int64_t>(c10::elementSize(scalar_type_of(c.train.dtype)));
+  auto mib = [](int64_t bytes) {
+    std::ostringstream os;
+    os.precision(3);
+    os << static_cast<double>(bytes) / (1 << 20) << " MiB";
+    return os.str();
+  };
+  s.summary.push_back("expert_parallel dispatch per block and microbatch: " + std::to_string(rows) +
+                      " rows received under uniform routing (" + mib(rows * row_bytes) + "), up to " +
+                      std::to_string(rows * ep) + " (" + mib(rows * ep * row_bytes) + ") on a rank every row is "
+                      "routed to; each received row also keeps its expert's activations for backward");
 }
 
 }  // namespace

@@ -27,7 +27,6 @@ ExpertStats finish_experts(models::Model& model, parallel::Parallel& par, bool u
   const auto blocks = blocks_of(model);
   if (blocks.empty()) return s;
   s.any = true;
-  if (par.device.is_meta()) return s;  // a dry run routes nothing
   const int64_t n = blocks.front()->args().experts;
   // One row per block: its experts' counts, then the rows it dropped.
   std::vector<double> local;
@@ -41,6 +40,7 @@ ExpertStats finish_experts(models::Model& model, parallel::Parallel& par, bool u
                .view({static_cast<int64_t>(blocks.size()), n + 1});
   if (par.dp) parallel::all_reduce(*par.dp, t);
   if (par.cp) parallel::all_reduce(par.cp->group(), t);
+  if (t.is_meta()) return s;  // a dry run: the reduction counted, no routing to report
   t = t.to(torch::kCPU);
   s.tokens.assign(n, 0);
   double routed = 0, dropped = 0;

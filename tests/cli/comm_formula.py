@@ -4,8 +4,9 @@
     comm_formula.py COMPOSER WORK_DIR
 
 For the Llama and the Transformer, small and in float32: tensor parallelism with and without
-sequence parallelism (and Llama's loss parallelism), replicate, fully_shard, a 1F1B pipeline and
-context parallelism (a load-balanced ring over cp 2 and 4).
+sequence parallelism (and Llama's loss parallelism), replicate, fully_shard, a 1F1B pipeline,
+context parallelism (a load-balanced ring over cp 2 and 4) and, on a mixture-of-experts Llama,
+expert parallelism over ep 2 and 4.
 Every group's every collective kind must equal the formula, and no other may appear. Bytes are the
 payload a rank hands the collective per step (an all-gather: this rank's piece; a reduce-scatter:
 the whole input; an all-reduce: the tensor), as docs/memory.md defines them.
@@ -189,6 +190,25 @@ for model, m in (("llama", ll), ("transformer", tf)):
         expect(name, plan(name, model, m, [cp], ["cp"], {"context_parallel": {"mesh_dim": "cp"}}),
                {"cp": {"send": (3 * cp - 2) * m["L"] * kv, "recv": (3 * cp - 2) * m["L"] * kv,
                        "all_reduce": (p_ + n_p) * F32 + LOSS}, "world": world})
+
+# Expert parallelism over ep 2 and 4 on a mixture-of-experts Llama (4 experts, top 2, hidden 64),
+# under uniform routing (the dry run's): per block, forward exchanges the per-expert counts
+# (4 int64), sends this rank's (token, choice) rows and returns the outputs of the rows it received
+# (as many, uniformly); backward sends both back. The experts' gradients need no reduction; every
+# other parameter's is all-reduced over ep with its flag, as is the loss and each step's routing
+# counts ([blocks, experts + 1] doubles, for the metrics and the expert bias).
+E, K, H = 4, 2, 64
+D, L, V = ll["dim"], ll["L"], ll["vocab"]
+moe = dict(ll, args=dict(ll["args"], n_experts=E, top_k=K, moe_hidden_dim=H))
+dense = ll["layer"][:4] + ll["layer"][7:]  # attention and the two norms
+non_expert = (sum(dense) + E * D) * L + sum(ll["root"])
+n_non_expert = (len(dense) + 1) * L + len(ll["root"])
+for ep in (2, 4):
+    R = (B // ep) * S * K
+    name = f"llama_moe_ep{ep}"
+    expect(name, plan(name, "llama", moe, [ep], ["ep"], {"expert_parallel": {"mesh_dim": "ep"}}),
+           {"ep": {"all_to_all": L * (E * F64 + 4 * R * D * F32),
+                   "all_reduce": (non_expert + n_non_expert) * F32 + LOSS + L * (E + 1) * F64}, "world": world})
 
 if failures:
     sys.exit(f"{failures} rank(s) differ from the formulas")
