@@ -55,7 +55,7 @@ LOSS_RTOL = 1e-5
 # next one's that the test accepts. These models' float32 router logits (up to
 # ~8) are within 1.5e-5 of float64's, so two float32 computations differ by at
 # most ~3e-5: a lead 30 times that cannot swap an expert in or out. (The seeds
-# below give leads of 1.6e-3 to 5.8e-3 over the 3 steps' 768 routings.)
+# below give leads of 2.2e-3 to 5.8e-3 over the 3 steps' 768 routings.)
 MIN_TOPK_GAP = 1e-3
 
 
@@ -177,9 +177,10 @@ def train_in_torch(model, run_dir, steps):
 
 
 def compare_losses(got, want, what):
-    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    errs = [abs(g - w) / abs(w) for g, w in zip(got, want)]
+    worst = max(errs)
     print(f"{what}: losses {['%.6f' % g for g in got]}, transformers {['%.6f' % w for w in want]}, "
-          f"max rel err {worst:.3g}")
+          f"rel err {['%.2g' % e for e in errs]}")
     if len(got) != len(want) or worst > LOSS_RTOL:
         fail(f"{what}: composer's losses {got} differ from transformers' {want} (max rel err {worst:.3g})")
 
