@@ -146,10 +146,14 @@ void write_assembled(const FinalWeights& w, parallel::Group* world, const Source
   out.finish();
 }
 
-// One tensor `composer export` writes: a PyTorch name, the checkpoint key that holds it, and its shape.
+// One tensor `composer export` writes: a PyTorch name, the checkpoint key that
+// holds it, and its shape; or (expert >= 0) slice `expert` of the key's dim 0
+// (a Mixtral expert's weight), `full` the key's shape.
 struct Item {
   std::string name, key;
   std::vector<int64_t> shape;
+  int64_t expert = -1;
+  std::vector<int64_t> full;
 };
 
 // Refuses a checkpoint that another config saved.
@@ -209,12 +213,21 @@ class ExportSource {
     }
     return scalar_type_of_name(e->second.dtype, reader_->index_path());
   }
-  // Tensor `key`, whole, with `shape` and `dtype`.
-  torch::Tensor read(const std::string& key, const std::vector<int64_t>& shape, torch::ScalarType dtype) {
-    if (weights_) return weights_->read(stored_of_.at(key));
-    torch::Tensor t = torch::empty(shape, torch::dtype(dtype));
-    const std::vector<int64_t> box = shape.empty() ? std::vector<int64_t>{1} : shape;
-    reader_->read_box(key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
+  // Item `it`'s tensor (the key whole, or one expert's slice of it) in `dtype`.
+  torch::Tensor read(const Item& it, torch::ScalarType dtype) {
+    if (it.expert >= 0) {  // the slice's box of the key: only its bytes are read
+      std::vector<int64_t> offset(it.full.size(), 0), size = it.full;
+      offset[0] = it.expert;
+      size[0] = 1;
+      if (weights_) return weights_->read_box(stored_of_.at(it.key), offset, size).view(it.shape);
+      torch::Tensor t = torch::empty(size, torch::dtype(dtype));
+      reader_->read_box(it.key, it.full, {offset, size}, t);
+      return t.view(it.shape);
+    }
+    if (weights_) return weights_->read(stored_of_.at(it.key));
+    torch::Tensor t = torch::empty(it.shape, torch::dtype(dtype));
+    const std::vector<int64_t> box = it.shape.empty() ? std::vector<int64_t>{1} : it.shape;
+    reader_->read_box(it.key, box, {std::vector<int64_t>(box.size(), 0), box}, t.view(box));
     return t;
   }
   const std::string& what() const { return what_; }
@@ -293,7 +306,7 @@ nlohmann::ordered_json write_shards(ExportSource& source, const std::vector<Item
     for (size_t i : shards[s]) mine.push_back(entries[i]);
     SafetensorsWriter w(names[s], mine, {{"format", "pt"}});
     for (size_t i : shards[s]) {
-      w.write(convert(items[i], source.read(items[i].key, entries[i].shape, entries[i].dtype)));
+      w.write(convert(items[i], source.read(items[i], entries[i].dtype)));
       weight_map[entries[i].name] = fs::path(names[s]).filename().string();
     }
     w.finish();
@@ -348,19 +361,31 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option) {
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
   const bool hf = o.format == ExportFormat::kHf;
   if (hf && c.model.name != "llama") {
-    throw UserError("composer export --format hf writes Llama folders (LlamaForCausalLM); model " + c.model.name +
-                    " has no Hugging Face layout composer knows; use --format pt");
+    throw UserError(
+        "composer export --format hf writes Llama and Mixtral folders (LlamaForCausalLM, "
+        "MixtralForCausalLM); model " +
+        c.model.name + " has no Hugging Face layout composer knows; use --format pt");
   }
+  if (hf) check_hf_exportable(c.model.args);
   ExportSource source(c, o);
   std::vector<Item> items = model_items(c);
   int64_t intermediate_size = 0;
-  if (hf) {  // Hugging Face's names; a tied weight once, under the embedding's name
+  const bool moe = hf && c.model.args.i("n_experts") > 0;
+  if (hf) {  // Hugging Face's names; a tied weight once, under the embedding's name; Mixtral's experts one by one
     std::vector<Item> renamed;
     for (const auto& it : items) {
       if (it.name == "layers.0.feed_forward.w1.weight") intermediate_size = it.shape.at(0);
+      if (it.name == "layers.0.feed_forward.experts.w1") intermediate_size = it.shape.at(1);
       if (it.name != it.key) continue;
+      if (moe && is_llama_expert_weight(it.name)) {
+        for (int64_t j = 0; j < it.shape.at(0); ++j) {
+          renamed.push_back({hf_name_of_llama(it.name, true, j), it.key,
+                             std::vector<int64_t>(it.shape.begin() + 1, it.shape.end()), j, it.shape});
+        }
+        continue;
+      }
       renamed.push_back(it);
-      renamed.back().name = hf_name_of_llama(it.name);
+      renamed.back().name = hf_name_of_llama(it.name, moe);
       TORCH_INTERNAL_ASSERT(!renamed.back().name.empty(), "llama parameter ", it.name, " has no Hugging Face name");
     }
     items = renamed;
@@ -387,7 +412,7 @@ std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportO
     std::ofstream f(config);
     f << hf_llama_config(c.model.args, intermediate_size).dump(2) << "\n";
     if (!f) throw RuntimeFailure("cannot write " + config);
-    report.push_back("wrote " + config + " (LlamaForCausalLM)");
+    report.push_back("wrote " + config + (moe ? " (MixtralForCausalLM)" : " (LlamaForCausalLM)"));
   }
   if (shards.size() == 1) {
     report.push_back("wrote " + out.string());

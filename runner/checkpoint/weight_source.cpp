@@ -23,6 +23,8 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"mlp.gate_proj.weight", "feed_forward.w1.weight"},
     {"mlp.down_proj.weight", "feed_forward.w2.weight"},
     {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
+// Mixtral's router (its experts' weights are block_sparse_moe.experts.J.w{1,2,3}.weight).
+const char* const kRouterName = "block_sparse_moe.gate.weight";
 const std::pair<const char*, const char*> kTopNames[] = {
     {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
     {"lm_head.weight", "output.weight"}};
@@ -42,30 +44,50 @@ std::unique_ptr<WeightSource> make() { return std::unique_ptr<WeightSource>(new 
 
 }  // namespace
 
-std::string llama_name_of_hf(const std::string& hf) {
+std::string llama_name_of_hf(const std::string& hf, bool moe, int64_t* expert) {
+  if (expert) *expert = -1;
   for (const auto& [h, c] : kTopNames) {
     if (hf == h) return c;
   }
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
   std::smatch m;
   if (!std::regex_match(hf, m, layer)) return "";
+  const std::string at = "layers." + m[1].str() + ".", rest = m[2].str();
   for (const auto& [h, c] : kLayerNames) {
-    if (m[2] == h) return "layers." + m[1].str() + "." + c;
+    if (moe && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
+    if (rest == h) return at + c;
   }
-  return "";
+  if (!moe) return "";
+  if (rest == kRouterName) return at + "feed_forward.router.weight";
+  static const std::regex expert_weight(R"(block_sparse_moe\.experts\.(0|[1-9]\d{0,8})\.(w[123])\.weight)");
+  std::smatch e;
+  if (!std::regex_match(rest, e, expert_weight)) return "";
+  if (expert) *expert = std::stoll(e[1].str());
+  return at + "feed_forward.experts." + e[2].str();
 }
 
-std::string hf_name_of_llama(const std::string& name) {
+std::string hf_name_of_llama(const std::string& name, bool moe, int64_t expert) {
   for (const auto& [h, c] : kTopNames) {
     if (name == c) return h;
   }
   static const std::regex layer(R"(layers\.(\d+)\.(.+))");
   std::smatch m;
   if (!std::regex_match(name, m, layer)) return "";
+  const std::string at = "model.layers." + m[1].str() + ".", rest = m[2].str();
   for (const auto& [h, c] : kLayerNames) {
-    if (m[2] == c) return "model.layers." + m[1].str() + "." + h;
+    if (rest == c && !(moe && rest.rfind("feed_forward.", 0) == 0)) return at + h;
   }
-  return "";
+  if (!moe) return "";
+  if (rest == "feed_forward.router.weight") return at + kRouterName;
+  static const std::regex expert_weight(R"(feed_forward\.experts\.(w[123]))");
+  std::smatch e;
+  if (!std::regex_match(rest, e, expert_weight) || expert < 0) return "";
+  return at + "block_sparse_moe.experts." + std::to_string(expert) + "." + e[1].str() + ".weight";
+}
+
+bool is_llama_expert_weight(const std::string& name) {
+  static const std::regex expert_weight(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
+  return std::regex_match(name, expert_weight);
 }
 
 torch::Tensor llama_to_hf_layout(const std::string& name, const torch::Tensor& w, int64_t n_heads, int64_t n_kv_heads) {
@@ -85,7 +107,7 @@ torch::Tensor hf_to_llama_layout(const std::string& name, const torch::Tensor& w
 std::unique_ptr<WeightSource> WeightSource::file(const std::string& path) {
   auto s = make();
   s->where_ = path;
-  for (auto& e : read_safetensors_entries(path)) s->tensors_[e.name] = {path, e};
+  for (auto& e : read_safetensors_entries(path)) s->tensors_[e.name] = Param::one({path, e});
   return s;
 }
 
@@ -94,6 +116,9 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
   s->where_ = dir;
   s->n_heads_ = args.i("n_heads");
   s->n_kv_heads_ = args.i("n_kv_heads") ? args.i("n_kv_heads") : s->n_heads_;
+  s->n_experts_ = args.i("n_experts");
+  const bool moe = s->n_experts_ > 0;
+  const char* arch = moe ? "MixtralForCausalLM" : "LlamaForCausalLM";
   const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
   std::map<std::string, std::string> file_of;  // Hugging Face name -> shard file (sharded folders)
   std::vector<std::string> files;
@@ -120,23 +145,58 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
     throw FileError(dir, "no model.safetensors or model.safetensors.index.json in the folder; from_hf names a "
                          "folder that transformers' save_pretrained wrote");
   }
+  std::map<std::string, std::string> read_from;  // Hugging Face name -> the file it is read from
   for (const auto& f : files) {
     for (auto& e : read_safetensors_entries(f)) {
       static const std::string kInvFreq = "rotary_emb.inv_freq";  // older folders kept the rotary buffer
       const size_t n = kInvFreq.size();
       if (e.name.size() >= n && e.name.compare(e.name.size() - n, n, kInvFreq) == 0) continue;
       if (!file_of.empty() && file_of.count(e.name) && file_of.at(e.name) != f) continue;  // the index names another
-      const std::string name = llama_name_of_hf(e.name);
+      int64_t expert = -1;
+      const std::string name = llama_name_of_hf(e.name, moe, &expert);
       if (name.empty()) {
-        throw FileError(f, "unexpected tensor '" + e.name + "': not a parameter of a LlamaForCausalLM that "
-                           "composer's llama has (biases and other architectures are not supported)");
+        throw FileError(f, "unexpected tensor '" + e.name + "': not a parameter of a " + arch +
+                               " that composer's llama has (biases and other architectures are not supported)");
       }
-      s->tensors_[name] = {f, e};
+      if (expert >= s->n_experts_) {
+        throw FileError(f, "unexpected tensor '" + e.name + "': expert " + std::to_string(expert) +
+                               " of a model with " + std::to_string(s->n_experts_) +
+                               " experts (config.json's num_local_experts)");
+      }
+      read_from[e.name] = f;
+      if (expert < 0) {
+        s->tensors_[name] = Param::one({f, e});
+        continue;
+      }
+      Param& stack = s->tensors_[name];  // expert J's weight is slice J of composer's stacked one
+      stack.parts.resize(static_cast<size_t>(s->n_experts_));
+      stack.stacked = true;
+      stack.parts[static_cast<size_t>(expert)] = {f, e};
     }
   }
+  for (auto& [name, param] : s->tensors_) {
+    if (!param.stacked) continue;
+    for (size_t j = 0; j < param.parts.size(); ++j) {
+      if (param.parts[j].file.empty()) {
+        throw FileError(
+            dir, "missing tensor '" + hf_name_of_llama(name, true, static_cast<int64_t>(j)) + "' that the model needs");
+      }
+      // Shapes are checked against the model's (match); stacked, the experts share one dtype.
+      const SafetensorsEntry& first = param.parts[0].entry;
+      const SafetensorsEntry& e = param.parts[j].entry;
+      if (e.dtype != first.dtype) {
+        throw FileError(param.parts[j].file, "tensor '" + e.name + "' is " + c10::toString(e.dtype) + " but '" +
+                                                 first.name + "' is " + c10::toString(first.dtype) +
+                                                 "; every expert's weight has one dtype");
+      }
+    }
+    param.shape = param.parts[0].entry.shape;
+    param.shape.insert(param.shape.begin(), static_cast<int64_t>(param.parts.size()));
+    param.dtype = param.parts[0].entry.dtype;
+  }
   for (const auto& [name, f] : file_of) {
-    const std::string mine = llama_name_of_hf(name);
-    if (!mine.empty() && (!s->tensors_.count(mine) || s->tensors_.at(mine).file != f)) {
+    const std::string mine = llama_name_of_hf(name, moe);
+    if (!mine.empty() && (!read_from.count(name) || read_from.at(name) != f)) {
       throw FileError(f, "missing tensor '" + name + "' that " + index.string() + " places in it");
     }
   }
@@ -155,32 +215,45 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
   for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
   std::unordered_map<const c10::TensorImpl*, std::string> out;
   for (const auto& [name, stored] : tensors_) {
-    const SafetensorsEntry& e = stored.entry;
+    const Stored& first = stored.parts.front();
     auto it = params.find(name);
     if (it == params.end()) {
-      throw FileError(stored.file, "unexpected tensor '" + e.name + "': model " + model.type() +
-                                       " has no parameter of that name");
+      throw FileError(first.file, "unexpected tensor '" + first.entry.name + "': model " + model.type() +
+                                      " has no parameter of that name");
     }
     const std::vector<int64_t> shape = shape_of ? shape_of(it->second) : it->second.sizes().vec();
-    if (shape != e.shape) {
-      throw FileError(stored.file, "tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
-                                       " but the model's " + (e.name == name ? "" : name + " ") +
-                                       "is " + c10::str(c10::IntArrayRef(shape)));
+    for (const Stored& part : stored.parts) {
+      const SafetensorsEntry& e = part.entry;
+      // An expert's weight is one slice of the stacked parameter: its shape less the expert dim.
+      const std::vector<int64_t> want =
+          stored.stacked && !shape.empty() ? std::vector<int64_t>(shape.begin() + 1, shape.end()) : shape;
+      if ((stored.stacked && (shape.empty() || shape[0] != static_cast<int64_t>(stored.parts.size()))) ||
+          want != e.shape) {
+        throw FileError(part.file, "tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
+                                       " but the model's " + (e.name == name ? "" : name + " ") + "is " +
+                                       c10::str(c10::IntArrayRef(shape)) +
+                                       (stored.stacked ? " (one slice per expert)" : ""));
+      }
+      if (!c10::isFloatingType(e.dtype)) throw FileError(part.file, "tensor '" + e.name + "' is not floating point");
     }
-    if (!c10::isFloatingType(e.dtype)) throw FileError(stored.file, "tensor '" + e.name + "' is not floating point");
     out[it->second.unsafeGetTensorImpl()] = name;  // a tied weight is read under any of its names
   }
   for (const auto& [name, p] : params) {
     if (out.count(p.unsafeGetTensorImpl())) continue;
-    const std::string stored = n_heads_ ? hf_name_of_llama(name) : name;
+    const std::string stored = n_heads_ ? hf_name_of_llama(name, n_experts_ > 0, 0) : name;
     throw FileError(where_, "missing tensor '" + (stored.empty() ? name : stored) + "' that the model needs");
   }
   return out;
 }
 
 torch::Tensor WeightSource::read(const std::string& name) const {
-  const Stored& s = tensors_.at(name);
-  torch::Tensor t = read_safetensors_tensor(s.file, s.entry);
+  const Param& s = tensors_.at(name);
+  if (s.stacked) {
+    std::vector<torch::Tensor> experts;
+    for (const Stored& part : s.parts) experts.push_back(read_safetensors_tensor(part.file, part.entry));
+    return torch::stack(experts);
+  }
+  torch::Tensor t = read_safetensors_tensor(s.parts[0].file, s.parts[0].entry);
   return n_heads_ ? hf_to_llama_layout(name, t, n_heads_, n_kv_heads_) : t;
 }
 
@@ -230,7 +303,16 @@ torch::Tensor WeightSource::read_stored_box(const Stored& s, const std::vector<i
 
 torch::Tensor WeightSource::read_box(const std::string& name, const std::vector<int64_t>& offset,
                                      const std::vector<int64_t>& size) const {
-  const Stored& s = tensors_.at(name);
+  const Param& p = tensors_.at(name);
+  if (p.stacked) {  // the experts the box spans, each its box of the rest
+    const std::vector<int64_t> o(offset.begin() + 1, offset.end()), z(size.begin() + 1, size.end());
+    std::vector<torch::Tensor> experts;
+    for (int64_t j = offset[0]; j < offset[0] + size[0]; ++j) {
+      experts.push_back(read_stored_box(p.parts.at(static_cast<size_t>(j)), o, z));
+    }
+    return experts.empty() ? torch::empty(size, torch::dtype(p.dtype)) : torch::stack(experts);
+  }
+  const Stored& s = p.parts[0];
   const int64_t heads = n_heads_ ? rotary_heads(name, n_heads_, n_kv_heads_) : 0;
   if (!heads) return read_stored_box(s, offset, size);
   // Hugging Face's rows of the whole heads the box touches, put in composer's order, then cut.

@@ -1,8 +1,10 @@
 // Initial weights read by composer's parameter names, one tensor at a time:
 // model.init_from (a safetensors file in composer's own names) or
-// model.from_hf (a Hugging Face Llama folder, model.safetensors or the shards
-// of model.safetensors.index.json, whose names are mapped and whose q/k rows
-// are put back in composer's rotary order). Opening reads headers only.
+// model.from_hf (a Hugging Face Llama or Mixtral folder, model.safetensors or
+// the shards of model.safetensors.index.json, whose names are mapped and whose
+// q/k rows are put back in composer's rotary order; Mixtral's experts, one
+// tensor each, are the slices of composer's stacked expert weights). Opening
+// reads headers only.
 //
 // Hugging Face applies rotary embeddings to the two halves of each head's
 // dimensions (rotate_half); composer's llama, like torchtitan and Meta's code,
@@ -27,7 +29,8 @@ class WeightSource {
  public:
   // A safetensors file in composer's names.
   static std::unique_ptr<WeightSource> file(const std::string& path);
-  // A Hugging Face Llama folder for llama with `args` (its heads order the q/k rows).
+  // A Hugging Face Llama folder for llama with `args` (its heads order the q/k
+  // rows), or a Mixtral folder when args.n_experts > 0.
   static std::unique_ptr<WeightSource> hf_folder(const std::string& dir, const models::ModelArgs& args);
   // The config's model.init_from or model.from_hf; null when it names neither.
   static std::unique_ptr<WeightSource> open(const ModelConfig& c);
@@ -44,22 +47,38 @@ class WeightSource {
   torch::Tensor read(const std::string& name) const;
   // The box (per dim: offset and size in the full tensor) of it, reading only
   // the bytes of the box's rows (for wq and wk of a Hugging Face folder: of the
-  // whole heads the box touches, whose rows are permuted within each head).
+  // whole heads the box touches, whose rows are permuted within each head; for
+  // Mixtral's experts: of the experts the box spans).
   torch::Tensor read_box(const std::string& name, const std::vector<int64_t>& offset,
                          const std::vector<int64_t>& size) const;
-  // The shape parameter `name` is stored with.
-  const std::vector<int64_t>& shape(const std::string& name) const { return tensors_.at(name).entry.shape; }
+  // The shape parameter `name` is stored with (in composer's layout).
+  const std::vector<int64_t>& shape(const std::string& name) const { return tensors_.at(name).shape; }
   // The dtype parameter `name` is stored in.
-  torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).entry.dtype; }
+  torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).dtype; }
 
  private:
   struct Stored {
     std::string file;
     SafetensorsEntry entry;  // entry.name: the stored name
   };
-  std::map<std::string, Stored> tensors_;  // by composer name
-  std::string where_;                      // the file or folder
-  int64_t n_heads_ = 0, n_kv_heads_ = 0;   // a Hugging Face folder's heads (0: composer's layout)
+  // A parameter's stored tensors: one, or (stacked) one per expert, slices of dim 0.
+  struct Param {
+    std::vector<Stored> parts;
+    bool stacked = false;
+    std::vector<int64_t> shape;  // composer's
+    torch::ScalarType dtype = torch::kFloat;
+    static Param one(Stored s) {
+      Param p;
+      p.shape = s.entry.shape;
+      p.dtype = s.entry.dtype;
+      p.parts.push_back(std::move(s));
+      return p;
+    }
+  };
+  std::map<std::string, Param> tensors_;  // by composer name
+  std::string where_;                     // the file or folder
+  int64_t n_heads_ = 0, n_kv_heads_ = 0;  // a Hugging Face folder's heads (0: composer's layout)
+  int64_t n_experts_ = 0;                 // a Mixtral folder's experts (0: dense)
   torch::Tensor read_stored_box(const Stored& s, const std::vector<int64_t>& offset,
                                 const std::vector<int64_t>& size) const;
 };
@@ -67,10 +86,16 @@ class WeightSource {
 // Copies every tensor of `source` into the parameter of its name.
 void load_weights(models::Model& model, const WeightSource& source);
 
-// composer llama's name of a Hugging Face LlamaForCausalLM tensor, and back;
-// "" for a name the other side does not have.
-std::string llama_name_of_hf(const std::string& hf_name);
-std::string hf_name_of_llama(const std::string& name);
+// composer llama's name of a Hugging Face tensor, and back; "" for a name the
+// other side does not have. `moe`: the names of MixtralForCausalLM, whose
+// block_sparse_moe.gate is feed_forward.router and whose
+// block_sparse_moe.experts.J.w{1,2,3}.weight is expert J (`expert`, -1 for
+// other tensors), slice J on dim 0, of feed_forward.experts.w{1,2,3};
+// otherwise LlamaForCausalLM's.
+std::string llama_name_of_hf(const std::string& hf_name, bool moe, int64_t* expert = nullptr);
+std::string hf_name_of_llama(const std::string& name, bool moe, int64_t expert = -1);
+// Whether llama parameter `name` is a stacked expert weight (feed_forward.experts.w{1,2,3}).
+bool is_llama_expert_weight(const std::string& name);
 
 // Llama parameter `name` with value `w`, its wq/wk rows permuted between
 // composer's interleaved rotary pairs and Hugging Face's halves (other

@@ -89,7 +89,7 @@ void add_cli_options(po::options_description& desc, CliOptions& o) {
       "weights", po::value<std::string>(&o.weights),
       "export: a weights file instead of a checkpoint (a run's final.safetensors or init.safetensors)")(
       "format", po::value<std::string>(&o.format),
-      "export: pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face Llama folder)")(
+      "export: pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face folder: Llama, Mixtral)")(
       "max-shard-size", po::value<std::string>(&o.max_shard_size),
       "export: shard above this size (default 5GB; 500MB, 64KiB or bytes)")(
       "nnodes", po::value<int>(&o.node.nnodes), "invocations (nodes) that form the job (default 1)")(
@@ -117,7 +117,8 @@ void check_combinations(const CliOptions& o) {
                     "final.safetensors), and --out FILE (a folder with --format hf); see composer --help");
   }
   if (exporting && !o.format.empty() && o.format != "pt" && o.format != "hf") {
-    throw UserError("--format " + o.format + ": use pt (a safetensors file) or hf (a Hugging Face Llama folder)");
+    throw UserError("--format " + o.format +
+                    ": use pt (a safetensors file) or hf (a Hugging Face Llama or Mixtral folder)");
   }
   if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
   if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty() || !o.weights.empty() || !o.format.empty())) {

@@ -76,8 +76,8 @@ ModelConfig read_model(YamlMap& root) {
   if (hf) {
     c.from_hf_ref = m.ref("from_hf");
     if (c.name != "llama") {
-      throw ConfigError(m.ref("name"), "from_hf reads a Hugging Face Llama folder into model llama, not " + c.name +
-                                           "; set model.name: llama");
+      throw ConfigError(m.ref("name"), "from_hf reads a Hugging Face Llama or Mixtral folder into model llama, not " +
+                                           c.name + "; set model.name: llama");
     }
     if (m.has("init_from")) {
       throw ConfigError(m.ref("init_from"), "init_from and from_hf both give the initial weights; keep one");
