@@ -79,8 +79,9 @@ bool apply(Applying& a, const ExpertParallelConfig& config) {
   Parallel& par = a.par;
   Group& group = a.group(config.mesh_dim);
   torch::NoGradGuard no_grad;
+  // A pipeline rank may hold no block (only the embeddings, say): its
+  // parameters are still replicated over ep.
   const auto blocks = moe_blocks(par.roots);
-  TORCH_CHECK(!blocks.empty(), "expert_parallel: the model has no mixture-of-experts block");
   const int ep = group.size;
   ParamSet experts;
   for (models::MoE* moe : blocks) {
@@ -93,7 +94,7 @@ bool apply(Applying& a, const ExpertParallelConfig& config) {
       par.placements->add(*w, {group.name, &group, ep, group.rank, Placement::shard(0),
                                Placement::partial(Reduce::kAvg)});
       w->set_data(w->detach().narrow(0, group.rank * e, e).clone());
-      if (ep > 1) w->register_hook([ep](torch::Tensor grad) { return grad / ep; });
+      if (ep > 1) par.grad_factors.emplace_back(*w, 1.0 / ep);
       experts.insert(w->unsafeGetTensorImpl());
     }
     Group* g = &group;
@@ -109,10 +110,10 @@ bool apply(Applying& a, const ExpertParallelConfig& config) {
                             Placement::partial(Reduce::kAvg)});
   }
   std::ostringstream line;
-  const int64_t n = blocks.front()->args().experts;
+  const int64_t n = blocks.empty() ? 0 : blocks.front()->args().experts;
   line << "applied expert_parallel " << over(&group) << ": " << n / ep << " of " << n << " experts per rank in "
        << blocks.size() << " mixture-of-experts block" << (blocks.size() == 1 ? "" : "s")
-       << ", tokens dispatched by all-to-all";
+       << (blocks.empty() ? " (this rank's pipeline stages have none)" : ", tokens dispatched by all-to-all");
   a.log(line.str());
   return true;
 }

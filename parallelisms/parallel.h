@@ -59,6 +59,9 @@ struct Parallel {
   c10::Device device = c10::kCPU;                  // where small step tensors go: meta in a dry run
   double bucket_mb = GradSyncOptions{}.bucket_mb;  // replicate's, when it is applied
   VocabParallel vocab;  // loss parallel, on the rank that computes the logits
+  // Gradients scaled once a step, after every reduction: expert parallelism's
+  // experts, whose gradient the all-to-all already summed over ep, by 1/ep.
+  std::vector<std::pair<torch::Tensor, double>> grad_factors;
 
   // The gradient synchronisation every reduction the placements call for
   // needs; its buckets live where the parameters do, so call it after they
@@ -75,7 +78,7 @@ struct Parallel {
   // After a backward: drops what fully_shard gathered.
   void reshard();
   // After the step's last backward: every reduction still pending, then the
-  // synchronised gradients in place.
+  // synchronised gradients in place, then grad_factors.
   void finish_grad_sync();
   // Buffers kept for communication: fully_shard's pools and the buckets.
   int64_t buffer_bytes() const;

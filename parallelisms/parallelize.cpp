@@ -41,6 +41,10 @@ void Parallel::reshard() {
 void Parallel::finish_grad_sync() {
   if (fsdp) fsdp->flush();  // unit reduce-scatters held back while sync was off (a pipeline step)
   if (sync) sync->finish();
+  torch::NoGradGuard no_grad;
+  for (auto& [p, factor] : grad_factors) {
+    if (p.grad().defined()) p.mutable_grad().mul_(factor);
+  }
 }
 
 void Parallel::derive_grad_sync() {

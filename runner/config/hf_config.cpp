@@ -204,6 +204,10 @@ void check_hf_exportable(const models::ModelArgs& a) {
   if (!a.b("route_norm")) refuse("route_norm false");
   if (a.f("route_scale") != 1.0) refuse("route_scale " + shown(a.f("route_scale")));
   if (a.i("n_shared_experts") != 0) refuse("n_shared_experts " + std::to_string(a.i("n_shared_experts")));
+  // Mixtral is dropless and routes by the scores alone (the load-balancing
+  // loss only trains; its forward is the same).
+  if (a.f("capacity_factor") != 0) refuse("capacity_factor " + shown(a.f("capacity_factor")));
+  if (a.f("bias_update_rate") != 0) refuse("an expert bias (bias_update_rate " + shown(a.f("bias_update_rate")) + ")");
 }
 
 nlohmann::ordered_json hf_llama_config(const models::ModelArgs& a, int64_t intermediate_size) {

@@ -97,6 +97,7 @@ void check_order_and_dims(const ExperimentConfig& c) {
   int last_order = -1;
   std::string last_name;
   std::set<std::string> used;
+  std::string ep;  // expert_parallel's dim, once listed
   const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
     const auto* fs = std::get_if<FullyShardConfig>(&t.options);
@@ -113,6 +114,16 @@ void check_order_and_dims(const ExperimentConfig& c) {
       }
       // fully_shard or replicate may also span context parallelism's dim: its
       // ranks hold the same parameters and average their gradients.
+      const bool experts = std::holds_alternative<ExpertParallelConfig>(t.options);
+      if (used.count(d) && (d == ep || experts)) {
+        throw PlanError(t.ref, "mesh dim '" + d + "' is expert_parallel's and " +
+                                   (experts ? "an earlier transform's" : std::string(t.name()) + "'s") +
+                                   ": borrowing the ranks of another transform's dim for the experts (torchtitan's "
+                                   "efsdp) is not supported yet; give the experts a mesh dim of their own, e.g. "
+                                   "mesh {shape: [dp, ep], names: [dp, ep]} with expert_parallel over ep and "
+                                   "fully_shard over dp");
+      }
+      if (experts) ep = d;
       if (!used.insert(d).second && !(d == cp && data_parallel(t))) {
         throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one" +
                                    (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));

@@ -71,6 +71,7 @@ void check_dispatch(int ep, bool skewed) {
     o.world = &mesh.world();
     o.data_parallel = &g;
     auto par = parallelize(*m, {ExpertParallelConfig{}}, o);
+    par.derive_grad_sync();
     models::MoE& moe = block_of(*m);
     if (skewed) skew(moe);
     const int64_t e = kExperts / ep;
@@ -94,13 +95,15 @@ void check_dispatch(int ep, bool skewed) {
     ((y * weights_of(g.rank)).sum() * ep).backward();
     // Backward: the gradients of this rank's rows out, those of the received rows back.
     EXPECT_EQ(g.counter->get("all_to_all").calls, 2);
+    par.finish_grad_sync();  // the step's reductions, then the experts' 1/ep
     EXPECT_EQ(g.counter->get("all_to_all").bytes, (rows + received) * row_bytes);
     if (skewed) {
       EXPECT_EQ(received, g.rank == 0 ? ep * rows : 0);  // experts 2 and 3 (ep 2: rank 1's) get none
     }
     auto x_grad = inputs[g.rank].grad() * ep;  // ep x this rank's share
     EXPECT_TRUE(torch::allclose(x.grad(), x_grad, 1e-5, 1e-6)) << (x.grad() - x_grad).abs().max();
-    // The local experts' gradients: the sum over every rank's tokens, averaged by the hook.
+    // The local experts' gradients: the sum over every rank's tokens, averaged
+    // over ep by the gradient synchronisation's factor.
     for (auto [local, full] : {std::pair{&moe.experts->w1, &whole.experts->w1}, {&moe.experts->w2, &whole.experts->w2},
                                {&moe.experts->w3, &whole.experts->w3}}) {
       auto expect = full->grad().narrow(0, g.rank * e, e);
