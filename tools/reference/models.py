@@ -288,8 +288,8 @@ class LlamaMoE(nn.Module):
         shared = a.get("n_shared_experts", 0)
         self.shared = LlamaFeedForward(a["dim"], 0, 1, 0, given=hidden * shared) if shared else None
 
-    def forward(self, x):
-        flat = x.reshape(-1, x.size(-1))
+    def route(self, flat):
+        """Each token's top_k expert ids [tokens, k] and their weights (float32)."""
         logits = self.router(flat).float()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         ids = torch.topk(scores, self.k, dim=-1, largest=True, sorted=True).indices
@@ -298,6 +298,11 @@ class LlamaMoE(nn.Module):
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         if self.route_scale != 1.0:
             weights = weights * self.route_scale
+        return ids, weights
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        ids, weights = self.route(flat)
         out = torch.zeros_like(flat)
         for e in range(self.n):
             token, choice = (ids == e).nonzero(as_tuple=True)
