@@ -463,7 +463,7 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
     params = list(local.values())
     copied = {n for names, _ in copies for n in names[1:]} if plan.pp else set()
     normed = [q for n, q in local.items() if n not in copied and n not in experts]
-    held = [q for n, q in local.items() if n in experts]  # this rank's block of each expert weight
+    local_experts = [q for n, q in local.items() if n in experts]  # this rank's block of each expert weight
     opt = make_optimizer(t["optimizer"], params)
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     max_norm = t["grad_clip"] if t["grad_clip"] > 0 else math.inf
@@ -503,7 +503,7 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
                     (loss * dp if dp > 1 else loss).backward()
             # An expert's gradient already sums every rank's tokens routed to it, each rank's loss
             # being ep x its share of the batch's: divided by ep, as composer does.
-            for q in held:
+            for q in local_experts:
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
                 else:
@@ -513,10 +513,10 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
         sq = grad_norm_sq(normed)
         if plan.pp:
             dist.all_reduce(sq, group=pp_group)  # the other stages' gradients
-        if held:
-            sq_held = grad_norm_sq(held)
-            dist.all_reduce(sq_held, group=ep_group)  # the other ranks' experts
-            sq += sq_held
+        if local_experts:
+            sq_experts = grad_norm_sq(local_experts)
+            dist.all_reduce(sq_experts, group=ep_group)  # the other ranks' experts
+            sq += sq_experts
         norm = math.sqrt(sq.item())
         if max_norm < math.inf:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm, dtype=torch.float32),
