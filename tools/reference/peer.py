@@ -13,15 +13,16 @@ HSDP on a 2-D mesh; MixedPrecisionPolicy; the all-gather extensions as
 fsdp_pre_all_gather / fsdp_post_all_gather hooks), replicate as
 DistributedDataParallel (after tensor_parallel, the FSDP-based composable
 replicate), pipeline as torch.distributed.pipelining (PipelineStage and its
-schedules), and expert_parallel as torchtitan dispatches tokens, in plain PyTorch (the experts
-split over the ep ranks, the tokens sent to their experts and back with all_to_all_single, the
-expert gradients divided by ep and the rest averaged by DistributedDataParallel). It writes a golden file in composer's format for
-`composer check --set check.golden=PATH`:
+schedules), and expert_parallel as torchtitan dispatches tokens, in plain
+PyTorch (the experts split over the ep ranks, the tokens sent to their experts
+and back with all_to_all_single, the expert gradients divided by ep and the
+rest averaged by DistributedDataParallel). It writes a golden file in
+composer's format for `composer check --set check.golden=PATH`:
 
     .venv/bin/python tools/reference/peer.py --run-dir runs/x --golden /tmp/x.peer.json
 
 Conventions, as composer's (docs/launching.md, docs/composition.md#pipeline): the
-data-parallel ranks (every mesh dim a replicate or fully_shard names) take
+data-parallel ranks (every mesh dim a replicate, fully_shard or expert_parallel names) take
 contiguous slices of each step's global batch; the logged loss is the global
 batch's loss, whose gradient PyTorch's averaging over the data-parallel ranks
 reproduces (a `sum` loss is multiplied by the data-parallel size to undo that
