@@ -302,8 +302,9 @@ class LlamaMoE(nn.Module):
         shared = a.get("n_shared_experts", 0)
         self.shared = LlamaFeedForward(a["dim"], 0, 1, 0, given=hidden * shared) if shared else None
 
-    def forward(self, x):
-        flat = x.reshape(-1, x.size(-1))
+    def route(self, flat, with_scores=False):
+        """Each token's top_k expert ids [tokens, k] and their weights (float32); with_scores: also every
+        expert's score [tokens, n] (the load-balancing loss's)."""
         logits = self.router(flat).float()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         choose = scores + self.expert_bias if self.bias_rate > 0 else scores
@@ -316,6 +317,12 @@ class LlamaMoE(nn.Module):
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         if self.route_scale != 1.0:
             weights = weights * self.route_scale
+        return (ids, weights, scores) if with_scores else (ids, weights)
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        ids, weights, scores = self.route(flat, with_scores=True)
+        training = torch.is_grad_enabled()
         out = torch.zeros_like(flat)
         b, s = x.shape[0], x.shape[1]
         capacity = math.ceil(self.capacity_factor * s * self.k / self.n) if self.capacity_factor > 0 else None

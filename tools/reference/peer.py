@@ -12,14 +12,17 @@ tests and torchtitan), fully_shard as torch.distributed.fsdp.fully_shard (FSDP2;
 HSDP on a 2-D mesh; MixedPrecisionPolicy; the all-gather extensions as
 fsdp_pre_all_gather / fsdp_post_all_gather hooks), replicate as
 DistributedDataParallel (after tensor_parallel, the FSDP-based composable
-replicate), and pipeline as torch.distributed.pipelining (PipelineStage and its
-schedules). It writes a golden file in composer's format for
-`composer check --set check.golden=PATH`:
+replicate), pipeline as torch.distributed.pipelining (PipelineStage and its
+schedules), and expert_parallel as torchtitan dispatches tokens, in plain
+PyTorch (the experts split over the ep ranks, the tokens sent to their experts
+and back with all_to_all_single, the expert gradients divided by ep and the
+rest averaged by DistributedDataParallel). It writes a golden file in
+composer's format for `composer check --set check.golden=PATH`:
 
     .venv/bin/python tools/reference/peer.py --run-dir runs/x --golden /tmp/x.peer.json
 
 Conventions, as composer's (docs/launching.md, docs/composition.md#pipeline): the
-data-parallel ranks (every mesh dim a replicate or fully_shard names) take
+data-parallel ranks (every mesh dim a replicate, fully_shard or expert_parallel names) take
 contiguous slices of each step's global batch; the logged loss is the global
 batch's loss, whose gradient PyTorch's averaging over the data-parallel ranks
 reproduces (a `sum` loss is multiplied by the data-parallel size to undo that
@@ -62,7 +65,8 @@ import reference  # noqa: E402
 from reference import DTYPES, Data, build_model, load_config, loss_fn, make_optimizer, make_scheduler  # noqa: E402
 
 
-from peer_plan import Stage, Unsupported, custom_tp_plan, local_heads, split_stages, tp_plan, units  # noqa: E402
+from peer_plan import (Stage, Unsupported, custom_tp_plan, expert_parallel, local_heads, split_stages,  # noqa: E402
+                       tp_plan, units)
 
 
 # ---- the parallel plan -------------------------------------------------------------
@@ -73,7 +77,7 @@ class Plan:
     def __init__(self, cfg):
         mesh = cfg["mesh"]
         self.shape, self.names = mesh["shape"] or [1], mesh["names"] or ["dp"]
-        self.tp = self.fsdp = self.ddp = self.pp = None
+        self.tp = self.fsdp = self.ddp = self.pp = self.ep = None
         for t in cfg["parallelize"]:
             (kind, o), = t.items()
             if kind == "tensor_parallel":
@@ -84,8 +88,12 @@ class Plan:
                 self.ddp = o
             elif kind == "pipeline":
                 self.pp = o
+            elif kind == "expert_parallel":
+                self.ep = o
             else:
                 raise Unsupported(f"transform {kind}")
+        if self.ep and (self.tp or self.fsdp or self.ddp or self.pp):
+            raise Unsupported("expert_parallel with other transforms (only expert_parallel alone is written here)")
         f = self.fsdp
         split_backward = self.pp and self.pp["schedule"] in ("interleaved_zero_bubble", "zbv")
         if split_backward and self.ddp:
@@ -102,9 +110,10 @@ class Plan:
             self.fsdp = dict(self.fsdp, mesh_dim=self.ddp["mesh_dim"] + self.fsdp["mesh_dim"])
             self.ddp = None
         self.dp_dims = [n for n in self.names
-                        if any(o and n in o["mesh_dim"] for o in (self.fsdp, self.ddp))]
+                        if any(o and n in o["mesh_dim"] for o in (self.fsdp, self.ddp, self.ep))]
         self.tp_dim = self.tp["mesh_dim"][0] if self.tp else None
         self.pp_dim = self.pp["mesh_dim"][0] if self.pp else None
+        self.ep_dim = self.ep["mesh_dim"][0] if self.ep else None
         self.dp_size = self.size(self.dp_dims)
         self.world = math.prod(self.shape)
 
@@ -137,6 +146,9 @@ class Plan:
             dims = self.ddp["mesh_dim"]
             out.append(("replicate (FSDP-based) over %s (%d)" if self.tp else
                         "DistributedDataParallel over %s (%d)") % ("x".join(dims), self.size(dims)))
+        if self.ep:
+            out.append("experts over %s (%d), tokens by all_to_all_single, DistributedDataParallel for the rest"
+                       % (self.ep_dim, self.size([self.ep_dim])))
         if self.pp:
             out.append("PipelineStage + %s over %s (%d), %d stage(s) per rank" % (
                 SCHEDULES[self.pp["schedule"]], self.pp_dim, self.size([self.pp_dim]),
@@ -340,6 +352,13 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
         if cfg["model"]["name"] == "transformer" and cfg["model"]["args"]["weight_tying"]:
             model.output.weight = model.tok_embeddings.weight  # as Transformer.parallelize re-ties them
 
+    experts, ep_group = set(), None
+    if plan.ep:
+        # The dispatch's all-to-alls on a group of their own (torchtitan's come from the ep mesh's, its
+        # gradient reductions from FSDP's), so that they never queue behind DDP's bucket all-reduces.
+        ep_group = dist.new_group(list(range(plan.world)), backend="gloo")
+        experts = set(expert_parallel(model, ep_group))
+
     mp_policy = None
     policy = {}  # the rounding the golden's header names, as reference.py's does
     if plan.fsdp and plan.fsdp["param_dtype"]:
@@ -366,6 +385,11 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
             if sub.ndim > 1:
                 raise Unsupported("replicate over several mesh dims")
             return DDP(module, process_group=sub.get_group(), bucket_cap_mb=plan.ddp["bucket_mb"])
+        if plan.ep:
+            # Every rank holds its own experts: DDP averages the rest over ep and leaves them alone. The
+            # buffers (Llama's rotary table) are the same everywhere and never change: not broadcast.
+            DDP._set_params_and_buffers_to_ignore_for_model(module, sorted(experts))
+            return DDP(module, process_group=mesh[plan.ep_dim].get_group(), broadcast_buffers=False)
         return module
 
     steps, B, M = t["steps"], t["global_batch"], t["microbatches"]
@@ -439,7 +463,8 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
                 local[n] = q
     params = list(local.values())
     copied = {n for names, _ in copies for n in names[1:]} if plan.pp else set()
-    normed = [q for n, q in local.items() if n not in copied]
+    normed = [q for n, q in local.items() if n not in copied and n not in experts]
+    local_experts = [q for n, q in local.items() if n in experts]  # this rank's block of each expert weight
     opt = make_optimizer(t["optimizer"], params)
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     max_norm = t["grad_clip"] if t["grad_clip"] > 0 else math.inf
@@ -477,11 +502,22 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
                     loss = loss_fn(lcfg, out, y, mb, B)
                     reported.append(loss.item())
                     (loss * dp if dp > 1 else loss).backward()
+            # An expert's gradient already sums every rank's tokens routed to it, each rank's loss
+            # being ep x its share of the batch's: divided by ep, as composer does.
+            for q in local_experts:
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+                else:
+                    q.grad.div_(plan.size([plan.ep_dim]))
         total = torch.tensor([sum(reported) if counts else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
         sq = grad_norm_sq(normed)
         if plan.pp:
             dist.all_reduce(sq, group=pp_group)  # the other stages' gradients
+        if local_experts:
+            sq_experts = grad_norm_sq(local_experts)
+            dist.all_reduce(sq_experts, group=ep_group)  # the other ranks' experts
+            sq += sq_experts
         norm = math.sqrt(sq.item())
         if max_norm < math.inf:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm, dtype=torch.float32),
@@ -503,7 +539,14 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
     if not golden:
         return
     # Final parameters: full values, the pp ranks' stages gathered on rank 0.
-    mine = {n: full_value(q) for n, q in local.items()}
+    mine = {}
+    for n, q in local.items():
+        if n in experts:  # every rank's block of the experts, in rank order
+            parts = [torch.empty_like(q) for _ in range(plan.world)]
+            dist.all_gather(parts, q.detach().contiguous(), group=ep_group)
+            mine[n] = torch.cat(parts)
+        else:
+            mine[n] = full_value(q)
     holder = all(coords[d] == 0 for d in plan.names if d != plan.pp_dim)
     gathered = [None] * plan.world
     dist.all_gather_object(gathered, mine if holder else {})

@@ -1,11 +1,15 @@
 """How PyTorch's parallelisms see composer's models, for tools/reference/peer.py: the tensor
-parallel plans (as PyTorch's tests and torchtitan write them), the pipeline's stage split and
-fully_shard's units by pattern."""
+parallel plans (as PyTorch's tests and torchtitan write them), the pipeline's stage split,
+fully_shard's units by pattern and expert parallelism's token dispatch (torchtitan's, in plain
+PyTorch)."""
 import fnmatch
 import re
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.nn.functional import all_to_all_single as all_to_all_single_autograd
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
@@ -223,3 +227,81 @@ def units(module, patterns):
             else:
                 found[fqn] = m
     return sorted(found.items(), key=lambda kv: -kv[0].count("."))
+
+
+# ---- expert parallel -------------------------------------------------------------
+
+class ExpertParallelMoE(nn.Module):
+    """A mixture-of-experts block (models.py's LlamaMoE) under expert_parallel over `group`, as
+    torchtitan's ExpertParallel dispatches (torchtitan/distributed/expert_parallel.py), in plain
+    PyTorch: this rank holds experts rank x N/ep ... (rank + 1) x N/ep - 1 and routes its own
+    tokens; the per-expert counts go to every rank with dist.all_to_all_single; each (token,
+    choice) row goes to its expert's rank and comes back by
+    torch.distributed.nn.functional.all_to_all_single, whose backward is the all-to-all with the
+    splits swapped; the received rows are reordered expert-major (torchtitan's permute) and each
+    local expert runs on its own rows (its for-loop experts). The parameters keep LlamaMoE's names."""
+
+    def __init__(self, moe, group):
+        super().__init__()
+        self.ep, rank = dist.get_world_size(group), dist.get_rank(group)
+        if moe.n % self.ep:
+            raise Unsupported(f"{moe.n} experts do not split over {self.ep} ranks")
+        self.group, self.e = group, moe.n // self.ep
+        self.moe = [moe]  # its routing (not registered: its parameters are this module's)
+        self.router, self.experts, self.shared = moe.router, moe.experts, moe.shared
+        for name in ("w1", "w2", "w3"):
+            w = getattr(self.experts, name)
+            setattr(self.experts, name, nn.Parameter(w.detach()[rank * self.e:(rank + 1) * self.e].clone()))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        ids, weights = self.moe[0].route(flat)
+        choice = ids.reshape(-1)
+        order = torch.argsort(choice, stable=True)  # (token, choice) rows by expert, tokens in order
+        token = order // ids.size(1)
+        counts = torch.bincount(choice, minlength=self.moe[0].n)
+        got = torch.empty_like(counts)  # got[s * e + j]: the rows rank s sends for local expert j
+        dist.all_to_all_single(got, counts, group=self.group)
+        got = got.view(self.ep, self.e)
+        send = counts.view(self.ep, self.e).sum(1).tolist()
+        recv = got.sum(1).tolist()
+        rows = flat.index_select(0, token)
+        received = all_to_all_single_autograd(rows.new_empty(sum(recv), rows.size(1)), rows, recv, send,
+                                              group=self.group)
+        # Source-major (each source's rows by expert) to expert-major (expert j's rows from rank 0,
+        # then rank 1, ...).
+        lens = got.flatten()
+        starts = (torch.cumsum(lens, 0) - lens).view(self.ep, self.e).t().flatten()
+        lens_em = got.t().flatten()
+        at = torch.cumsum(lens_em, 0) - lens_em
+        perm = (torch.arange(int(lens.sum())) + torch.repeat_interleave(starts - at, lens_em))
+        per_expert = got.sum(0).tolist()
+        out = self.run(received.index_select(0, perm), per_expert)
+        back = out.index_select(0, torch.argsort(perm))
+        returned = all_to_all_single_autograd(rows.new_empty(rows.shape), back, send, recv, group=self.group)
+        weighted = (returned.float() * weights.reshape(-1).index_select(0, order).unsqueeze(1)).to(x.dtype)
+        out = torch.zeros_like(flat).index_add(0, token, weighted)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view(x.shape)
+
+    def run(self, x, counts):
+        """The local experts on their contiguous rows, one SwiGLU each."""
+        w1, w2, w3 = (w.unbind(0) for w in (self.experts.w1, self.experts.w2, self.experts.w3))
+        outs = [F.linear(F.silu(F.linear(r, w1[j])) * F.linear(r, w3[j]), w2[j])
+                for j, r in enumerate(torch.split(x, counts))]
+        return torch.cat(outs)
+
+
+def expert_parallel(model, group):
+    """Puts every mixture-of-experts block of `model` under expert parallelism over `group`; returns
+    the names of the expert weights, which each rank holds its own block of."""
+    names = []
+    for fqn, m in list(model.named_modules()):
+        if type(m).__name__ == "LlamaMoE":
+            parent, attr = fqn.rsplit(".", 1)
+            model.get_submodule(parent).register_module(attr, ExpertParallelMoE(m, group))
+            names += [f"{fqn}.experts.{w}" for w in ("w1", "w2", "w3")]
+    if not names:
+        raise Unsupported("expert_parallel on a model without mixture-of-experts blocks")
+    return names
