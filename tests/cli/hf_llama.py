@@ -44,9 +44,12 @@ VOCAB, LR, STEPS = 96, 0.1, 3
 # float32 on both sides; summation orders differ (~1e-7 relative per step).
 LOSS_RTOL = 1e-5
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import Harness, norms_away_from_one, save  # noqa: E402
 
-def fail(message):
-    sys.exit(f"hf_llama {PART}: {message}")
+H = Harness("hf_llama", COMPOSER, WORK, PART, LlamaForCausalLM, LOSS_RTOL)
+fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run, H.composer_losses, H.compare_losses
+export, folder_tensors, load_export = H.export, H.folder_tensors, H.load_export
 
 
 def hf_model(tied, seed=0):
@@ -55,60 +58,11 @@ def hf_model(tied, seed=0):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=0.25)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():  # norms away from 1, so a swapped norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def save(model, folder, shard=None):
-    shutil.rmtree(folder, ignore_errors=True)
-    kwargs = {"max_shard_size": shard} if shard else {}
-    model.save_pretrained(folder, **kwargs)
-
-
-def tokens_file():
-    path = os.path.join(WORK, "tokens.bin")
-    np.random.default_rng(0).integers(0, VOCAB, size=6000).astype("<u2").tofile(path)
-    return path
+    return norms_away_from_one(model)
 
 
 def write_config(name, hf_dir, mesh="", extra=""):
-    path = os.path.join(WORK, name + ".yaml")
-    with open(path, "w") as f:
-        f.write(f"""name: {name}
-seed: 3
-model: {{name: llama, from_hf: {hf_dir}}}
-{mesh}
-train:
-  steps: {STEPS}
-  global_batch: 8
-  optimizer: {{name: sgd, lr: {LR}}}
-  loss: {{name: cross_entropy}}
-data: {{source: tokens, path: {tokens_file()}, token_dtype: uint16, seq_len: 16}}
-{extra}
-""")
-    return path
-
-
-def composer(*args, expect=0):
-    r = subprocess.run([COMPOSER, *args], capture_output=True, text=True)
-    if r.returncode != expect:
-        fail(f"composer {' '.join(args)} exited {r.returncode}, expected {expect}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return r.stdout + r.stderr
-
-
-def run(config):
-    out = os.path.join(WORK, os.path.basename(config)[:-5])
-    shutil.rmtree(out, ignore_errors=True)
-    composer("run", "--config", config, "--out", out)
-    return out
-
-
-def composer_losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["loss"] for line in f if '"loss"' in line]
+    return H.write_config(name, "{name: llama, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB, mesh, extra)
 
 
 def batch_loss(model, data, step):
@@ -131,54 +85,11 @@ def train_in_torch(model, run_dir, steps, dtype=torch.float32):
     return losses
 
 
-def compare_losses(got, want, what):
-    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
-    print(f"{what}: losses {['%.6f' % g for g in got]}, transformers {['%.6f' % w for w in want]}, "
-          f"max rel err {worst:.3g}")
-    if len(got) != len(want) or worst > LOSS_RTOL:
-        fail(f"{what}: composer's losses {got} differ from transformers' {want} (max rel err {worst:.3g})")
-
-
-def load_export(folder):
-    model, info = LlamaForCausalLM.from_pretrained(folder, output_loading_info=True)
-    bad = {k: v for k, v in info.items() if v}
-    if bad:
-        fail(f"transformers loaded {folder} with {bad}")
-    return model.float()
-
-
-def export(config, out, *source, shard=None):
-    shutil.rmtree(out, ignore_errors=True)
-    extra = ["--max-shard-size", shard] if shard else []
-    print(composer("export", "--config", config, *source, "--out", out, "--format", "hf", *extra).strip())
-
-
-def folder_tensors(folder):
-    index = os.path.join(folder, "model.safetensors.index.json")
-    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else [
-        "model.safetensors"]
-    out = {}
-    for f in files:
-        out.update(load_file(os.path.join(folder, f)))
-    return out
-
-
 def bit_identical(a_dir, b_dir):
-    a, b = folder_tensors(a_dir), folder_tensors(b_dir)
-    if sorted(a) != sorted(b):
-        fail(f"{b_dir} has tensors {sorted(set(a) ^ set(b))} that {a_dir} does not, or the reverse")
-    for name in a:
-        if a[name].dtype != b[name].dtype or a[name].shape != b[name].shape or not torch.equal(
-                a[name].view(torch.int32), b[name].view(torch.int32)):
-            fail(f"{name}: {b_dir}'s differs from {a_dir}'s")
-    want = LlamaConfig.from_pretrained(a_dir).to_dict()
-    got = LlamaConfig.from_pretrained(b_dir).to_dict()
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-                "tie_word_embeddings", "rope_parameters", "head_dim", "hidden_act"):
-        if want.get(key) != got.get(key):
-            fail(f"config.json {key}: {got.get(key)} in {b_dir}, {want.get(key)} in {a_dir}")
-    return len(a)
+    return H.bit_identical(a_dir, b_dir, LlamaConfig,
+                           ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                            "tie_word_embeddings", "rope_parameters", "head_dim", "hidden_act"))
 
 
 def part_load():

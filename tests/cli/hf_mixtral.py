@@ -58,9 +58,12 @@ LOSS_RTOL = 1e-5
 # below give leads of 2.2e-3 to 5.8e-3 over the 3 steps' 768 routings.)
 MIN_TOPK_GAP = 1e-3
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import Harness, norms_away_from_one, save  # noqa: E402
 
-def fail(message):
-    sys.exit(f"hf_mixtral {PART}: {message}")
+H = Harness("hf_mixtral", COMPOSER, WORK, PART, MixtralForCausalLM, LOSS_RTOL)
+fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run, H.composer_losses, H.compare_losses
+export, folder_tensors, load_export = H.export, H.folder_tensors, H.load_export
 
 
 def hf_model(seed=0):
@@ -70,23 +73,7 @@ def hf_model(seed=0):
                            rms_norm_eps=1e-6, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
                            initializer_range=0.25, tie_word_embeddings=False)
     model = MixtralForCausalLM(config)
-    with torch.no_grad():  # norms away from 1, so a swapped norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def save(model, folder, shard=None):
-    shutil.rmtree(folder, ignore_errors=True)
-    kwargs = {"max_shard_size": shard} if shard else {}
-    model.save_pretrained(folder, **kwargs)
-
-
-def tokens_file():
-    path = os.path.join(WORK, "tokens.bin")
-    np.random.default_rng(0).integers(0, VOCAB, size=6000).astype("<u2").tofile(path)
-    return path
+    return norms_away_from_one(model)
 
 
 EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
@@ -96,40 +83,7 @@ parallelize:
 
 
 def write_config(name, model, mesh="", extra=""):
-    path = os.path.join(WORK, name + ".yaml")
-    with open(path, "w") as f:
-        f.write(f"""name: {name}
-seed: 3
-model: {model}
-{mesh}
-train:
-  steps: {STEPS}
-  global_batch: 8
-  optimizer: {{name: sgd, lr: {LR}}}
-  loss: {{name: cross_entropy}}
-data: {{source: tokens, path: {tokens_file()}, token_dtype: uint16, seq_len: 16}}
-{extra}
-""")
-    return path
-
-
-def composer(*args, expect=0):
-    r = subprocess.run([COMPOSER, *args], capture_output=True, text=True)
-    if r.returncode != expect:
-        fail(f"composer {' '.join(args)} exited {r.returncode}, expected {expect}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return r.stdout + r.stderr
-
-
-def run(config):
-    out = os.path.join(WORK, os.path.basename(config)[:-5])
-    shutil.rmtree(out, ignore_errors=True)
-    composer("run", "--config", config, "--out", out)
-    return out
-
-
-def composer_losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["loss"] for line in f if '"loss"' in line]
+    return H.write_config(name, model, STEPS, LR, VOCAB, mesh, extra)
 
 
 def topk_gap(model, x):
@@ -176,58 +130,17 @@ def train_in_torch(model, run_dir, steps):
     return losses
 
 
-def compare_losses(got, want, what):
-    errs = [abs(g - w) / abs(w) for g, w in zip(got, want)]
-    worst = max(errs)
-    print(f"{what}: losses {['%.6f' % g for g in got]}, transformers {['%.6f' % w for w in want]}, "
-          f"rel err {['%.2g' % e for e in errs]}")
-    if len(got) != len(want) or worst > LOSS_RTOL:
-        fail(f"{what}: composer's losses {got} differ from transformers' {want} (max rel err {worst:.3g})")
-
-
-def load_export(folder):
-    model, info = MixtralForCausalLM.from_pretrained(folder, output_loading_info=True)
-    bad = {k: v for k, v in info.items() if v}
-    if bad:
-        fail(f"transformers loaded {folder} with {bad}")
-    return model.float()
-
-
-def export(config, out, *source, shard=None):
-    shutil.rmtree(out, ignore_errors=True)
-    extra = ["--max-shard-size", shard] if shard else []
-    print(composer("export", "--config", config, *source, "--out", out, "--format", "hf", *extra).strip())
-
-
-def folder_tensors(folder):
-    index = os.path.join(folder, "model.safetensors.index.json")
-    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else [
-        "model.safetensors"]
-    out = {}
-    for f in files:
-        out.update(load_file(os.path.join(folder, f)))
-    return out
-
-
 def bit_identical(a_dir, b_dir):
-    a, b = folder_tensors(a_dir), folder_tensors(b_dir)
-    if sorted(a) != sorted(b):
-        fail(f"{b_dir} has tensors {sorted(set(a) ^ set(b))} that {a_dir} does not, or the reverse")
-    for name in a:
-        if a[name].dtype != b[name].dtype or a[name].shape != b[name].shape or not torch.equal(
-                a[name].view(torch.int32), b[name].view(torch.int32)):
-            fail(f"{name}: {b_dir}'s differs from {a_dir}'s")
-    want = MixtralConfig.from_pretrained(a_dir).to_dict()
-    got = MixtralConfig.from_pretrained(b_dir).to_dict()
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-                "tie_word_embeddings", "rope_parameters", "head_dim", "hidden_act", "num_local_experts",
-                "num_experts_per_tok", "router_jitter_noise", "output_router_logits", "sliding_window",
-                "attention_dropout", "architectures", "model_type"):
-        if want.get(key) != got.get(key) and not (key == "head_dim" and want.get(key) is None
-                                                  and got.get(key) == want["hidden_size"] // want["num_attention_heads"]):
-            fail(f"config.json {key}: {got.get(key)} in {b_dir}, {want.get(key)} in {a_dir}")
-    return len(a)
+    # A folder written without head_dim means hidden_size / num_attention_heads.
+    def implied_head_dim(key, want, got):
+        return key == "head_dim" and want.get(key) is None and got.get(key) == want["hidden_size"] // want[
+            "num_attention_heads"]
+    return H.bit_identical(a_dir, b_dir, MixtralConfig,
+                           ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                            "tie_word_embeddings", "rope_parameters", "head_dim", "hidden_act", "num_local_experts",
+                            "num_experts_per_tok", "router_jitter_noise", "output_router_logits", "sliding_window",
+                            "attention_dropout", "architectures", "model_type"), implied_head_dim)
 
 
 def part_load():
