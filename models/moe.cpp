@@ -160,4 +160,12 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   return out.view(x.sizes());
 }
 
+std::vector<MoE*> moe_blocks(nn::Module& root) {
+  std::vector<MoE*> out;
+  for (const auto& m : root.modules(/*include_self=*/false)) {
+    if (auto* moe = dynamic_cast<MoE*>(m.get())) out.push_back(moe);
+  }
+  return out;
+}
+
 }  // namespace composer::models

@@ -94,4 +94,7 @@ class MoE : public nn::Module {
   MoeArgs args_;
 };
 
+// The mixture-of-experts blocks under `root`, in module order.
+std::vector<MoE*> moe_blocks(nn::Module& root);
+
 }  // namespace composer::models

@@ -11,6 +11,7 @@
 #include "models/module.h"
 #include "parallelisms/comm/cuda_runtime.h"
 #include "parallelisms/comm/mesh.h"
+#include "runner/plan/plan_mesh.h"
 #include "runner/train/data.h"
 #include "runner/base/errors.h"
 #include "runner/base/memory.h"
@@ -105,8 +106,7 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
   for (const auto& t : c.parallelize) {
     const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
-    const bool dp = fsdp || std::holds_alternative<ReplicateConfig>(t.options) ||
-                    std::holds_alternative<ExpertParallelConfig>(t.options);  // the same shapes under uniform routing
+    const bool dp = composer::data_parallel(t);  // expert_parallel's ranks too: the same shapes under uniform routing
     for (const auto& d : t.mesh_dim()) {
       const size_t i = static_cast<size_t>(index(d));
       if (i >= names.size()) continue;

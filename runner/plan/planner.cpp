@@ -16,135 +16,12 @@
 #include "parallelisms/parallelize.h"
 #include "parallelisms/tensor_parallel.h"
 #include "models/select.h"
+#include "runner/plan/plan_mesh.h"
 
 namespace composer {
 namespace {
 
 using parallel::Overloaded;
-
-// Composition order: the pipeline cuts the model into stages first, and
-// each stage is then a root for the rest; tensor parallel shards the math,
-// activation checkpointing wraps the sharded blocks, and data parallelism
-// shards or replicates what remains. The transforms apply in the order the
-// YAML lists them, so that is the order it must list them in.
-// docs/composition.md#the-order-rule states it for users.
-int order_of(const parallel::Transform& t) {
-  return std::visit(Overloaded{[](const PipelineConfig&) { return 0; }, [](const TensorParallelConfig&) { return 1; },
-                               [](const ContextParallelConfig&) { return 1; },
-                               [](const ExpertParallelConfig&) { return 1; },
-                               [](const ActivationCheckpointingConfig&) { return 2; },
-                               [](const FullyShardConfig&) { return 3; }, [](const ReplicateConfig&) { return 3; }},
-                    t);
-}
-
-// The order rule as a phrase, from order_of: "pipeline, tensor_parallel and
-// context_parallel (either order), ...".
-std::string order_rule() {
-  std::map<int, std::vector<std::string>> by_place;
-  for (const auto& t : default_transforms()) by_place[order_of(t)].push_back(parallel::name_of(t));
-  std::string s;
-  for (const auto& [place, names] : by_place) {
-    if (!s.empty()) s += ", ";
-    for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
-    if (names.size() > 1) s += " (either order)";
-  }
-  return s;
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
-}
-
-int64_t dim_size(const MeshConfig& m, const std::string& name) {
-  for (size_t i = 0; i < m.names.size(); ++i) {
-    if (m.names[i] == name) return m.shape[i];
-  }
-  return 0;
-}
-
-void check_mesh(const ExperimentConfig& c, int64_t world_size) {
-  if (c.mesh.backend == Backend::kNccl && c.mesh.device != DeviceKind::kCuda) {
-    throw PlanError(c.mesh.ref, "mesh.backend nccl moves CUDA tensors only, and mesh.device is cpu: set device: "
-                                "cuda, or backend: gloo");
-  }
-  const int64_t product = c.mesh.world_size();
-  if (product != world_size) {
-    std::ostringstream os;
-    os << "mesh.shape [" << c10::Join(", ", c.mesh.shape) << "] has " << product << " ranks but the job has "
-       << world_size << "; make the product of mesh.shape equal the number of ranks";
-    throw PlanError(c.mesh.ref, os.str());
-  }
-}
-
-// Whether the transform's dims split the batch: fully_shard and replicate,
-// and expert_parallel (each ep rank routes its own tokens).
-bool data_parallel(const TransformConfig& t) {
-  return std::holds_alternative<FullyShardConfig>(t.options) || std::holds_alternative<ReplicateConfig>(t.options) ||
-         std::holds_alternative<ExpertParallelConfig>(t.options);
-}
-
-// The mesh dim context_parallel splits sequences over ("" without it).
-std::string context_parallel_dim(const ExperimentConfig& c) {
-  for (const auto& t : c.parallelize) {
-    if (std::holds_alternative<ContextParallelConfig>(t.options)) return t.mesh_dim().front();
-  }
-  return "";
-}
-
-void check_order_and_dims(const ExperimentConfig& c) {
-  int last_order = -1;
-  std::string last_name;
-  std::set<std::string> used;
-  std::string ep;  // expert_parallel's dim, once listed
-  const std::string cp = context_parallel_dim(c);
-  for (const auto& t : c.parallelize) {
-    const auto* fs = std::get_if<FullyShardConfig>(&t.options);
-    for (const auto& entry : t.mesh_dim_entries()) {
-      if (entry.find('+') != std::string::npos && !fs) {
-        throw PlanError(t.ref, std::string(t.name()) + " mesh_dim '" + entry + "': only fully_shard flattens dims "
-                               "with '+' (to shard over them as one); list the dims instead");
-      }
-    }
-    for (const auto& d : t.mesh_dim()) {
-      if (dim_size(c.mesh, d) == 0) {
-        throw PlanError(t.ref, std::string(t.name()) + " uses mesh dim '" + d + "' but mesh.names is [" +
-                                   join(c.mesh.names) + "]; name one of those in mesh_dim or add the dim to the mesh");
-      }
-      // fully_shard or replicate may also span context parallelism's dim: its
-      // ranks hold the same parameters and average their gradients.
-      const bool experts = std::holds_alternative<ExpertParallelConfig>(t.options);
-      if (used.count(d) && (d == ep || experts)) {
-        throw PlanError(t.ref, "mesh dim '" + d + "' is expert_parallel's and " +
-                                   (experts ? "an earlier transform's" : std::string(t.name()) + "'s") +
-                                   ": borrowing the ranks of another transform's dim for the experts (torchtitan's "
-                                   "efsdp) is not supported yet; give the experts a mesh dim of their own, e.g. "
-                                   "mesh {shape: [dp, ep], names: [dp, ep]} with expert_parallel over ep and "
-                                   "fully_shard over dp");
-      }
-      if (experts) ep = d;
-      if (!used.insert(d).second && !(d == cp && data_parallel(t))) {
-        throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one" +
-                                   (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));
-      }
-    }
-    if (order_of(t.options) < last_order) {
-      throw PlanError(t.ref, std::string(t.name()) + " comes after " + last_name +
-                                 "; transforms apply in the order parallelize lists them, which must be " +
-                                 order_rule() + ": reorder parallelize (docs/composition.md#the-order-rule)");
-    }
-    last_order = order_of(t.options);
-    last_name = t.name();
-  }
-  for (size_t i = 0; i < c.mesh.names.size(); ++i) {
-    if (c.mesh.shape[i] > 1 && !used.count(c.mesh.names[i])) {
-      throw PlanError(c.mesh.ref, "mesh dim '" + c.mesh.names[i] + "' has " + std::to_string(c.mesh.shape[i]) +
-                                      " ranks but no transform uses it; add a transform over it (e.g. replicate: "
-                                      "{mesh_dim: " + c.mesh.names[i] + "}) or make it 1");
-    }
-  }
-}
 
 // The data-parallel dims (every fully_shard and replicate dim, in order) and
 // the batch each data-parallel rank gets.
@@ -544,11 +421,9 @@ void plan_one(Planning& s, const TransformConfig& entry, ExpertParallelConfig& t
   // What a block's dispatch holds on a rank, for a microbatch: the rows it
   // receives, under uniform routing (the dry run's, in the memory table) and
   // when every row of the ep ranks goes to its experts.
-  const models::MoE* moe = nullptr;
-  for (const auto& m : s.model.modules(/*include_self=*/false)) {
-    if ((moe = dynamic_cast<const models::MoE*>(m.get()))) break;
-  }
-  if (!moe) return;
+  const auto blocks = models::moe_blocks(s.model);
+  if (blocks.empty()) return;
+  const models::MoE* moe = blocks.front();
   const std::string cp_dim = context_parallel_dim(c);
   const int64_t seq = (c.data.seq_len ? c.data.seq_len : s.model.input_spec().max_seq_len) /
                       (cp_dim.empty() ? 1 : dim_size(c.mesh, cp_dim));

@@ -6,25 +6,14 @@
 #include "parallelisms/context_parallel.h"
 
 namespace composer {
-namespace {
-
-std::vector<models::MoE*> blocks_of(models::Model& model) {
-  std::vector<models::MoE*> out;
-  for (const auto& m : model.modules(/*include_self=*/false)) {
-    if (auto* moe = dynamic_cast<models::MoE*>(m.get())) out.push_back(moe);
-  }
-  return out;
-}
-
-}  // namespace
 
 void bind_experts(models::Model& model, double aux_weight) {
-  for (models::MoE* moe : blocks_of(model)) moe->aux_weight = aux_weight;
+  for (models::MoE* moe : models::moe_blocks(model)) moe->aux_weight = aux_weight;
 }
 
 ExpertStats finish_experts(models::Model& model, parallel::Parallel& par, bool update) {
   ExpertStats s;
-  const auto blocks = blocks_of(model);
+  const auto blocks = models::moe_blocks(model);
   if (blocks.empty()) return s;
   s.any = true;
   const int64_t n = blocks.front()->args().experts;
