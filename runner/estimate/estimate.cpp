@@ -102,16 +102,16 @@ namespace {
 std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   const auto& names = c.mesh.names;
   std::vector<int64_t> runs(c.mesh.shape.begin(), c.mesh.shape.end());
-  std::vector<bool> data_parallel(names.size(), false);
+  std::vector<bool> splits_batch(names.size(), false);
   auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
   for (const auto& t : c.parallelize) {
     const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
-    const bool dp = composer::data_parallel(t);  // expert_parallel's ranks too: the same shapes under uniform routing
+    const bool dp = data_parallel(t);  // expert_parallel's ranks too: the same shapes under uniform routing
     for (const auto& d : t.mesh_dim()) {
       const size_t i = static_cast<size_t>(index(d));
       if (i >= names.size()) continue;
       if (!dp) runs[i] = 0;
-      data_parallel[i] = data_parallel[i] || dp;
+      splits_batch[i] = splits_batch[i] || dp;
     }
     if (fsdp && fsdp->reshard_after_forward.size > 1) {  // subgroups of N consecutive ranks of the shard dim
       const auto shard = flat_dims({fsdp->mesh_dim.back()});
@@ -122,7 +122,7 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
     }
   }
   for (size_t i = 0; i < names.size(); ++i) {
-    if (!data_parallel[i]) runs[i] = 0;
+    if (!splits_batch[i]) runs[i] = 0;
   }
   return runs;
 }
