@@ -2,6 +2,7 @@
 // default initialisation and math: Linear, Embedding, LayerNorm, RMSNorm and
 // the parameter-free activations that PyTorch registers as modules.
 #pragma once
+#include "models/float8.h"
 #include "models/module.h"
 
 namespace composer::nn {
@@ -22,6 +23,10 @@ class Linear : public Module {
   // parallelism's collective fused with the matmul), run while no
   // DeferWeightGrads scope is open; an undefined result falls back to it.
   std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b)> fused;
+  // train.fp8: the matmuls in float8 (models/float8.h), in place of `fused`, while no
+  // DeferWeightGrads scope is open; fp8_amax makes a sharded operand's scale the whole tensor's.
+  bool fp8 = false;
+  Fp8AmaxReduce fp8_amax;
 };
 
 // The weight gradient of y = linear(x, w) from the flattened input x2 and

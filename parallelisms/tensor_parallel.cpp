@@ -89,8 +89,18 @@ Group& group_of(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->sa
 // needs the layer's own record: Linear::forward then ignores `fused`), nor
 // for a meta tensor on a group with a process group (a pipeline sizing its
 // stages, which the hooks' collectives answer without communicating).
-bool fuses(const Group& g, const torch::Tensor& x) {
-  return g.size > 1 && !nn::DeferWeightGrads::active() && !(x.is_meta() && g.pg);
+// Nor for a float8 layer (train.fp8), whose matmul is float8's.
+bool fuses(const Group& g, const torch::Tensor& x, const nn::Linear& m) {
+  return g.size > 1 && !m.fp8 && !nn::DeferWeightGrads::active() && !(x.is_meta() && g.pg);
+}
+
+// A float8 layer's scales over the whole of the operands tp shards: the largest magnitude over the group.
+void reduce_fp8_amax(Group& g, nn::Linear& m, std::vector<nn::Fp8Operand> sharded) {
+  if (g.size == 1) return;
+  m.fp8_amax = [&g, sharded](torch::Tensor& amax, nn::Fp8Operand which) {
+    if (amax.is_meta() || std::find(sharded.begin(), sharded.end(), which) == sharded.end()) return;
+    all_reduce(g, amax, Reduce::kMax);
+  };
 }
 
 // A colwise Linear whose input is sharded along `dim`: y = linear(gather(x)),
@@ -184,9 +194,10 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   if (m.bias.defined()) shard_param(tp, m.bias, 0);
   const int64_t out_features = m.out_features;
   const Layout in = r.input, out = r.output;
-  m.add_pre_hook([&g, in, gathered = tp.gathered_](nn::Module&, torch::Tensor x) {
+  reduce_fp8_amax(g, m, {nn::Fp8Operand::kWeight, nn::Fp8Operand::kGradOutput});
+  m.add_pre_hook([&g, &m, in, gathered = tp.gathered_](nn::Module&, torch::Tensor x) {
     if (in.sharded) {
-      return fuses(g, x) ? x : gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
+      return fuses(g, x, m) ? x : gather_along(g, x, in.dim, x.size(in.dim) * g.size, /*backward_reduce=*/true);
     }
     // A replicated input that a prepare_input gather made: its gradient here
     // is partial over tp, and the gather reduce-scatters the sum of all such
@@ -197,8 +208,8 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
     return reduce_grad_autograd(g, x);
   });
   if (in.sharded) {  // the gather fused with the matmul
-    m.fused = [&g, in](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-      if (!fuses(g, x)) return torch::Tensor();
+    m.fused = [&g, &m, in](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+      if (!fuses(g, x, m)) return torch::Tensor();
       const int64_t dim = in.dim < 0 ? in.dim + x.dim() : in.dim;
       return GatherLinearFn::apply(x, w, b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt, reinterpret_cast<int64_t>(&g), dim);
     };
@@ -213,6 +224,7 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
 void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   Group& g = tp.group();
   shard_param(tp, m.weight, 1);
+  reduce_fp8_amax(g, m, {nn::Fp8Operand::kInput, nn::Fp8Operand::kWeight});
   const Layout in = r.input, out = r.output;
   const bool bias = m.bias.defined();
   if (bias) {
@@ -223,13 +235,13 @@ void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
     m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return scatter_along(g, x, -1); });
   }
   if (out.sharded) {  // the reduce-scatter fused with the matmul
-    m.fused = [&g, out](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
-      if (!fuses(g, x)) return torch::Tensor();
+    m.fused = [&g, &m, out](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+      if (!fuses(g, x, m)) return torch::Tensor();
       return LinearReduceScatterFn::apply(x, w, reinterpret_cast<int64_t>(&g), out.dim < 0 ? out.dim + x.dim() : out.dim);
     };
   }
   m.add_post_hook([&g, out, bias, &m](nn::Module&, const torch::Tensor& x, torch::Tensor y) {
-    if (!(out.sharded && fuses(g, x))) y = redistribute_output(g, y, out);
+    if (!(out.sharded && fuses(g, x, m))) y = redistribute_output(g, y, out);
     return bias ? y + m.param(m.bias) : y;  // param(): the value a later transform (fully_shard) installed
   });
 }

@@ -32,6 +32,7 @@ const EnumName<Inject> kInjects[] = {
     {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
     {Inject::kNanGrad, "nan_grad"}};
 const EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
+const EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
 const EnumName<DataSource> kSources[] = {
     {DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}, {DataSource::kTokens, "tokens"}};
 const EnumName<TokenDType> kTokenDTypes[] = {{TokenDType::kUint16, "uint16"}, {TokenDType::kUint32, "uint32"}};
@@ -209,6 +210,21 @@ TrainConfig read_train(YamlMap& root) {
   m.get_enum("on_nonfinite", c.on_nonfinite, kOnNonFinite);
   m.get("max_skipped", c.max_skipped);
   require_positive(m.ref("max_skipped"), static_cast<double>(c.max_skipped), "max_skipped");
+  if (m.has("fp8")) {
+    c.fp8.enabled = true;
+    c.fp8.ref = c.fp8.modules_ref = m.ref("fp8");
+    YamlMap f(m.node("fp8"), "train.fp8", root.context());
+    f.get_enum("recipe", c.fp8.recipe, kFp8Recipes);
+    if (f.has("modules")) {
+      c.fp8.modules_ref = f.ref("modules");
+      f.get("modules", c.fp8.modules);
+      if (c.fp8.modules.empty()) {
+        throw ConfigError(c.fp8.modules_ref, "train.fp8.modules is empty; name the modules whose Linear layers "
+                                             "compute in float8 (e.g. ['layers.*']), or remove train.fp8");
+      }
+    }
+    f.finish();
+  }
   m.finish();
   if (c.global_batch % c.microbatches != 0) {
     throw ConfigError(m.ref("microbatches"), "microbatches " + std::to_string(c.microbatches) +
@@ -400,6 +416,7 @@ const char* name_of(TokenDType v) { return lookup(kTokenDTypes, v); }
 const char* name_of(InputKind v) { return lookup(kInputs, v); }
 const char* name_of(TargetKind v) { return lookup(kTargets, v); }
 const char* name_of(OnNonFinite v) { return lookup(kOnNonFinite, v); }
+const char* name_of(Fp8Recipe v) { return lookup(kFp8Recipes, v); }
 const char* name_of(FailMode v) { return lookup(kFailModes, v); }
 const char* name_of(FailAt v) { return lookup(kFailAts, v); }
 const char* name_of(Inject v) { return lookup(kInjects, v); }

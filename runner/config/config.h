@@ -26,6 +26,7 @@ enum class TokenDType { kUint16, kUint32 };
 enum class InputKind { kAuto, kNormal, kUniform, kTokens };
 enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
 enum class OnNonFinite { kStop, kSkip };  // what a step with a non-finite loss or gradient does
+enum class Fp8Recipe { kTensorwise };      // train.fp8's scaling: one dynamic scale per tensor
 
 const char* name_of(Backend v);
 const char* name_of(DeviceKind v);
@@ -37,6 +38,7 @@ const char* name_of(TokenDType v);
 const char* name_of(InputKind v);
 const char* name_of(TargetKind v);
 const char* name_of(OnNonFinite v);
+const char* name_of(Fp8Recipe v);
 
 struct ModelConfig {
   std::string name;             // registry name, e.g. transformer (required)
@@ -81,6 +83,15 @@ struct LossConfig {
   double scale = 1.0;              // the loss is multiplied by this
 };
 
+// train.fp8: the matmuls of the Linear layers inside `modules` in float8 (models/float8.h).
+struct Fp8Config {
+  bool enabled = false;                         // train.fp8 given
+  Fp8Recipe recipe = Fp8Recipe::kTensorwise;
+  std::vector<std::string> modules{"layers.*"};  // FQN patterns (models/select.h); their Linear layers
+  SourceRef ref;                                // train.fp8
+  SourceRef modules_ref;                        // train.fp8.modules, or train.fp8 when defaulted
+};
+
 struct TrainConfig {
   int64_t steps = 10;              // optimizer steps
   int64_t global_batch = 8;        // samples per step over all data-parallel ranks
@@ -96,6 +107,7 @@ struct TrainConfig {
   // naming the step, the rank and the parameter), or skip its update.
   OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_skipped = 5;         // skip: stop after this many skipped steps in a row
+  Fp8Config fp8;
 };
 
 struct DataConfig {

@@ -50,6 +50,8 @@ nlohmann::json to_json(const ExperimentConfig& c) {
       {"threads", t.threads},
       {"on_nonfinite", name_of(t.on_nonfinite)},
       {"max_skipped", t.max_skipped}};
+  // Only when given, so the hash of every config without it stays what it was.
+  if (t.fp8.enabled) j["train"]["fp8"] = {{"recipe", name_of(t.fp8.recipe)}, {"modules", t.fp8.modules}};
   j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
                {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
   if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);

@@ -16,6 +16,7 @@
 #include "parallelisms/parallelize.h"
 #include "parallelisms/tensor_parallel.h"
 #include "models/select.h"
+#include "runner/plan/plan_fp8.h"
 #include "runner/plan/plan_mesh.h"
 
 namespace composer {
@@ -502,6 +503,9 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
     std::visit([&](auto& o) { plan_one(s, t, o); }, t.options);
   }
   p.splits_model = p.splits_model || p.find<PipelineConfig>();
+  const int64_t seq = c.data.seq_len ? c.data.seq_len : model->input_spec().max_seq_len;
+  const std::string fp8 = plan_fp8(c, *model, p.local_microbatch * std::max<int64_t>(1, seq / s.cp_size), s.tp_size);
+  if (!fp8.empty()) s.summary.push_back(fp8);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "

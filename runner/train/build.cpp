@@ -11,6 +11,7 @@
 #include "models/registry.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/weight_source.h"
+#include "runner/plan/plan_fp8.h"
 #include "runner/train/materialise.h"
 
 namespace composer {
@@ -109,6 +110,9 @@ parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, c
     return copy;
   };
   if (rank.is_main()) o.log = [&rank](const std::string& line) { std::cout << rank.log_prefix << line << "\n"; };
+  if (c.train.fp8.enabled) {  // before the transforms, which see which layers are float8
+    for (auto& [name, layer] : fp8_layers(model, c.train.fp8)) layer->fp8 = true;
+  }
   return parallel::parallelize(model, plan.steps(), o);
 }
 
