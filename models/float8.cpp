@@ -11,6 +11,20 @@ constexpr double kE5m2Max = 57344.0;
 // The smallest amax a scale is taken from (torchao's EPS): an all-zero tensor casts to zeros.
 constexpr double kMinAmax = 1e-12;
 
+Float8Kernels* cuda_kernels = nullptr;
+
+Float8Kernels* kernels_for(const torch::Tensor& t) { return t.is_cuda() ? cuda_kernels : nullptr; }
+
+// t's transpose made contiguous (2-D float8).
+torch::Tensor transposed(const torch::Tensor& t) {
+  if (Float8Kernels* k = kernels_for(t)) {
+    torch::Tensor out = at::empty({t.size(1), t.size(0)}, t.options());
+    k->transpose(t, out);
+    return out;
+  }
+  return t.t().contiguous();
+}
+
 // a @ b in float8: a row-major (m, k), b column-major (k, n), as cuBLAS's float8 kernels take them.
 torch::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, c10::ScalarType out, bool fast_accum) {
   if (a.data.is_meta()) {  // the estimate's dry run: the result's allocation
@@ -20,7 +34,7 @@ torch::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, c10::Scala
 }
 
 // The same float8 values laid out column-major (the transpose made contiguous, transposed back).
-Float8Tensor column_major(const Float8Tensor& t) { return {t.data.t().contiguous().t(), t.inv_scale}; }
+Float8Tensor column_major(const Float8Tensor& t) { return {transposed(t.data).t(), t.inv_scale}; }
 
 struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -58,7 +72,7 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     }
     if (ctx->needs_input_grad(1)) {  // (out, m) @ (m, in)
       const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-      gw = scaled_mm({g8.data.t().contiguous(), g8.inv_scale}, column_major(x8), dtype, /*fast_accum=*/false);
+      gw = scaled_mm({transposed(g8.data), g8.inv_scale}, column_major(x8), dtype, /*fast_accum=*/false);
     }
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
     return {gx, gw, gb, torch::Tensor()};
@@ -71,6 +85,9 @@ const Fp8AmaxReduce& no_reduce() {
 }
 
 }  // namespace
+
+void set_cuda_float8_kernels(Float8Kernels* kernels) { cuda_kernels = kernels; }
+Float8Kernels* cuda_float8_kernels() { return cuda_kernels; }
 
 Float8Tensor to_float8(const torch::Tensor& t, c10::ScalarType f8, const Fp8AmaxReduce& reduce, Fp8Operand which) {
   TORCH_CHECK(f8 == at::kFloat8_e4m3fn || f8 == at::kFloat8_e5m2, "to_float8: e4m3fn or e5m2, not ", f8);
@@ -86,7 +103,12 @@ Float8Tensor to_float8(const torch::Tensor& t, c10::ScalarType f8, const Fp8Amax
   // One kernel computing in float32: a one-element (not zero-dim) scale takes part in type promotion,
   // so a bfloat16 t is not multiplied in bfloat16 and rounded twice.
   torch::Tensor data = at::empty(t.sizes(), t.options().dtype(f8));
-  at::mul_out(data, t, scale.reshape({1}));
+  Float8Kernels* k = kernels_for(t);
+  if (k && t.is_contiguous()) {
+    k->cast(t, scale, data);
+  } else {
+    at::mul_out(data, t, scale.reshape({1}));
+  }
   return {data, scale.reciprocal()};
 }
 

@@ -36,4 +36,18 @@ Float8Tensor to_float8(const torch::Tensor& t, c10::ScalarType f8, const Fp8Amax
 torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                             const Fp8AmaxReduce& reduce = {});
 
+// Kernels that do a float8 cast or transpose in one pass on a device (the CUDA side registers its own,
+// parallelisms/cuda/); without them, ATen's ops compute the same values.
+class Float8Kernels {
+ public:
+  virtual ~Float8Kernels() = default;
+  // out (float8, contiguous, t's shape) = t * scale (a float32 scalar) rounded once, saturating; t contiguous.
+  virtual void cast(const torch::Tensor& t, const torch::Tensor& scale, torch::Tensor& out) = 0;
+  // out (cols x rows, contiguous) = the transpose of t (rows x cols, contiguous), float8.
+  virtual void transpose(const torch::Tensor& t, torch::Tensor& out) = 0;
+};
+// Registers the kernels for CUDA tensors (null: none).
+void set_cuda_float8_kernels(Float8Kernels* kernels);
+Float8Kernels* cuda_float8_kernels();
+
 }  // namespace composer::nn

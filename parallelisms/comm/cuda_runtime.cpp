@@ -4,7 +4,23 @@
 
 #include <mutex>
 
+#include "models/float8.h"
+
 namespace composer::parallel {
+namespace {
+
+// The runtime's kernels as the float8 layers ask for them.
+class CudaFloat8Kernels final : public nn::Float8Kernels {
+ public:
+  explicit CudaFloat8Kernels(CudaRuntime* r) : r_(r) {}
+  void cast(const torch::Tensor& t, const torch::Tensor& scale, torch::Tensor& out) override { r_->float8_cast(t, scale, out); }
+  void transpose(const torch::Tensor& t, torch::Tensor& out) override { r_->float8_transpose(t, out); }
+
+ private:
+  CudaRuntime* r_;
+};
+
+}  // namespace
 
 CudaRuntime* cuda_runtime(std::string& why) {
   static std::once_flag once;
@@ -24,6 +40,10 @@ CudaRuntime* cuda_runtime(std::string& why) {
       return;
     }
     runtime = entry();
+    if (runtime->has_float8_kernels()) {
+      static CudaFloat8Kernels kernels(runtime);
+      nn::set_cuda_float8_kernels(&kernels);
+    }
 #else
     error = "this build of composer has no CUDA support (its LibTorch is not a CUDA build)";
 #endif

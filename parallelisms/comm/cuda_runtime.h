@@ -32,6 +32,11 @@ class CudaRuntime {
   // float32 matmuls and convolutions in float32, not TF32 (parity runs).
   virtual void disable_tf32() = 0;
   virtual void synchronize(int device) = 0;
+  // train.fp8's one-pass casts and transposes on the current stream (nn::Float8Kernels), where this
+  // build compiled them.
+  virtual bool has_float8_kernels() = 0;
+  virtual void float8_cast(const at::Tensor& t, const at::Tensor& scale, at::Tensor& out) = 0;
+  virtual void float8_transpose(const at::Tensor& t, at::Tensor& out) = 0;
 };
 
 // The runtime, loaded on first use. Load it before anything asks LibTorch

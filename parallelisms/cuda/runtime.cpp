@@ -7,6 +7,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "parallelisms/comm/cuda_runtime.h"
+#ifdef COMPOSER_FLOAT8_KERNELS
+#include "parallelisms/cuda/float8_kernels.h"
+#endif
 
 namespace composer::parallel {
 namespace {
@@ -49,6 +52,41 @@ class Runtime final : public CudaRuntime {
   }
 
   void synchronize(int device) override { c10::cuda::device_synchronize(); }
+
+#ifdef COMPOSER_FLOAT8_KERNELS
+  bool has_float8_kernels() override { return true; }
+
+  void float8_cast(const at::Tensor& t, const at::Tensor& scale, at::Tensor& out) override {
+    TORCH_CHECK(t.is_contiguous() && out.is_contiguous() && out.numel() == t.numel() && scale.scalar_type() == at::kFloat,
+                "float8_cast: contiguous tensors of one size and a float32 scale");
+    cuda::HighPrecision from;
+    switch (t.scalar_type()) {
+      case at::kFloat: from = cuda::HighPrecision::kFloat32; break;
+      case at::kBFloat16: from = cuda::HighPrecision::kBFloat16; break;
+      case at::kHalf: from = cuda::HighPrecision::kFloat16; break;
+      default: TORCH_CHECK(false, "float8_cast: float32, bfloat16 or float16, not ", t.scalar_type());
+    }
+    TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fn || out.scalar_type() == at::kFloat8_e5m2,
+                "float8_cast: into e4m3fn or e5m2, not ", out.scalar_type());
+    const auto to = out.scalar_type() == at::kFloat8_e4m3fn ? cuda::Float8Format::kE4m3 : cuda::Float8Format::kE5m2;
+    cuda::cast_to_float8(t.data_ptr(), from, static_cast<uint8_t*>(out.data_ptr()), to, scale.data_ptr<float>(), t.numel(),
+                         at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  void float8_transpose(const at::Tensor& t, at::Tensor& out) override {
+    TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && out.is_contiguous() && t.element_size() == 1 &&
+                    out.size(0) == t.size(1) && out.size(1) == t.size(0),
+                "float8_transpose: a contiguous 2-D float8 tensor into its contiguous transpose");
+    cuda::transpose_bytes(static_cast<const uint8_t*>(t.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), t.size(0),
+                          t.size(1), at::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+#else
+  bool has_float8_kernels() override { return false; }
+  void float8_cast(const at::Tensor&, const at::Tensor&, at::Tensor&) override { TORCH_CHECK(false, "no float8 kernels"); }
+  void float8_transpose(const at::Tensor&, at::Tensor&) override { TORCH_CHECK(false, "no float8 kernels"); }
+#endif
 
  private:
   static c10::CachingDeviceAllocator::DeviceStats stats(int device) {
