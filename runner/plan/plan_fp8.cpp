@@ -3,6 +3,7 @@
 #include <set>
 
 #include "models/select.h"
+#include "parallelisms/comm/collectives.h"
 #include "runner/base/errors.h"
 
 namespace composer {
@@ -19,24 +20,54 @@ std::vector<std::pair<std::string, nn::Linear*>> fp8_layers(nn::Module& model, c
   return out;
 }
 
-std::string plan_fp8(const ExperimentConfig& c, nn::Module& model, int64_t rows_per_microbatch, int64_t tp_size) {
+void mark_fp8_layers(nn::Module& model, const Fp8Config& f) {
+  if (!f.enabled) return;
+  for (auto& [name, layer] : fp8_layers(model, f)) layer->fp8 = true;
+}
+
+void reduce_fp8_scales(nn::Module& model, const Fp8Config& f, parallel::Group* batch, parallel::Group* sequence) {
+  if (!f.enabled) return;
+  std::vector<parallel::Group*> groups;
+  for (parallel::Group* g : {batch, sequence}) {
+    if (g && g->size > 1) groups.push_back(g);
+  }
+  if (groups.empty()) return;
+  for (auto& [name, layer] : fp8_layers(model, f)) {
+    layer->fp8_amax = [sharded = layer->fp8_amax, groups](torch::Tensor& amax, nn::Fp8Operand which) {
+      if (sharded) sharded(amax, which);
+      // The weight is whole on every rank that splits the batch or the sequences.
+      if (which == nn::Fp8Operand::kWeight || amax.is_meta()) return;
+      for (parallel::Group* g : groups) parallel::all_reduce(*g, amax, parallel::Reduce::kMax);
+    };
+  }
+}
+
+std::string plan_fp8(const ExperimentConfig& c, nn::Module& model, int64_t rows_per_microbatch, int64_t tp_size,
+                     int64_t dp_size, int64_t microbatches) {
   const Fp8Config& f = c.train.fp8;
   if (!f.enabled) return "";
   const auto layers = fp8_layers(model, f);
   if (layers.empty()) {
-    throw PlanError(f.modules_ref, "train.fp8.modules [" + YamlMap::join(f.modules) + "] selects no Linear layer of model " +
+    throw PlanError(f.modules_ref, "[" + YamlMap::join(f.modules) + "] selects no Linear layer of model " +
                                        c.model.name + "; name modules that hold Linear layers (e.g. 'layers.*')");
   }
   for (const auto& t : c.parallelize) {
     const auto* p = std::get_if<PipelineConfig>(&t.options);
     if (p && (p->schedule == parallel::ScheduleKind::kInterleavedZeroBubble || p->schedule == parallel::ScheduleKind::kZbv)) {
-      throw PlanError(f.ref, std::string("train.fp8 with the ") + parallel::name_of(p->schedule) + " schedule: its deferred weight "
+      throw PlanError(f.ref, std::string("float8 layers with the ") + parallel::name_of(p->schedule) + " schedule: its deferred weight "
                              "gradients would be computed in high precision; use 1f1b or interleaved_1f1b, or remove train.fp8");
     }
   }
+  if (dp_size > 1 && microbatches > 1) {
+    throw PlanError(f.ref, "float8 scales each operand by the largest magnitude in a microbatch; over " +
+                               std::to_string(dp_size) + " data-parallel ranks with " + std::to_string(microbatches) +
+                               " microbatches a rank's microbatch holds other samples than one device's, so the "
+                               "plan would train a different model; use train.microbatches: 1 (and no pipeline), or "
+                               "a plan without data parallelism");
+  }
   if (c.mesh.device == DeviceKind::kCuda) {
     auto refuse = [&](const std::string& what, int64_t n, const std::string& fix) {
-      throw PlanError(f.ref, "train.fp8 on cuda multiplies in float8 through cuBLAS, which needs every matrix dimension "
+      throw PlanError(f.ref, "on cuda, float8 matmuls run through cuBLAS, which needs every matrix dimension "
                              "to be a multiple of 16, but " + what + " is " + std::to_string(n) + "; " + fix);
     };
     if (rows_per_microbatch % 16 != 0) {

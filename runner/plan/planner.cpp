@@ -504,7 +504,8 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   }
   p.splits_model = p.splits_model || p.find<PipelineConfig>();
   const int64_t seq = c.data.seq_len ? c.data.seq_len : model->input_spec().max_seq_len;
-  const std::string fp8 = plan_fp8(c, *model, p.local_microbatch * std::max<int64_t>(1, seq / s.cp_size), s.tp_size);
+  const std::string fp8 = plan_fp8(c, *model, p.local_microbatch * std::max<int64_t>(1, seq / s.cp_size), s.tp_size,
+                                   p.dp_size, p.microbatches);
   if (!fp8.empty()) s.summary.push_back(fp8);
   std::ostringstream os;
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("

@@ -12,6 +12,7 @@
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/plan/plan_fp8.h"
+#include "runner/plan/plan_mesh.h"
 #include "runner/train/materialise.h"
 
 namespace composer {
@@ -110,10 +111,13 @@ parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, c
     return copy;
   };
   if (rank.is_main()) o.log = [&rank](const std::string& line) { std::cout << rank.log_prefix << line << "\n"; };
-  if (c.train.fp8.enabled) {  // before the transforms, which see which layers are float8
-    for (auto& [name, layer] : fp8_layers(model, c.train.fp8)) layer->fp8 = true;
+  mark_fp8_layers(model, c.train.fp8);  // before the transforms, which see which layers are float8
+  parallel::Parallel par = parallel::parallelize(model, plan.steps(), o);
+  if (rank.mesh) {
+    const std::string cp = context_parallel_dim(c);
+    reduce_fp8_scales(model, c.train.fp8, o.data_parallel, cp.empty() ? nullptr : &rank.mesh->group(cp));
   }
-  return parallel::parallelize(model, plan.steps(), o);
+  return par;
 }
 
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {

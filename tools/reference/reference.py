@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import float8  # noqa: E402
 import models  # noqa: E402
 
 GOLDEN_FORMAT = 1
@@ -357,6 +358,8 @@ def main():
     torch.set_num_threads(max(1, t["threads"] or os.cpu_count()))
 
     model = build_model(cfg, args.run_dir)
+    if "fp8" in t:
+        print(f"reference: {float8.convert(model, t['fp8']['modules'])} Linear layers in float8")
 
     data = Data(cfg, dtype)
 
