@@ -243,11 +243,15 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
 
 // torchtitan's Llama plan: vocab-parallel embedding, head-split attention
 // (n_heads/tp query heads, n_kv_heads/tp key/value heads), colwise w1/w3 and
-// rowwise w2; with sequence parallelism, sequence-sharded norms.
-TpPlan llama_tp_plan(const ModelArgs&, bool sp) {
+// rowwise w2; with sequence parallelism, sequence-sharded norms. In
+// mixture-of-experts blocks the shared experts split as the dense
+// feed-forward does; the router and the routed experts stay whole on every tp
+// rank (expert_parallel spreads those), so each tp rank routes the same tokens
+// and their gradients need no reduction over tp.
+TpPlan llama_tp_plan(const ModelArgs& a, bool sp) {
   const Layout rep = Layout::replicate(), seq = Layout::shard(1);
   TpPlan p;
-  if (sp) {
+  if (sp) {  // dense blocks only (check_llama_tp)
     p = {rowwise("tok_embeddings", rep, seq),
          sequence_parallel("norm"),
          colwise("output", seq, rep),
@@ -257,12 +261,18 @@ TpPlan llama_tp_plan(const ModelArgs&, bool sp) {
          prepare_input("layers.*.feed_forward", seq, rep),
          rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
          rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq)};
-  } else {
-    p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo"),
-         rowwise("layers.*.feed_forward.w2")};
   }
-  for (auto w : {"attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"}) {
-    p.push_back(colwise(std::string("layers.*.") + w));
+  // The dense feed-forward, or the mixture-of-experts blocks' shared experts (none: nothing to split).
+  const std::string ffn = a.i("n_experts") > 0 ? "layers.*.feed_forward.shared." : "layers.*.feed_forward.";
+  const bool splits_ffn = a.i("n_experts") == 0 || a.i("n_shared_experts") > 0;
+  if (!sp) {
+    p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo")};
+    if (splits_ffn) p.push_back(rowwise(ffn + "w2"));
+  }
+  for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
+  if (splits_ffn) {
+    p.push_back(colwise(ffn + "w1"));
+    p.push_back(colwise(ffn + "w3"));
   }
   return p;
 }
@@ -280,11 +290,12 @@ void check_llama_cp(const ModelArgs& a) {
 }
 
 // tp divides the query and the key/value heads.
-void check_llama_tp(const ModelArgs& a, int64_t tp, bool) {
-  if (a.i("n_experts") > 0) {
-    throw ArgError("n_experts", "tensor_parallel has no plan for mixture-of-experts blocks yet (model.args.n_experts " +
-                                    std::to_string(a.i("n_experts")) + "); spread the experts with expert_parallel "
-                                    "and the rest with fully_shard instead");
+void check_llama_tp(const ModelArgs& a, int64_t tp, bool sp) {
+  if (a.i("n_experts") > 0 && sp) {
+    throw ArgError("n_experts", "tensor_parallel's sequence_parallel has no plan for mixture-of-experts blocks yet "
+                                    "(model.args.n_experts " + std::to_string(a.i("n_experts")) + "): their routed "
+                                    "output is whole on every tp rank, not a sequence slice; set sequence_parallel: "
+                                    "false");
   }
   const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
   for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {

@@ -3,8 +3,9 @@
 # model: its expert bias is a buffer that must travel too): a run under ep 4
 # (one expert per rank) saves steps 2 and 4; a new process resumes from step 2
 # under ep 4 and ends bit for bit as the uninterrupted run; the step-2
-# checkpoint resumes under ep 2 x fully_shard 2 and under one device, each
-# within its config's tolerances of the uninterrupted ep-4 run.
+# checkpoint resumes under ep 2 x fully_shard 2, ep 2 x tensor_parallel 2 and
+# under one device, each within its config's tolerances of the uninterrupted
+# ep-4 run.
 # Usage: checkpoint_experts.sh COMPOSER WORK_DIR
 set -u
 composer=$1 work=$2
@@ -25,6 +26,11 @@ echo "ok: ep 4 resumed from step 2 ends bit for bit as the uninterrupted run"
 run "$work/ep2_fsdp2" configs/parity/ac_ep2_fsdp2_moe_llama_balance.yaml --set checkpoint.resume="$ck"
 close_run "$work/ep4" "$work/ep2_fsdp2" 3
 echo "ok: ep 2 x fully_shard 2 resumed from the ep-4 checkpoint, within its tolerances"
+run "$work/ep2_tp2" "$cfg" --set 'mesh.shape=[2,2]' --set 'mesh.names=[ep,tp]' \
+  --set 'parallelize=[{tensor_parallel: {mesh_dim: tp}}, {expert_parallel: {mesh_dim: ep}}]' --set checkpoint.resume="$ck"
+grep -q "resuming from $ck" "$work/ep2_tp2.log" || fail "ep 2 x tp 2 did not resume"
+close_run "$work/ep4" "$work/ep2_tp2" 3
+echo "ok: ep 2 x tensor_parallel 2 resumed from the ep-4 checkpoint, within its tolerances"
 run "$work/single" configs/parity/moe_llama_balance.yaml --set checkpoint.resume="$ck"
 close_run "$work/ep4" "$work/single" 3
 echo "ok: one device resumed from the ep-4 checkpoint, within its tolerances"
