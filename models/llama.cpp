@@ -211,7 +211,7 @@ void check_llama_args(const ModelArgs& a) {
       throw ArgError("score_func", "score_func '" + a.s("score_func") + "' is not one of softmax, sigmoid");
     }
     if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
-    for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor"}) {
+    for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor", "z_loss_coeff"}) {
       if (a.f(n) < 0) throw ArgError(n, std::string(n) + " must be 0 (off) or positive");
     }
   }
@@ -237,7 +237,7 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               a.b("weight_tying"),
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
                       a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
-                      a.f("bias_update_rate"), a.f("capacity_factor")}};
+                      a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")}};
   return std::make_shared<Llama>(l);
 }
 
@@ -335,7 +335,8 @@ std::vector<ModelSpec> llama_specs() {
                  float_arg("bias_update_rate", 0.0,
                            "auxiliary-loss-free balancing: the expert bias's step per optimizer step; 0 is none"),
                  float_arg("capacity_factor", 0.0,
-                           "rows each expert takes per sequence, x seq_len x top_k / n_experts; 0 is dropless")})
+                           "rows each expert takes per sequence, x seq_len x top_k / n_experts; 0 is dropless"),
+                 float_arg("z_loss_coeff", 0.0, "router z-loss coefficient (per sequence, ST-MoE); 0 is none")})
           .check(check_llama_args)
           .build(build_llama)
           .pipeline(&Llama::pieces)

@@ -24,7 +24,11 @@ GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden) : M
 torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   // One unbind per weight: backward stacks the experts' gradients once
   // (selecting each expert would make a zero-filled whole per expert).
-  const auto a = param(w1).unbind(0), b = param(w2).unbind(0), c = param(w3).unbind(0);
+  // In the rows' dtype: under fully_shard's param_dtype every other weight
+  // arrives cast; the experts do too, unless fully_shard left them alone (it
+  // borrowed expert_parallel's dim), when this cast is the policy's.
+  auto in_dtype = [&](const torch::Tensor& w) { return w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()); };
+  const auto a = in_dtype(param(w1)).unbind(0), b = in_dtype(param(w2)).unbind(0), c = in_dtype(param(w3)).unbind(0);
   TORCH_CHECK(counts.size() == a.size(), "GroupedExperts: ", counts.size(), " counts for ", a.size(), " experts");
   std::vector<torch::Tensor> outs;
   int64_t at = 0;
@@ -156,6 +160,13 @@ torch::Tensor MoE::forward(torch::Tensor x) {
                       .div_(static_cast<double>(seq * k));
     auto aux = (mean_score * routed).sum() * (static_cast<double>(n) * args_.aux_loss_coeff);
     out = AuxLossFn::apply(out, aux, aux_weight);
+  }
+  if (args_.z_loss_coeff > 0 && x.dim() == 3 && torch::GradMode::is_enabled()) {
+    // logsumexp as ATen computes it for finite logits (its infinity guard has no meta kernel for the dry run).
+    auto top = logits.amax(-1, /*keepdim=*/true);
+    auto lse = (logits - top).exp().sum(-1).log() + top.squeeze(-1);
+    auto z = lse.pow(2).sum() * (args_.z_loss_coeff / static_cast<double>(x.size(1)));
+    out = AuxLossFn::apply(out, z, aux_weight);
   }
   return out.view(x.sizes());
 }

@@ -41,6 +41,7 @@ struct MoeArgs {
   double aux_loss_coeff = 0;    // the load-balancing loss's coefficient (0: none)
   double bias_update_rate = 0;  // the auxiliary-loss-free balancing bias's step (0: no bias)
   double capacity_factor = 0;   // rows each expert takes per sequence, x S x top_k / experts (0: dropless)
+  double z_loss_coeff = 0;      // the router z-loss's coefficient (0: none)
 };
 
 // The routed feed-forward. Per token: scores = softmax or sigmoid of the
@@ -58,6 +59,10 @@ struct MoeArgs {
 // routed to expert i, P_i: s's mean score of i, sigmoid scores normalised to
 // sum to 1), times aux_loss_coeff, joins backward with the gradient aux_weight
 // (what one sequence's loss gets); its forward value is not in the loss.
+// With z_loss_coeff, ST-MoE's router z-loss likewise: each sequence's mean over
+// its tokens of logsumexp(router logits)^2, times z_loss_coeff. Per token, so
+// it splits over context-parallel ranks: a rank's slice counts its tokens over
+// its slice length, and cp's gradient average makes that the sequence's mean.
 class MoE : public nn::Module {
  public:
   MoE(int64_t dim, const MoeArgs& a);

@@ -338,8 +338,14 @@ void reshard_storage(FullyShard::Unit& u) {
 }
 
 // fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate
-// dim and Shard over the shard dim; gradients are averaged over both.
+// dim and Shard over the shard dim; gradients are averaged over both. A dim
+// an earlier transform replicated the parameter over (expert_parallel's,
+// borrowed) is fully_shard's now.
 void record_placement(ShardSpec& spec, Group& shard, Group* replicate, int64_t dim) {
+  auto& dims = spec.dims;
+  dims.erase(std::remove_if(dims.begin(), dims.end(),
+                            [&](const SpecDim& d) { return d.name == shard.name && !d.param.is_shard(); }),
+             dims.end());
   if (replicate) {
     spec.dims.push_back({replicate->name, replicate, replicate->size, replicate->rank, Placement::replicate(),
                          Placement::partial(Reduce::kAvg)});
@@ -372,6 +378,13 @@ FullyShard::FullyShard(const std::vector<models::Root>& roots, Group& group, con
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : models::root_parameters(roots)) {
     if (per_rank_selects(options.per_rank, name)) continue;  // each rank's own: neither sharded nor reduced
+    if (options.already_split && options.already_split(p)) {
+      if (options.replicate && options.placements) {
+        options.placements->add(p, {options.replicate->name, options.replicate, options.replicate->size,
+                                    options.replicate->rank, Placement::replicate(), Placement::partial(Reduce::kAvg)});
+      }
+      continue;
+    }
     auto it = own.owner.find(p.unsafeGetTensorImpl());
     TORCH_INTERNAL_ASSERT(it != own.owner.end(), "parameter ", name, " has no module that computes with it");
     shard_param(*units_[it->second], name, p, own.users.at(p.unsafeGetTensorImpl()));

@@ -182,6 +182,11 @@ struct FullyShardOptions {
   std::vector<std::string> per_rank;
   // Where each sharded parameter's placement is recorded (nullptr: nowhere).
   Placements* placements = nullptr;
+  // Parameters an earlier transform already splits over the shard group's dim
+  // (expert weights when fully_shard borrows expert_parallel's dim): left as
+  // they are, neither gathered nor reduced here (only averaged over HSDP's
+  // replicate dim); their modules cast them to the compute dtype. Null: none.
+  std::function<bool(const torch::Tensor&)> already_split;
 };
 
 // The unit FQNs that `units` selects in `model` (outermost first, root last as

@@ -45,6 +45,14 @@ FullyShardOptions rank_options(const Applying& a, const FullyShardConfig& config
   }
   o.per_rank = config.per_rank;
   o.placements = a.par.placements.get();
+  o.already_split = [placements = o.placements, dim = shard.name](const torch::Tensor& p) {
+    const ShardSpec* spec = placements->find(p);
+    if (!spec) return false;
+    for (const SpecDim& d : spec->dims) {
+      if (d.name == dim && d.param.is_shard()) return true;
+    }
+    return false;
+  };
   if (config.shard_placement == ShardPlacement::kOppositeTp) o.shard_dim = opposite_dim(a.par.placements.get());
   return o;
 }

@@ -106,17 +106,20 @@ void check_order_and_dims(const ExperimentConfig& c) {
       }
       // fully_shard or replicate may also span context parallelism's dim: its
       // ranks hold the same parameters and average their gradients.
+      // fully_shard may also span expert_parallel's dim (torchtitan's efsdp):
+      // the experts stay split over it, the rest of the model is sharded over it.
       const bool experts = std::holds_alternative<ExpertParallelConfig>(t.options);
-      if (used.count(d) && (d == ep || experts)) {
+      const bool borrows_ep = d == ep && fs;
+      if (used.count(d) && (d == ep || experts) && !borrows_ep) {
         throw PlanError(t.ref, "mesh dim '" + d + "' is expert_parallel's and " +
                                    (experts ? "an earlier transform's" : std::string(t.name()) + "'s") +
-                                   ": borrowing the ranks of another transform's dim for the experts (torchtitan's "
-                                   "efsdp) is not supported yet; give the experts a mesh dim of their own, e.g. "
-                                   "mesh {shape: [dp, ep], names: [dp, ep]} with expert_parallel over ep and "
-                                   "fully_shard over dp");
+                                   ": only fully_shard may share the experts' ranks (it shards the rest of the "
+                                   "model over them); give " + (experts ? std::string("the experts") : t.name()) +
+                                   " a mesh dim of its own, e.g. mesh {shape: [dp, ep], names: [dp, ep]} with "
+                                   "expert_parallel over ep");
       }
       if (experts) ep = d;
-      if (!used.insert(d).second && !(d == cp && data_parallel(t))) {
+      if (!used.insert(d).second && !(d == cp && data_parallel(t)) && !borrows_ep) {
         throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one" +
                                    (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));
       }

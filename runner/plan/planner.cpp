@@ -33,7 +33,8 @@ void plan_data_parallel(const ExperimentConfig& c, Plan& p) {
   for (const auto& t : c.parallelize) {
     if (!data_parallel(t)) continue;
     for (const auto& d : t.mesh_dim()) {
-      if (d == cp) continue;
+      // cp's ranks hold the same samples; a dim fully_shard borrows from expert_parallel counts once.
+      if (d == cp || std::find(p.dp_dims.begin(), p.dp_dims.end(), d) != p.dp_dims.end()) continue;
       p.dp_dims.push_back(d);
       p.dp_size *= dim_size(c.mesh, d);
     }

@@ -32,12 +32,8 @@ gpu_tolerance() {  # CONFIG -> --set options
     echo --set check.loss_rtol=1.5625e-2 --set check.param_rtol=7.8125e-3 --set check.param_atol=7.8125e-3
     return
   fi
-  # Adam's floor is twice that: on an H200 one element of moe_llama_mb4 (4 microbatches, routed
-  # experts) ends 1.15e-5 off where the CPU leaves it 2.9e-6 off.
-  local floor=1e-5
-  if grep -q '^[^#]*name: *adam' "$1"; then floor=2e-5; fi
   atol=$(grep -o 'param_atol: *[0-9.eE+-]*' "$1" | head -1 | sed 's/.*: *//')
-  if [ -z "$atol" ] || awk -v a="$atol" -v f="$floor" 'BEGIN { exit !(a < f) }'; then echo --set check.param_atol=$floor; fi
+  if [ -z "$atol" ] || awk -v a="$atol" 'BEGIN { exit !(a < 1e-5) }'; then echo --set check.param_atol=1e-5; fi
 }
 mkdir -p "$out"
 failed=0

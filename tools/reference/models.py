@@ -290,6 +290,7 @@ class LlamaMoE(nn.Module):
         self.sigmoid = a.get("score_func", "softmax") == "sigmoid"
         self.route_norm, self.route_scale = a.get("route_norm", False), a.get("route_scale", 1.0)
         self.aux_coeff = a.get("aux_loss_coeff", 0.0)
+        self.z_coeff = a.get("z_loss_coeff", 0.0)
         self.bias_rate = a.get("bias_update_rate", 0.0)
         self.capacity_factor = a.get("capacity_factor", 0.0)
         self.aux = []
@@ -338,6 +339,9 @@ class LlamaMoE(nn.Module):
             out = out.index_add(0, token, (y.float() * weights[token, choice].unsqueeze(1)).to(x.dtype))
         if self.shared is not None:
             out = out + self.shared(flat)
+        if self.z_coeff > 0 and training:  # ST-MoE's router z-loss, each sequence's mean over its tokens
+            lse = torch.logsumexp(self.router(flat).float(), dim=-1).view(b, s)
+            self.aux.append((lse ** 2).mean(1).sum() * self.z_coeff)
         if self.aux_coeff > 0 and training:
             p = scores / scores.sum(-1, keepdim=True) if self.sigmoid else scores
             total = 0
