@@ -98,7 +98,10 @@ bool fuses(const Group& g, const torch::Tensor& x, const nn::Linear& m) {
 void reduce_fp8_amax(Group& g, nn::Linear& m, std::vector<nn::Fp8Operand> sharded) {
   if (g.size == 1) return;
   m.fp8_amax = [&g, sharded](torch::Tensor& amax, nn::Fp8Operand which) {
-    if (amax.is_meta() || std::find(sharded.begin(), sharded.end(), which) == sharded.end()) return;
+    if (std::find(sharded.begin(), sharded.end(), which) == sharded.end()) return;
+    // A meta tensor on a connected group (a pipeline sizing its stages): nothing to reduce. A dry run's
+    // groups are not connected, and count the all-reduce for the estimate.
+    if (amax.is_meta() && g.pg) return;
     all_reduce(g, amax, Reduce::kMax);
   };
 }

@@ -36,8 +36,10 @@ void reduce_fp8_scales(nn::Module& model, const Fp8Config& f, parallel::Group* b
     layer->fp8_amax = [sharded = layer->fp8_amax, groups](torch::Tensor& amax, nn::Fp8Operand which) {
       if (sharded) sharded(amax, which);
       // The weight is whole on every rank that splits the batch or the sequences.
-      if (which == nn::Fp8Operand::kWeight || amax.is_meta()) return;
-      for (parallel::Group* g : groups) parallel::all_reduce(*g, amax, parallel::Reduce::kMax);
+      if (which == nn::Fp8Operand::kWeight) return;
+      for (parallel::Group* g : groups) {
+        if (!(amax.is_meta() && g->pg)) parallel::all_reduce(*g, amax, parallel::Reduce::kMax);  // as tp's
+      }
     };
   }
 }
