@@ -337,15 +337,13 @@ void reshard_storage(FullyShard::Unit& u) {
   u.freed = true;
 }
 
-// fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate
-// dim and Shard over the shard dim; gradients are averaged over both. A dim
-// an earlier transform replicated the parameter over (expert_parallel's,
-// borrowed) is fully_shard's now.
+// fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate dim and Shard over the
+// shard dim; gradients are averaged over both. A dim an earlier transform replicated the parameter
+// over (expert_parallel's, borrowed) is fully_shard's now.
 void record_placement(ShardSpec& spec, Group& shard, Group* replicate, int64_t dim) {
   auto& dims = spec.dims;
-  dims.erase(std::remove_if(dims.begin(), dims.end(),
-                            [&](const SpecDim& d) { return d.name == shard.name && !d.param.is_shard(); }),
-             dims.end());
+  auto replica_here = [&](const SpecDim& d) { return d.name == shard.name && !d.param.is_shard(); };
+  dims.erase(std::remove_if(dims.begin(), dims.end(), replica_here), dims.end());
   if (replicate) {
     spec.dims.push_back({replicate->name, replicate, replicate->size, replicate->rank, Placement::replicate(),
                          Placement::partial(Reduce::kAvg)});

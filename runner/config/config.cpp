@@ -1,5 +1,7 @@
 #include "runner/config/config.h"
 
+#include <yaml-cpp/depthguard.h>
+
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -284,6 +286,7 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   c.ref = m.self_ref();
   m.get("enabled", c.enabled);
   m.get("dir", c.dir);
+  if (m.has("dir")) c.dir_ref = m.ref("dir");
   m.get("interval", c.interval);
   require_non_negative(m.ref("interval"), static_cast<double>(c.interval), "interval");
   m.get("keep_latest_k", c.keep_latest_k);
@@ -354,6 +357,7 @@ MetricsConfig read_metrics(YamlMap& root) {
   YamlMap m = section(root, "metrics");
   MetricsConfig c;
   m.get("tensorboard", c.tensorboard);
+  if (m.has("tensorboard")) c.tensorboard_ref = m.ref("tensorboard");
 #if !COMPOSER_TENSORBOARD
   if (!c.tensorboard.empty()) {
     throw ConfigError(m.ref("tensorboard"), "this composer was built without TensorBoard event files (protobuf, "
@@ -370,6 +374,7 @@ ProfileConfig read_profile(YamlMap& root, int64_t steps) {
   ProfileConfig c;
   m.get("steps", c.steps);
   m.get("dir", c.dir);
+  if (m.has("dir")) c.dir_ref = m.ref("dir");
   if (m.has("steps")) {
     const bool ok = c.steps.size() == 2 && c.steps[0] >= 1 && c.steps[0] <= c.steps[1] && c.steps[1] <= steps;
     if (!ok) {
@@ -433,6 +438,11 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   YAML::Node doc;
   try {
     doc = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {  // the parser's own bound, met before ours
+    SourceRef r{file, e.mark.line + 1, e.mark.column + 1, "", ""};
+    throw ConfigError(r, "the config nests deeper than " + std::to_string(e.depth()) + " levels here (lists or mappings "
+                         "inside each other); a config may nest at most " + std::to_string(kMaxConfigDepth) +
+                         " levels: write the values out flatter");
   } catch (const YAML::ParserException& e) {
     SourceRef r{file, e.mark.line + 1, e.mark.column + 1, "", ""};
     throw ConfigError(r, "malformed YAML: " + e.msg);

@@ -165,6 +165,7 @@ const char* name_of(Inject v);
 struct CheckpointConfig {
   bool enabled = true;        // false: composer run neither saves nor resumes (as check and golden)
   std::string dir;            // "" = the run's output folder + /checkpoints
+  SourceRef dir_ref;          // where dir was given
   int64_t interval = 0;       // save every N steps; 0 = only at the end of training
   int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted
   std::string resume = "auto";  // auto (newest complete checkpoint in dir, else fresh), never, or a path
@@ -191,6 +192,7 @@ struct EvalConfig {
 // What a run records beyond metrics.jsonl.
 struct MetricsConfig {
   std::string tensorboard;  // a folder for TensorBoard event files; "" = none
+  SourceRef tensorboard_ref;
 };
 
 // The PyTorch profiler (Kineto) over a range of steps: each rank writes a
@@ -199,6 +201,7 @@ struct MetricsConfig {
 struct ProfileConfig {
   std::vector<int64_t> steps;  // [first, last], 1-based and inclusive; empty = off
   std::string dir;             // "" = the run's output folder + /profile
+  SourceRef dir_ref;
 };
 
 struct ExperimentConfig {

@@ -9,15 +9,6 @@
 namespace composer {
 namespace {
 
-// The most YAML nodes a config may hold once its aliases are followed. Anchors
-// and aliases (&name, *name) share a node, so a few hundred bytes that nest
-// them ("billion laughs") stand for billions of nodes; the largest real config
-// has a few hundred.
-constexpr size_t kMaxConfigNodes = 100000;
-// The deepest nesting a config may have; an alias inside the node it names
-// (`a: &a [*a]`) nests forever.
-constexpr size_t kMaxConfigDepth = 64;
-
 struct KeyWalk {
   std::function<SourceRef(const YAML::Node&, const std::string&)> ref_at;
   std::function<std::string(const YAML::Node&)> place;

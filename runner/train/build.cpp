@@ -8,6 +8,8 @@
 #include <iostream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "models/registry.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/weight_source.h"
@@ -70,7 +72,45 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   return model;
 }
 
+namespace {
+
+// Why composer could not write into the folder `path`, creating it if need be ("" when it can).
+std::string folder_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::exists(p, ec)) {
+    if (!fs::is_directory(p, ec)) return "is a file, not a folder";
+    return access(path.c_str(), W_OK | X_OK) == 0 ? "" : "is a folder this user cannot write into";
+  }
+  fs::path above = p.parent_path();  // the nearest folder that exists holds what is created
+  while (!above.empty() && !fs::exists(above, ec)) above = above.parent_path();
+  if (above.empty()) above = ".";
+  if (!fs::is_directory(above, ec)) return "cannot be created: " + above.string() + " is a file, not a folder";
+  if (access(above.c_str(), W_OK | X_OK) != 0) return "cannot be created: this user cannot write into " + above.string();
+  return "";
+}
+
+// The folders a run writes into, before it starts: each one a folder composer can create or write into.
+void check_folders(const ExperimentConfig& c, const std::string& out_dir) {
+  auto check = [](const SourceRef& ref, const std::string& path, const char* key) {
+    if (path.empty()) return;
+    const std::string why = folder_problem(path);
+    if (!why.empty()) {
+      throw ConfigError(ref, path + " " + why + "; set " + key + " to a folder composer can create or write into");
+    }
+  };
+  check(c.metrics.tensorboard_ref, c.metrics.tensorboard, "metrics.tensorboard");
+  if (!c.profile.steps.empty()) check(c.profile.dir_ref, c.profile.dir, "profile.dir");
+  if (c.checkpoint.enabled) check(c.checkpoint.dir_ref, c.checkpoint.dir, "checkpoint.dir");
+  const std::string why = folder_problem(out_dir);
+  if (!why.empty()) throw UserError("--out " + out_dir + " " + why + "; give --out a folder composer can create or write into");
+}
+
+}  // namespace
+
 void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume) {
+  check_folders(c, out_dir);
   DataPlan data;
   {
     nn::ShapeOnly shapes;  // names and shapes: no values, no random draws
