@@ -1,5 +1,6 @@
 #include "parallelisms/context_parallel.h"
 
+#include "parallelisms/comm/p2p.h"
 #include "parallelisms/parallel.h"
 
 #include <cmath>
@@ -195,6 +196,14 @@ void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const to
   }
 }
 
+// One step of the ring: `out` to the next rank and `in` from the previous
+// one, as one group (on NCCL every rank's send would otherwise wait for a
+// receive queued behind its peer's own send).
+Handle ring_step(Group& g, const torch::Tensor& out, torch::Tensor& in, int tag) {
+  const int n = g.size;
+  return issue_group(g, {{true, out, (g.rank + 1) % n, tag, "ring send"}, {false, in, (g.rank + n - 1) % n, tag, "ring receive"}});
+}
+
 // Every block of keys and values passes this rank once: on_block(src, block)
 // for the block of each rank src, this rank's own first. A ring sends the
 // block on while this rank computes with it.
@@ -212,17 +221,15 @@ void each_block(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
   }
   for (int t = 0; t < n; ++t) {
     const int src = (g.rank + n - t) % n;
-    Handle sent, received;
+    Handle moved;
     torch::Tensor incoming;
-    if (t + 1 < n) {  // both posted before the compute, so the block moves while this rank computes
-      sent = send(g, block, (g.rank + 1) % n, kForwardTag, /*async=*/true);
+    if (t + 1 < n) {  // issued before the compute, so the block moves while this rank computes
       incoming = torch::empty_like(block);
-      received = recv(g, incoming, (g.rank + n - 1) % n, kForwardTag, /*async=*/true);
+      moved = ring_step(g, block, incoming, kForwardTag);
     }
     on_block(src, block);
     if (t + 1 < n) {
-      received.wait();
-      sent.wait();
+      moved.wait();
       block = incoming;
     }
   }
@@ -236,7 +243,7 @@ void each_block(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
 template <class F>
 torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block, F&& on_block) {
   Group& g = cp.group();
-  const int n = g.size, next = (g.rank + 1) % n, prev = (g.rank + n - 1) % n;
+  const int n = g.size;
   auto float_zeros = [](const torch::Tensor& t) { return torch::zeros(t.sizes(), t.options().dtype(torch::kFloat)); };
   if (cp.options().rotate == Rotate::kAllGather) {
     const int64_t m = block.size(0);
@@ -251,24 +258,20 @@ torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block
   auto grad = float_zeros(block);
   for (int t = 0; t < n; ++t) {
     const int src = (g.rank + n - t) % n;
-    Handle sent, received;
+    Handle moved;
     torch::Tensor incoming;
     if (t + 1 < n) {  // the next block moves while this rank computes with this one
-      sent = send(g, block, next, kBackwardTag, /*async=*/true);
       incoming = torch::empty_like(block);
-      received = recv(g, incoming, prev, kBackwardTag, /*async=*/true);
+      moved = ring_step(g, block, incoming, kBackwardTag);
     }
     on_block(src, block, grad);
     if (n > 1) {  // the gradient so far can only move once this rank has added its share
-      Handle grad_sent = send(g, grad, next, kGradTag, /*async=*/true);
       auto grad_in = torch::empty_like(grad);
-      recv(g, grad_in, prev, kGradTag);
-      grad_sent.wait();
+      ring_step(g, grad, grad_in, kGradTag).wait();
       grad = grad_in;
     }
     if (t + 1 < n) {
-      received.wait();
-      sent.wait();
+      moved.wait();
       block = incoming;
     }
   }

@@ -52,6 +52,7 @@ struct Group {
   int rank = 0;                                // this rank's index in `ranks`
   int size = 1;
   c10::intrusive_ptr<c10d::Backend> pg;        // null when size == 1
+  std::string backend = "gloo";                // what moves its bytes (set without a connection too: a dry run's)
   std::shared_ptr<CommCounter> counter;        // calls and bytes issued on this group
   std::shared_ptr<const Delays> delays;        // debug.delay: sleeps at named points (null: none)
 };

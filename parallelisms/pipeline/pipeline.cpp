@@ -121,26 +121,15 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   for (const auto& rank_actions : actions_) {
     for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
   }
-  post_receives_early();
+  const P2POrder order = options.p2p_order.value_or(p2p_order_for(pp.backend));
+  std::vector<RankActions> evaluation;
+  for (int r = 0; r < shape_.pp; ++r) evaluation.push_back(evaluation_actions(shape_, r));
+  program_ = p2p_program(actions_, pp.rank, order);
+  eval_program_ = p2p_program(evaluation, pp.rank, order);
   device_ = nn::param_options().device();  // meta in a dry run
   cut_stages(model);
   if (options.every_stage) return;  // a shape-only copy: nothing placed, nothing dropped
   place_params(model);
-}
-
-// Each receive is posted right after the compute action before it, so it is
-// in flight while that action computes.
-void Pipeline::post_receives_early() {
-  const RankActions& mine = actions_[group_.rank];
-  early_recvs_.assign(mine.size(), {});
-  for (size_t i = 0, compute = mine.size(); i < mine.size(); ++i) {
-    const Op op = mine[i].op;
-    if (op == Op::kRecvActivation || op == Op::kRecvGradient) {
-      if (compute < mine.size()) early_recvs_[compute].push_back(i);
-    } else if (op != Op::kSendActivation && op != Op::kSendGradient) {
-      compute = i;
-    }
-  }
 }
 
 // Which ranks hold each parameter, and this rank's stages as roots.
@@ -212,10 +201,6 @@ torch::Tensor Pipeline::stage_forward(int stage, torch::Tensor x) {
   return (*stages_[stage])(x);
 }
 
-int Pipeline::tag(Op op, int stage, int mb) const {
-  return (static_cast<int>(op) * shape_.stages() + stage) * shape_.microbatches + mb + 1;
-}
-
 bool Pipeline::holds(const torch::Tensor& p) const {
   auto it = params_.find(p.unsafeGetTensorImpl());
   if (it == params_.end()) return false;
@@ -223,18 +208,21 @@ bool Pipeline::holds(const torch::Tensor& p) const {
   return std::find(r.begin(), r.end(), group_.rank) != r.end();
 }
 
-// One run()'s state: every (stage, microbatch) slot, the sends in flight,
-// the functions that give inputs and losses, and the loss so far.
+// One run()'s state: every (stage, microbatch) slot, the groups of sends and
+// receives in flight, the functions that give inputs and losses, and the loss so far.
 struct Pipeline::Run {
   const std::function<torch::Tensor(int)>& input_of;
   const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of;
   double loss_factor;
   std::map<std::pair<int, int>, Slot> slots;
-  std::vector<Handle> sends;  // waited for at the end
-  // Receives posted ahead of their action, by (op, stage, microbatch): the
-  // buffer and the handle their action waits for.
-  std::map<std::tuple<Op, int, int>, std::pair<torch::Tensor, Handle>> recvs;
+  // The groups issued and not yet waited for: the handle and the receives' buffers.
+  struct Posted {
+    Handle handle;
+    std::vector<std::pair<Action, torch::Tensor>> received;
+  };
+  std::map<int, Posted> posted;
   double loss_sum = 0;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 };
 
 // The tensor backward starts from for (stage s, microbatch mb) and its gradient.
@@ -269,39 +257,53 @@ void Pipeline::forward(int s, int mb, Run& run) {
   slot.output = out;
 }
 
-std::pair<torch::Tensor, Handle> Pipeline::post_recv(const Action& a) {
-  const int s = a.stage, mb = a.microbatch;
-  if (a.op == Op::kRecvActivation) {
-    auto buf = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
-    return {buf, recv(group_, buf, shape_.rank_of(s - 1), tag(Op::kSendActivation, s - 1, mb), /*async=*/true)};
+// A group's sends (the slots' outputs and input gradients) and receives
+// (buffers of the stage shapes), issued together.
+void Pipeline::issue(const P2PStep& step, Run& run) {
+  std::vector<P2POp> ops;
+  Run::Posted& posted = run.posted[step.group];
+  for (const Action& a : step.comm) {
+    const int s = a.stage, mb = a.microbatch;
+    P2POp op{true, {}, p2p_peer(a, shape_), p2p_tag(a, shape_), a.str()};
+    switch (a.op) {
+      case Op::kSendActivation: op.tensor = run.slots[{s, mb}].output.detach(); break;
+      case Op::kSendGradient: op.tensor = run.slots[{s, mb}].input_grad; break;
+      case Op::kRecvActivation:
+        op.send = false;
+        op.tensor = torch::empty(shapes_.input[s], torch::TensorOptions().dtype(shapes_.input_dtype[s]).device(device_));
+        break;
+      case Op::kRecvGradient:  // the gradient of this stage's output, which the next stage received as its input
+        op.send = false;
+        op.tensor = torch::empty(shapes_.output[s], torch::TensorOptions().dtype(shapes_.input_dtype[s + 1]).device(device_));
+        break;
+      default: TORCH_INTERNAL_ASSERT(false, "a group holds ", a.str());
+    }
+    if (!op.send) posted.received.emplace_back(a, op.tensor);
+    ops.push_back(std::move(op));
   }
-  // The gradient of this stage's output, which the next stage received as its input.
-  auto buf = torch::empty(shapes_.output[s], torch::TensorOptions().dtype(shapes_.input_dtype[s + 1]).device(device_));
-  return {buf, recv(group_, buf, shape_.rank_of(s + 1), tag(Op::kSendGradient, s + 1, mb), /*async=*/true)};
+  posted.handle = issue_group(group_, ops);
+}
+
+void Pipeline::deliver(int group, Run& run) {
+  auto node = run.posted.extract(group);
+  TORCH_INTERNAL_ASSERT(node, "pipeline: group ", group, " waited for twice");
+  node.mapped().handle.wait();
+  for (auto& [a, buf] : node.mapped().received) {
+    Slot& slot = run.slots[{a.stage, a.microbatch}];
+    if (a.op == Op::kRecvGradient) {
+      slot.grad_out = buf;
+    } else {
+      slot.input = is_float(buf) ? buf.requires_grad_() : buf;
+    }
+  }
 }
 
 void Pipeline::act(const Action& a, Run& run) {
   const int s = a.stage, mb = a.microbatch;
   Slot& slot = run.slots[{s, mb}];
-  auto& sends = run.sends;
   switch (a.op) {
-    case Op::kRecvActivation:
-    case Op::kRecvGradient: {
-      auto posted = run.recvs.extract({a.op, s, mb});  // posted ahead, or now
-      auto [buf, handle] = posted ? std::move(posted.mapped()) : post_recv(a);
-      handle.wait();
-      if (a.op == Op::kRecvGradient) {
-        slot.grad_out = buf;
-      } else {
-        slot.input = is_float(buf) ? buf.requires_grad_() : buf;
-      }
-      break;
-    }
     case Op::kForward:
       forward(s, mb, run);
-      break;
-    case Op::kSendActivation:
-      sends.push_back(send(group_, slot.output.detach(), shape_.rank_of(s + 1), tag(Op::kSendActivation, s, mb), true));
       break;
     case Op::kBackward:
     case Op::kBackwardInput: {
@@ -319,10 +321,33 @@ void Pipeline::act(const Action& a, Run& run) {
       // The deferred Linear gradients from what I kept: no second traversal of the stage.
       slot.weight_grads.backward();
       break;
-    case Op::kSendGradient:
-      sends.push_back(send(group_, slot.input_grad, shape_.rank_of(s - 1), tag(Op::kSendGradient, s, mb), true));
-      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "pipeline: ", a.str(), " is not a compute action");
   }
+}
+
+void Pipeline::execute(const P2PProgram& program, Run& run, const std::string& what, bool timed) {
+  for (const P2PStep& step : program) {
+    std::string name;  // what the step does: "F3.1", "SEND_F1.0 RECV_B1.0", "wait RECV_B1.0"
+    if (step.kind == P2PStep::kCompute) {
+      name = step.action.str();
+    } else if (step.kind == P2PStep::kIssue) {
+      for (const Action& a : step.comm) name += (name.empty() ? "" : " ") + a.str();
+    } else {
+      name = "wait group " + std::to_string(step.group);
+    }
+    const double start = now_ms(run.t0);
+    try {
+      TraceSpan span([&] { return what + name; });
+      if (step.kind == P2PStep::kCompute) act(step.action, run);
+      else if (step.kind == P2PStep::kIssue) issue(step, run);
+      else deliver(step.group, run);
+    } catch (const c10::Error& e) {  // name the step: a schedule runs many
+      TORCH_CHECK(false, what, "action ", name, ": ", e.what_without_backtrace());
+    }
+    if (timed && step.kind == P2PStep::kCompute) timeline_.push_back({name, start, now_ms(run.t0)});
+  }
+  TORCH_INTERNAL_ASSERT(run.posted.empty(), "pipeline: a group issued was never waited for");
 }
 
 double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
@@ -330,26 +355,10 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
   const double loss_factor = options_.loss_factor * grad_scale;
   TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == shape_.stages(),
                         "the pipeline's stage shapes were never set");
-  const auto t0 = std::chrono::steady_clock::now();
   timeline_.clear();
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, loss_factor, {}, {}, {}, 0};
-  const RankActions& mine = actions_[group_.rank];
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const Action& a = mine[i];
-    const double start = now_ms(t0);
-    try {
-      for (size_t r : early_recvs_[i]) run.recvs.emplace(std::tuple{mine[r].op, mine[r].stage, mine[r].microbatch}, post_recv(mine[r]));
-      TraceSpan span([&a] { return "pipeline " + a.str(); });
-      act(a, run);
-    } catch (const c10::Error& e) {  // name the action: a schedule runs many
-      TORCH_CHECK(false, "pipeline action ", a.str(), ": ", e.what_without_backtrace());
-    }
-    if (a.op == Op::kForward || a.op == Op::kBackward || a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight) {
-      timeline_.push_back({a.str(), start, now_ms(t0)});
-    }
-  }
-  for (auto& h : run.sends) h.wait();
+  Run run{input_of, loss_of, loss_factor, {}, {}, 0};
+  execute(program_, run, "pipeline ", /*timed=*/true);
   for (const auto& [key, slot] : run.slots) {
     TORCH_INTERNAL_ASSERT(slot.weight_grads.empty(), "stage ", key.first, " microbatch ", key.second,
                           " kept deferred weight gradients that no W action used");
@@ -362,28 +371,10 @@ double Pipeline::evaluate(const std::function<torch::Tensor(int)>& input_of,
   TORCH_INTERNAL_ASSERT(!torch::GradMode::is_enabled(), "Pipeline::evaluate runs without gradients");
   const std::vector<double> kept = losses_;
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, 0.0, {}, {}, {}, 0};
-  const int last = shape_.stages() - 1;
-  // In one global order (microbatch, then stage) every rank posts each
-  // receive after the send it waits for was issued (sends are asynchronous).
-  for (int mb = 0; mb < shape_.microbatches; ++mb) {
-    for (int s = 0; s <= last; ++s) {
-      if (!local(s)) continue;
-      std::vector<Action> actions;
-      if (s > 0 && !local(s - 1)) actions.push_back({Op::kRecvActivation, s, mb});
-      actions.push_back({Op::kForward, s, mb});
-      if (s < last && !local(s + 1)) actions.push_back({Op::kSendActivation, s, mb});
-      for (const Action& a : actions) {
-        try {
-          TraceSpan span([&a] { return "eval pipeline " + a.str(); });
-          act(a, run);
-        } catch (const c10::Error& e) {
-          TORCH_CHECK(false, "eval pipeline action ", a.str(), ": ", e.what_without_backtrace());
-        }
-      }
-    }
-  }
-  for (auto& h : run.sends) h.wait();
+  Run run{input_of, loss_of, 0.0, {}, {}, 0};
+  // In one global order (microbatch, then stage): every rank's receive meets
+  // a send issued earlier in that order.
+  execute(eval_program_, run, "eval pipeline ", /*timed=*/false);
   losses_ = kept;
   return run.loss_sum;
 }

@@ -22,8 +22,9 @@
 #include "models/model.h"
 #include "models/select.h"
 #include "parallelisms/comm/collectives.h"
-#include "parallelisms/placement.h"
+#include "parallelisms/pipeline/p2p_program.h"
 #include "parallelisms/pipeline/schedule.h"
+#include "parallelisms/placement.h"
 
 namespace composer::parallel {
 
@@ -76,6 +77,9 @@ struct PipelineOptions : PipelineConfig {
   // Hold every stage, not only this rank's, and keep every parameter: a
   // shape-only copy of the model whose trace() gives the stage shapes.
   bool every_stage = false;
+  // The order sends and receives are issued in; unset: the group's backend's
+  // (p2p_order_for). Set, it runs NCCL's order over Gloo too.
+  std::optional<P2POrder> p2p_order;
 };
 
 struct Applying;
@@ -145,19 +149,20 @@ class Pipeline {
   std::vector<int> local_stages() const { return shape_.stages_of(group_.rank); }
 
  private:
-  // The constructor's stages: receives posted early, the cut into stages, the parameters' placements.
-  void post_receives_early();
+  // The constructor's stages: the cut into stages, the parameters' placements.
   void cut_stages(models::Model& model);
   void place_params(models::Model& model);
   struct Slot;  // per (stage, microbatch) state
   struct Run;   // one run()'s slots, sends and loss
   void act(const Action& a, Run& run);
-  // Posts a receive action's receive: its buffer and the handle to wait for.
-  std::pair<torch::Tensor, Handle> post_recv(const Action& a);
+  // Runs a program's steps; `what` names them in errors and trace spans.
+  void execute(const P2PProgram& program, Run& run, const std::string& what, bool timed);
+  // Issues a group of sends and receives; hands a waited group's receives to their slots.
+  void issue(const P2PStep& step, Run& run);
+  void deliver(int group, Run& run);
   void forward(int s, int mb, Run& run);
   std::pair<torch::Tensor, torch::Tensor> backward_root(Run& run, int s, int mb);
   torch::Tensor stage_forward(int stage, torch::Tensor x);
-  int tag(Op op, int stage, int mb) const;
   bool local(int stage) const { return options_.every_stage || shape_.rank_of(stage) == group_.rank; }
 
   Group& group_;
@@ -171,10 +176,9 @@ class Pipeline {
   std::vector<std::shared_ptr<nn::Module>> stages_;  // per stage: the root module (null: another rank's)
   std::vector<models::Root> roots_;                  // this rank's stages
   std::vector<RankActions> actions_;                 // with communication, every rank's
-  // Per action of this rank's list: the receive actions posted when it
-  // starts (a compute action posts the receives up to the next compute
-  // action), so that the data moves while it computes.
-  std::vector<std::vector<size_t>> early_recvs_;
+  // This rank's training and evaluation steps: its actions with the sends
+  // and receives grouped and ordered for the backend.
+  P2PProgram program_, eval_program_;
   StageShapes shapes_;
   c10::Device device_ = c10::kCPU;                   // where receives allocate: meta in a dry run
   struct ParamInfo {

@@ -19,6 +19,7 @@ RankContext planning_rank(const ExperimentConfig& c, const Plan& plan, int r) {
   ctx.world_size = static_cast<int>(plan.world_size);
   parallel::MeshOptions o;
   o.connect = false;
+  o.backend = name_of(c.mesh.backend);  // the order a pipeline issues its sends and receives in
   if (!plan.transforms.empty()) {
     ctx.mesh = std::make_unique<parallel::DeviceMesh>(c.mesh.names, c.mesh.shape, r, c10::intrusive_ptr<c10d::Store>(),
                                                       o, plan.flat_groups);

@@ -21,8 +21,6 @@
 
 namespace composer {
 
-namespace {
-
 // A batch of `n` samples as the dataset makes them, on the meta device.
 Batch meta_batch(const DataPlan& p, int64_t n) {
   auto meta = torch::TensorOptions().device(torch::kMeta);
@@ -46,6 +44,8 @@ Batch meta_batch(const DataPlan& p, int64_t n) {
   }
   return b;
 }
+
+namespace {
 
 // The dataset's tensors held in memory: a data file's inputs and targets.
 int64_t data_bytes(const ExperimentConfig& c) {
@@ -230,6 +230,17 @@ void check_fit(const ExperimentConfig& c, const std::vector<MemoryEstimate>& est
                                     " but may use " + format_bytes(limit) + " (" + e.str() + "); try " + help +
                                     ", or set mesh.memory_per_rank_mb if more is available");
   }
+}
+
+std::map<int, parallel::P2PLog> p2p_logs(const ExperimentConfig& c, const Plan& plan, const std::vector<int>& ranks) {
+  ensure_meta_kernels();
+  std::map<int, parallel::P2PLog> out;
+  for (int r : ranks) {
+    parallel::P2PRecorder recorder;
+    dry_run(c, plan, r, 1, meta_batch);
+    out[r] = recorder.log();
+  }
+  return out;
 }
 
 }  // namespace composer

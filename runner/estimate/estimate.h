@@ -7,11 +7,13 @@
 // in a real run (memory.rank<r>.json, comm.rank<r>.json).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
+#include "parallelisms/comm/p2p.h"
 #include "runner/estimate/dry_run.h"
 
 namespace composer {
@@ -52,5 +54,12 @@ int64_t memory_per_rank(const ExperimentConfig& c, int64_t local_ranks);
 void check_fit(const ExperimentConfig& c, const std::vector<MemoryEstimate>& estimates, int64_t local_ranks);
 
 std::string format_bytes(int64_t bytes);
+
+// A batch of `n` samples as the dataset makes them, on the meta device.
+Batch meta_batch(const DataPlan& p, int64_t n);
+
+// The sends and receives each of `ranks` issues in one training step,
+// recorded from a dry run of that rank: the sequences the checker of NCCL's rules reads (parallelisms/comm/p2p_check.h).
+std::map<int, parallel::P2PLog> p2p_logs(const ExperimentConfig& c, const Plan& plan, const std::vector<int>& ranks);
 
 }  // namespace composer

@@ -81,18 +81,12 @@ struct Planning {
 
 // Pipeline: the schedule runs on pp x virtual_stages stages with enough
 // microbatches, the model splits as asked, and each rank's batch divides.
-// NCCL matches point-to-point messages by order on one stream per pair of
-// ranks, both directions together: a schedule's activations one way and
-// gradients the other would wait on each other unless grouped, which
-// composer's schedules do not do yet. Over Gloo they match by tag.
+// Over NCCL, which matches sends and receives by order on one stream per
+// rank, every rank's grouped sequence is checked against NCCL's rules first
+// (parallelisms/comm/p2p_check.h); over Gloo they match by tag.
 void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
   const ExperimentConfig& c = s.c;
   Plan& p = s.p;
-  if (c.mesh.backend == Backend::kNccl) {
-    throw PlanError(entry.ref, "pipeline over mesh.backend nccl is not supported yet (its sends and receives "
-                               "would need NCCL grouping); set mesh.backend: gloo, which moves CUDA activations "
-                               "through host copies");
-  }
   if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "pipeline spans exactly one mesh dim");
   const int pp = static_cast<int>(dim_size(c.mesh, t.mesh_dim[0]));
   const auto kind = t.schedule;
@@ -110,6 +104,14 @@ void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
   if (!m) m = kind == parallel::ScheduleKind::kZbv ? 2 * pp : pp;
   if (auto why = parallel::check_shape(kind, parallel::shape_for(kind, pp, v, m))) {
     throw PlanError(entry.ref, "schedule " + std::string(name_of(t.schedule)) + ": " + *why);
+  }
+  if (c.mesh.backend == Backend::kNccl) {
+    const std::string why = parallel::check_schedule_p2p(kind, parallel::shape_for(kind, pp, v, m), parallel::P2POrder::kGrouped);
+    if (!why.empty()) {
+      throw PlanError(entry.ref, "schedule " + std::string(name_of(t.schedule)) + " on " + std::to_string(pp) + " ranks with " +
+                                     std::to_string(m) + " microbatches could hang over NCCL (" + why +
+                                     "); use another schedule or microbatch count, or set mesh.backend: gloo");
+    }
   }
   if (p.local_batch % m != 0) {
     throw PlanError(entry.ref, "the " + std::to_string(p.local_batch) + " samples per data-parallel rank do not split into " +

@@ -271,3 +271,73 @@ TEST(Pipeline, DeferredLinearGradientsEqualThePlainBackwardBitwise) {
 
 }  // namespace
 }  // namespace composer::parallel
+
+namespace composer::parallel {
+namespace {
+
+// What a rank's log says, bytes aside (a program does not know them).
+std::vector<std::string> without_bytes(const P2PLog& log) {
+  std::vector<std::string> out;
+  for (const P2PEvent& e : log) {
+    std::string s = (e.kind == P2PEvent::kIssue ? "issue " : "wait ") + e.comm + " " + std::to_string(e.group);
+    for (const P2PRecord& op : e.ops) {
+      s += " " + op.label + (op.send ? ">" : "<") + std::to_string(op.peer) + "#" + std::to_string(op.tag);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+// The sequence the runtime issues, recorded over Gloo, is its program's, in
+// both orders (the checker proves the programs); and NCCL's grouped order run
+// over Gloo computes the posted order's gradients and losses bit for bit.
+TEST(Pipeline, TheRuntimeIssuesItsProgramInBothOrders) {
+  for (auto kind : {ScheduleKind::kGpipe, ScheduleKind::k1f1b, ScheduleKind::kInterleaved1f1b, ScheduleKind::kLoopedBfs,
+                    ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kZbv}) {
+    testing::run_ranks({"pp"}, {2}, [&](DeviceMesh& mesh) {
+      auto& pp = mesh.group("pp");
+      std::map<std::string, torch::Tensor> grads[2];
+      double losses[2] = {0, 0};
+      for (const P2POrder order : {P2POrder::kPosted, P2POrder::kGrouped}) {
+        const int i = order == P2POrder::kGrouped;
+        PipelineOptions o = options(kind, 4);
+        o.p2p_order = order;
+        auto m = make_layers();
+        auto pipe = cut(*m, pp, o, microbatch(0));
+        P2PRecorder recorder;
+        losses[i] = pipe->run(microbatch, [](int, const torch::Tensor& y) { return y.sum(); }, 1.0);
+        {
+          torch::NoGradGuard no_grad;
+          pipe->evaluate(microbatch, [](int, const torch::Tensor& y) { return y.sum(); });
+        }
+        const PipelineShape& shape = pipe->shape();
+        const auto lists = with_communication(compute_schedule(kind, shape), shape);
+        std::vector<RankActions> evaluation;
+        for (int r = 0; r < shape.pp; ++r) evaluation.push_back(evaluation_actions(shape, r));
+        P2PLog expected = program_log(p2p_program(lists, pp.rank, order), shape, pp.ranks, comm_key(pp));
+        P2PLog eval = program_log(p2p_program(evaluation, pp.rank, order), shape, pp.ranks, comm_key(pp));
+        ASSERT_FALSE(expected.empty());
+        int groups = 0;
+        for (const P2PEvent& e : expected) groups += e.kind == P2PEvent::kIssue;
+        for (P2PEvent e : eval) {  // the evaluation's groups continue the numbering
+          e.group += groups;
+          expected.push_back(e);
+        }
+        EXPECT_EQ(without_bytes(recorder.log()), without_bytes(expected)) << name_of(kind) << " order " << i;
+        for (const P2PEvent& e : recorder.log()) {
+          for (const P2PRecord& op : e.ops) EXPECT_GT(op.bytes, 0) << op.label;
+        }
+        for (auto& [n, p] : nn::unique_named_parameters(*m)) {
+          if (pipe->holds(p)) grads[i][n] = p.grad();
+        }
+      }
+      EXPECT_EQ(losses[0], losses[1]) << name_of(kind);
+      ASSERT_EQ(grads[0].size(), grads[1].size());
+      for (auto& [n, g] : grads[0]) EXPECT_TRUE(torch::equal(g, grads[1].at(n))) << name_of(kind) << " " << n;
+    });
+  }
+}
+
+}  // namespace composer::parallel
