@@ -41,6 +41,13 @@ int run(int argc, char** argv) {
   CliOptions options = parse_cli(argc, argv);
   if (options.exit_now) return 0;
   ExperimentConfig config = load_config(options.config, options.sets);
+  if (options.command == Command::kGolden && (!config.parallelize.empty() || config.mesh.world_size() != 1)) {
+    config = single_device_twin(config);
+    if (!std::getenv("COMPOSER_LAUNCHED")) {
+      std::cout << "golden: training " << config.name << " on one device (parallelize and mesh left out; the golden "
+                << "holds for every plan of this config)\n";
+    }
+  }
   Plan plan = make_plan(config, config.mesh.world_size());
   std::optional<RankEnv> env = rank_env_from_environment();
   const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
@@ -54,6 +61,7 @@ int run(int argc, char** argv) {
     const bool resumes =
         config.checkpoint.enabled && (options.command == Command::kRun || options.command == Command::kPlan);
     preflight(config, out_dir_of(options, config), resumes);
+    if (options.command == Command::kCheck) read_checked_golden(config);
   }
   if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
     check_fit(config, estimate_memory(config, plan, local_ranks), local_ranks);

@@ -23,7 +23,8 @@ const char kUsage[] =
     "commands:\n"
     "  run     train the experiment (default)\n"
     "  check   train and compare with the golden file; exit 1 on mismatch\n"
-    "  golden  train on one device and write the golden file (check.golden)\n"
+    "  golden  train on one device (a plan's config: the same experiment without parallelize and\n"
+    "          mesh) and write the golden file (check.golden)\n"
     "  plan    validate the config and summarise the plan: placements, memory and communication\n"
     "          per rank (--json: the resolved config and every figure, for tools)\n"
     "  export  write a checkpoint's or a weights file's weights as one safetensors file for PyTorch (in\n"
@@ -50,9 +51,27 @@ void print_train_summary(const TrainResult& r, const std::string& dir) {
             << " steps; outputs in " << dir << "\n";
 }
 
-int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
-  // Fail before training when it is missing.
+}  // namespace
+
+Golden read_checked_golden(const ExperimentConfig& c) {
   Golden g = naming_config_key(c.check.golden_ref, [&] { return read_golden(golden_path(c)); });
+  check_golden_header(g, c);
+  return g;
+}
+
+ExperimentConfig single_device_twin(const ExperimentConfig& c) {
+  ExperimentConfig twin = c;
+  twin.parallelize.clear();
+  twin.mesh.shape.clear();
+  twin.mesh.names.clear();
+  return twin;
+}
+
+namespace {
+
+int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
+  // Fail before training when it is missing or made for another experiment.
+  Golden g = read_checked_golden(c);
   std::string dir = prepare_out_dir(o, c);
   TrainResult r = train(c, p, rank, dir);
   if (!rank.is_main()) return 0;
@@ -177,9 +196,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       return 0;
     }
     case Command::kGolden: {
-      if (!c.parallelize.empty() || p.world_size != 1) {
-        throw UserError("composer golden trains on one device; drop parallelize and mesh, or use composer check");
-      }
+      TORCH_INTERNAL_ASSERT(c.parallelize.empty() && p.world_size == 1, "composer golden runs the single-device twin");
       std::string dir = prepare_out_dir(o, c);
       TrainResult r = train(c, p, rank, dir);
       if (auto why = degenerate_steps(r.steps)) {

@@ -9,6 +9,7 @@
 #include "runner/launch/launcher.h"
 #include "runner/plan/planner.h"
 #include "runner/launch/rank.h"
+#include "runner/verify/golden.h"
 
 namespace composer {
 
@@ -38,5 +39,15 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
 
 // Where a run's outputs go: --out, or runs/<name>.
 std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c);
+
+// check.golden, read and checked against `c` (config hash, dtype, mixed
+// precision), with the key's location on failure: `composer check` calls it
+// once before any rank starts, and again on each rank.
+Golden read_checked_golden(const ExperimentConfig& c);
+
+// The same experiment on one device: no parallelize, no mesh dims. Its golden
+// holds for every plan of the config (the hash leaves both out); `composer
+// golden` of a plan trains it.
+ExperimentConfig single_device_twin(const ExperimentConfig& c);
 
 }  // namespace composer

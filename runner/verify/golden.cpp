@@ -346,8 +346,7 @@ Golden parse_golden(const std::string& text, const std::string& path) {
   return g;
 }
 
-CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vector<StepRecord>& steps,
-                      const NamedTensors& params) {
+void check_golden_header(const Golden& g, const ExperimentConfig& c) {
   if (g.header.at("config_hash") != config_hash(c)) {
     throw CheckFailed("golden " + golden_path(c) + " was made for config hash " +
                       g.header["config_hash"].get<std::string>() + " but this config hashes to " + config_hash(c) +
@@ -369,6 +368,11 @@ CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vec
                         "golden");
     }
   }
+}
+
+CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vector<StepRecord>& steps,
+                      const NamedTensors& params) {
+  check_golden_header(g, c);
   CompareReport r;
   compare_steps(g, c, steps, r);
   r.step_failures = r.failures;

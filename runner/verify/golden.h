@@ -41,6 +41,9 @@ void write_golden(const std::string& path, const Golden& g);
 // or nullopt. The golden writers refuse such goldens.
 std::optional<std::string> degenerate_steps(const std::vector<StepRecord>& steps);
 Golden read_golden(const std::string& path);  // FileError when missing or malformed
+// CheckFailed when `g` was not made for `c`: another config hash, dtype or
+// mixed-precision policy (what compare() checks first).
+void check_golden_header(const Golden& g, const ExperimentConfig& c);
 Golden parse_golden(const std::string& text, const std::string& path);  // FileError (naming path) when malformed
 
 struct CompareReport {
