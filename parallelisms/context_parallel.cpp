@@ -1,5 +1,6 @@
 #include "parallelisms/context_parallel.h"
 
+#include "models/layers.h"
 #include "parallelisms/comm/p2p.h"
 #include "parallelisms/parallel.h"
 
@@ -278,6 +279,51 @@ torch::Tensor each_block_backward(const ContextParallel& cp, torch::Tensor block
   return grad;
 }
 
+// All-to-all context parallelism (DeepSpeed's Ulysses): the sequence shard is
+// traded for a head shard before attention and back after it. Each rank sends
+// rank j its j-th slice of the heads for its own tokens, receives every rank's
+// tokens of its own heads, and puts them in sequence order (`order`: the
+// index, among the ranks' tokens concatenated in rank order, of each global
+// position); attention then runs on whole sequences of 1/cp of the heads, with
+// the kernel one device runs. Autograd moves the gradients back the other way.
+torch::Tensor sequence_to_heads(Group& g, const torch::Tensor& t, const torch::Tensor& order) {
+  const int64_t n = g.size, b = t.size(0), h = t.size(1), len = t.size(2), d = t.size(3);
+  auto rows = t.reshape({b, n, h / n, len, d}).transpose(0, 1).contiguous().view({n, -1});
+  auto got = all_to_all_autograd(g, rows, std::vector<int64_t>(n, 1), std::vector<int64_t>(n, 1));
+  auto tokens = got.view({n, b, h / n, len, d}).permute({1, 2, 0, 3, 4}).reshape({b, h / n, n * len, d});
+  return tokens.index_select(2, order);
+}
+
+// The inverse: every rank's tokens of this rank's heads go home, and this
+// rank gets its tokens of every head. `concat`: the global position of each
+// token of the ranks' concatenation (the inverse of `order`).
+torch::Tensor heads_to_sequence(Group& g, const torch::Tensor& t, const torch::Tensor& concat) {
+  const int64_t n = g.size, b = t.size(0), h = t.size(1), len = t.size(2) / n, d = t.size(3);
+  auto by_rank = t.index_select(2, concat).view({b, h, n, len, d}).permute({2, 0, 1, 3, 4}).contiguous().view({n, -1});
+  auto got = all_to_all_autograd(g, by_rank, std::vector<int64_t>(n, 1), std::vector<int64_t>(n, 1));
+  return got.view({n, b, h, len, d}).transpose(0, 1).reshape({b, n * h, len, d});
+}
+
+torch::Tensor all_to_all_attention(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, bool causal) {
+  Group& g = cp.group();
+  const int n = g.size;
+  TORCH_CHECK(q.size(1) % n == 0 && k.size(1) % n == 0, "context_parallel alltoall: ", q.size(1), " query and ",
+              k.size(1), " key/value heads on this rank do not split over ", n, " ranks");
+  const int64_t len = q.size(2);
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < n; ++r) parts.push_back(cp.positions_of(r, len, torch::kCPU));
+  auto concat = torch::cat(parts).to(q.device());  // global position of each concatenated token
+  auto order = torch::argsort(concat);
+  auto qh = sequence_to_heads(g, q, order), kh = sequence_to_heads(g, k, order), vh = sequence_to_heads(g, v, order);
+  const int64_t n_rep = qh.size(1) / kh.size(1);  // grouped-query attention, within this rank's heads
+  if (n_rep > 1) {
+    kh = kh.repeat_interleave(n_rep, 1);
+    vh = vh.repeat_interleave(n_rep, 1);
+  }
+  return heads_to_sequence(g, nn::attention(qh, kh, vh, causal, 0, false), concat);
+}
+
 // Group and split pointers travel through the autograd context as integers.
 int64_t as_id(const ContextParallel& cp) { return reinterpret_cast<int64_t>(&cp); }
 const ContextParallel& from_id(AutogradContext* ctx) {
@@ -331,7 +377,11 @@ ContextParallel::ContextParallel(Group& group, const ContextParallelConfig& opti
     : group_(group), options_(options) {}
 
 torch::Tensor ContextParallel::positions(int64_t local_len, const c10::Device& device) const {
-  const auto chunks = sequence_chunks(group_.size, group_.rank, options_.load_balance);
+  return positions_of(group_.rank, local_len, device);
+}
+
+torch::Tensor ContextParallel::positions_of(int rank, int64_t local_len, const c10::Device& device) const {
+  const auto chunks = sequence_chunks(group_.size, rank, options_.load_balance);
   const int64_t len = local_len / static_cast<int64_t>(chunks.size());
   TORCH_CHECK(len * static_cast<int64_t>(chunks.size()) == local_len, "context_parallel: a local sequence of ",
               local_len, " tokens does not split into ", chunks.size(), " chunks");
@@ -344,6 +394,7 @@ torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Te
                                          bool causal) const {
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "context_parallel attention: ", k.size(1), " key/value heads do not divide ",
               q.size(1), " query heads");
+  if (options_.rotate == Rotate::kAllToAll) return all_to_all_attention(*this, q, k, v, causal);
   return SplitAttentionFn::apply(q, k, v, as_id(*this), causal);
 }
 

@@ -33,8 +33,9 @@
 
 namespace composer::parallel {
 
-enum class Rotate { kRing, kAllGather };
-inline constexpr EnumName<Rotate> kRotateNames[] = {{Rotate::kRing, "ring"}, {Rotate::kAllGather, "allgather"}};
+enum class Rotate { kRing, kAllGather, kAllToAll };
+inline constexpr EnumName<Rotate> kRotateNames[] = {
+    {Rotate::kRing, "ring"}, {Rotate::kAllGather, "allgather"}, {Rotate::kAllToAll, "alltoall"}};
 inline const auto& names_of(Rotate) { return kRotateNames; }
 const char* name_of(Rotate r);
 
@@ -49,7 +50,7 @@ struct ContextParallelConfig {
   void fields(V& v) {
     v("mesh_dim", mesh_dim, kOneOrList);  // the one mesh dim whose ranks split each sequence
     v("load_balance", load_balance);      // rank i holds chunks i and 2cp-1-i of 2cp (else slice i of cp)
-    v("rotate", rotate);                  // how keys and values reach every rank: ring or allgather
+    v("rotate", rotate);                  // how attention sees the whole sequence: ring, allgather or alltoall
   }
 };
 
@@ -71,6 +72,8 @@ class ContextParallel : public nn::SequenceSplit {
  public:
   ContextParallel(Group& group, const ContextParallelConfig& options);
   torch::Tensor positions(int64_t local_len, const c10::Device& device) const override;
+  // The global positions of rank `rank`'s `local_len` tokens.
+  torch::Tensor positions_of(int rank, int64_t local_len, const c10::Device& device) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           bool causal) const override;
   // This rank's slice of `t`, whose dim `dim` is a whole sequence.

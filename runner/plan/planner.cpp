@@ -236,6 +236,26 @@ void plan_one(Planning& s, const TransformConfig& entry, TensorParallelConfig& t
   p.splits_model = true;
 }
 
+// All-to-all context parallelism trades the sequence shard for a head shard:
+// each rank's query and key/value heads (after tensor_parallel's split) must
+// divide over cp.
+void check_head_split(const Planning& s, const TransformConfig& entry) {
+  const models::ModelArgs& a = s.c.model.args;
+  if (!a.values().count("n_heads")) {
+    throw PlanError(entry.ref, "context_parallel rotate alltoall splits the attention heads over cp, but model " +
+                                   s.c.model.name + " has no n_heads; use rotate: ring or allgather");
+  }
+  const int64_t heads = a.i("n_heads");
+  const int64_t kv = a.values().count("n_kv_heads") && a.i("n_kv_heads") > 0 ? a.i("n_kv_heads") : heads;
+  const int64_t q_local = heads / s.tp_size, kv_local = kv / s.tp_size;
+  if (q_local % s.cp_size == 0 && kv_local % s.cp_size == 0) return;
+  throw PlanError(entry.ref, "context_parallel rotate alltoall splits each rank's attention heads over cp " +
+                                 std::to_string(s.cp_size) + ", but a rank holds " + std::to_string(q_local) +
+                                 " query and " + std::to_string(kv_local) + " key/value heads" +
+                                 (s.tp_size > 1 ? " (after tensor_parallel over " + std::to_string(s.tp_size) + ")" : "") +
+                                 "; use a cp that divides both, or rotate: ring or allgather");
+}
+
 // Context parallelism: the model's attention can be split, its samples are
 // sequences that cut into equal chunks, and the loss is a mean over tokens
 // (each rank's is the mean over its tokens; averaging over cp gives the whole).
@@ -255,6 +275,7 @@ void plan_one(Planning& s, const TransformConfig& entry, ContextParallelConfig& 
   } catch (const models::ArgError& e) {
     throw PlanError(entry.ref, e.what());
   }
+  if (t.rotate == parallel::Rotate::kAllToAll) check_head_split(s, entry);
   if (!s.model.input_spec().tokens || (c.data.inputs != InputKind::kAuto && c.data.inputs != InputKind::kTokens)) {
     throw PlanError(entry.ref, "context_parallel splits samples along the sequence, but data.inputs is " +
                                    std::string(name_of(c.data.inputs)) + ", not token sequences; use data.inputs: "

@@ -5,7 +5,8 @@
 
 For the Llama and the Transformer, small and in float32: tensor parallelism with and without
 sequence parallelism (and Llama's loss parallelism), replicate, fully_shard, a 1F1B pipeline,
-context parallelism (a load-balanced ring over cp 2 and 4) and, on a mixture-of-experts Llama,
+context parallelism (a load-balanced ring over cp 2 and 4, and all-to-all over cp 2 and 4 where the
+heads divide) and, on a mixture-of-experts Llama,
 expert parallelism over ep 2 and 4.
 Every group's every collective kind must equal the formula, and no other may appear. Bytes are the
 payload a rank hands the collective per step (an all-gather: this rank's piece; a reduce-scatter:
@@ -190,6 +191,23 @@ for model, m in (("llama", ll), ("transformer", tf)):
         expect(name, plan(name, model, m, [cp], ["cp"], {"context_parallel": {"mesh_dim": "cp"}}),
                {"cp": {"send": (3 * cp - 2) * m["L"] * kv, "recv": (3 * cp - 2) * m["L"] * kv,
                        "all_reduce": (p_ + n_p) * F32 + LOSS}, "world": world})
+
+# All-to-all context parallelism (rotate: alltoall) over cp 2 and 4, where the heads divide: per
+# block, forward hands all_to_all this rank's q, k and v (B x heads x S / cp x head_dim; k and v
+# with the kv heads) and the attention output (as q); backward the four gradients. No sends.
+for model, m in (("llama", ll), ("transformer", tf)):
+    H = m["args"]["n_heads"]
+    KV = m["args"].get("n_kv_heads") or H
+    hd = m["dim"] // H
+    n_p = len(m["layer"]) * m["L"] + len(m["root"])
+    p_ = sum(m["layer"]) * m["L"] + sum(m["root"])
+    for cp in (2, 4):
+        if H % cp or KV % cp:
+            continue  # refused by the planner (tests/bad_inputs/alltoall_heads.yaml)
+        moved = 2 * B * (2 * H + 2 * KV) * (S // cp) * hd * F32
+        name = f"{model}_cp{cp}_alltoall"
+        expect(name, plan(name, model, m, [cp], ["cp"], {"context_parallel": {"mesh_dim": "cp", "rotate": "alltoall"}}),
+               {"cp": {"all_to_all": m["L"] * moved, "all_reduce": (p_ + n_p) * F32 + LOSS}, "world": world})
 
 # Expert parallelism over ep 2 and 4 on a mixture-of-experts Llama (4 experts, top 2, hidden 64),
 # under uniform routing (the dry run's): per block, forward exchanges the per-expert counts
