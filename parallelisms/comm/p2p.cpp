@@ -19,7 +19,8 @@ int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>
 std::function<void()> record_issue(const Group& g, const std::vector<P2POp>& ops) {
   if (!recording) return nullptr;
   auto state = recording;
-  P2PEvent e{P2PEvent::kIssue, comm_key(g), state->groups[comm_key(g)]++, {}};
+  const std::string comm = comm_key(g);
+  P2PEvent e{P2PEvent::kIssue, comm, state->groups[comm]++, {}};
   for (const P2POp& op : ops) e.ops.push_back({op.send, g.ranks.at(op.peer), nbytes(op.tensor), op.tag, op.label});
   state->log.push_back(e);
   return [state, comm = e.comm, group = e.group] { state->log.push_back({P2PEvent::kWait, comm, group, {}}); };

@@ -1,7 +1,7 @@
 #include "parallelisms/comm/p2p_check.h"
 
+#include <algorithm>
 #include <deque>
-#include <set>
 #include <tuple>
 
 namespace composer::parallel {

@@ -98,9 +98,7 @@ std::map<Message, int64_t> send_slots(const std::vector<RankActions>& lists) {
 // and computes before its slot have (by induction over the slots); within a
 // group, sends to a peer and receives from it are in message order on both
 // sides, so each is matched to its own message.
-P2PProgram grouped_program(const std::vector<RankActions>& lists, int rank) {
-  const std::map<Message, int64_t> sent = send_slots(lists);
-  const RankActions& mine = lists[rank];
+P2PProgram grouped_program(const RankActions& mine, const std::map<Message, int64_t>& sent) {
   std::map<int64_t, std::vector<Action>> by_slot;
   for (const Action& a : mine) {
     if (is_recv(a.op) || is_send(a.op)) by_slot[sent.at(message_of(a))].push_back(a);
@@ -149,8 +147,14 @@ P2PProgram grouped_program(const std::vector<RankActions>& lists, int rank) {
 
 P2POrder p2p_order_for(const std::string& backend) { return backend == "nccl" ? P2POrder::kGrouped : P2POrder::kPosted; }
 
-P2PProgram p2p_program(const std::vector<RankActions>& with_comm, int rank, P2POrder order) {
-  return order == P2POrder::kGrouped ? grouped_program(with_comm, rank) : posted_program(with_comm.at(rank));
+std::vector<P2PProgram> p2p_programs(const std::vector<RankActions>& with_comm, P2POrder order) {
+  std::map<Message, int64_t> sent;
+  if (order == P2POrder::kGrouped) sent = send_slots(with_comm);
+  std::vector<P2PProgram> out;
+  for (const RankActions& mine : with_comm) {
+    out.push_back(order == P2POrder::kGrouped ? grouped_program(mine, sent) : posted_program(mine));
+  }
+  return out;
 }
 
 RankActions evaluation_actions(const PipelineShape& shape, int rank) {
@@ -173,13 +177,8 @@ int p2p_peer(const Action& a, const PipelineShape& shape) {
 }
 
 int p2p_tag(const Action& a, const PipelineShape& shape) {
-  // A message is named by its send: the receive of stage s's activation is
-  // stage s-1's SEND_F, of its output gradient stage s+1's SEND_B.
-  Op op = a.op;
-  int stage = a.stage;
-  if (a.op == Op::kRecvActivation) op = Op::kSendActivation, stage = a.stage - 1;
-  if (a.op == Op::kRecvGradient) op = Op::kSendGradient, stage = a.stage + 1;
-  return (static_cast<int>(op) * shape.stages() + stage) * shape.microbatches + a.microbatch + 1;
+  const auto [op, stage, mb] = message_of(a);
+  return (static_cast<int>(op) * shape.stages() + stage) * shape.microbatches + mb + 1;
 }
 
 P2PLog program_log(const P2PProgram& program, const PipelineShape& shape, const std::vector<int>& ranks,
@@ -206,8 +205,9 @@ std::string check_schedule_p2p(ScheduleKind kind, const PipelineShape& shape, P2
   }
   for (const bool training : {true, false}) {
     const auto& lists = training ? training_lists : evaluation_lists;
+    const std::vector<P2PProgram> programs = p2p_programs(lists, order);
     std::map<int, P2PLog> logs;
-    for (int r = 0; r < shape.pp; ++r) logs[r] = program_log(p2p_program(lists, r, order), shape, ranks, "pp");
+    for (int r = 0; r < shape.pp; ++r) logs[r] = program_log(programs[r], shape, ranks, "pp");
     const P2PCheck check = check_p2p(logs);
     if (!check.ok) return (training ? "training: " : "evaluation: ") + check.report;
   }

@@ -36,10 +36,10 @@ struct P2PStep {
 };
 using P2PProgram = std::vector<P2PStep>;
 
-// Rank `rank`'s program, from every rank's action list (with communication,
+// Every rank's program, from every rank's action list (with communication,
 // see with_communication): every send and receive in exactly one group, every
 // group waited for (a receive before its compute, sends by the end).
-P2PProgram p2p_program(const std::vector<RankActions>& with_comm, int rank, P2POrder order);
+std::vector<P2PProgram> p2p_programs(const std::vector<RankActions>& with_comm, P2POrder order);
 
 // Forward only, for evaluation: every microbatch through every stage in
 // order (microbatch, then stage), with the receives and sends its stages on

@@ -124,8 +124,8 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   const P2POrder order = options.p2p_order.value_or(p2p_order_for(pp.backend));
   std::vector<RankActions> evaluation;
   for (int r = 0; r < shape_.pp; ++r) evaluation.push_back(evaluation_actions(shape_, r));
-  program_ = p2p_program(actions_, pp.rank, order);
-  eval_program_ = p2p_program(evaluation, pp.rank, order);
+  program_ = p2p_programs(actions_, order)[pp.rank];
+  eval_program_ = p2p_programs(evaluation, order)[pp.rank];
   device_ = nn::param_options().device();  // meta in a dry run
   cut_stages(model);
   if (options.every_stage) return;  // a shape-only copy: nothing placed, nothing dropped
@@ -327,25 +327,25 @@ void Pipeline::act(const Action& a, Run& run) {
 }
 
 void Pipeline::execute(const P2PProgram& program, Run& run, const std::string& what, bool timed) {
+  // What a step does, for errors and trace spans only: "F3.1", "SEND_F1.0 RECV_B1.0", "wait group 2".
+  auto name_of_step = [](const P2PStep& step) {
+    if (step.kind == P2PStep::kCompute) return step.action.str();
+    if (step.kind == P2PStep::kWait) return "wait group " + std::to_string(step.group);
+    std::string name;
+    for (const Action& a : step.comm) name += (name.empty() ? "" : " ") + a.str();
+    return name;
+  };
   for (const P2PStep& step : program) {
-    std::string name;  // what the step does: "F3.1", "SEND_F1.0 RECV_B1.0", "wait RECV_B1.0"
-    if (step.kind == P2PStep::kCompute) {
-      name = step.action.str();
-    } else if (step.kind == P2PStep::kIssue) {
-      for (const Action& a : step.comm) name += (name.empty() ? "" : " ") + a.str();
-    } else {
-      name = "wait group " + std::to_string(step.group);
-    }
     const double start = now_ms(run.t0);
     try {
-      TraceSpan span([&] { return what + name; });
+      TraceSpan span([&] { return what + name_of_step(step); });
       if (step.kind == P2PStep::kCompute) act(step.action, run);
       else if (step.kind == P2PStep::kIssue) issue(step, run);
       else deliver(step.group, run);
     } catch (const c10::Error& e) {  // name the step: a schedule runs many
-      TORCH_CHECK(false, what, "action ", name, ": ", e.what_without_backtrace());
+      TORCH_CHECK(false, what, "action ", name_of_step(step), ": ", e.what_without_backtrace());
     }
-    if (timed && step.kind == P2PStep::kCompute) timeline_.push_back({name, start, now_ms(run.t0)});
+    if (timed && step.kind == P2PStep::kCompute) timeline_.push_back({step.action.str(), start, now_ms(run.t0)});
   }
   TORCH_INTERNAL_ASSERT(run.posted.empty(), "pipeline: a group issued was never waited for");
 }

@@ -144,7 +144,6 @@ void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
 // parallelism's equal chunks, and each rank's slice over sequence-parallel ranks.
 void check_sequence_split(const Planning& s) {
   const ExperimentConfig& c = s.c;
-  const Plan& p = s.p;
   const int64_t seq = c.data.seq_len ? c.data.seq_len : s.model.input_spec().max_seq_len;
   const std::string seq_from = "seq_len " + std::to_string(seq) + " (data.seq_len, or the model's max_seq_len)";
   int64_t local = seq;
@@ -261,7 +260,6 @@ void check_head_split(const Planning& s, const TransformConfig& entry) {
 // (each rank's is the mean over its tokens; averaging over cp gives the whole).
 void plan_one(Planning& s, const TransformConfig& entry, ContextParallelConfig& t) {
   const ExperimentConfig& c = s.c;
-  Plan& p = s.p;
   if (t.mesh_dim.size() != 1) throw PlanError(entry.ref, "context_parallel spans exactly one mesh dim");
   s.cp_size = dim_size(c.mesh, t.mesh_dim[0]);
   const models::ModelSpec* spec = models::find_model(c.model.name);

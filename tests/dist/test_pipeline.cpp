@@ -316,8 +316,8 @@ TEST(Pipeline, TheRuntimeIssuesItsProgramInBothOrders) {
         const auto lists = with_communication(compute_schedule(kind, shape), shape);
         std::vector<RankActions> evaluation;
         for (int r = 0; r < shape.pp; ++r) evaluation.push_back(evaluation_actions(shape, r));
-        P2PLog expected = program_log(p2p_program(lists, pp.rank, order), shape, pp.ranks, comm_key(pp));
-        P2PLog eval = program_log(p2p_program(evaluation, pp.rank, order), shape, pp.ranks, comm_key(pp));
+        P2PLog expected = program_log(p2p_programs(lists, order)[pp.rank], shape, pp.ranks, comm_key(pp));
+        P2PLog eval = program_log(p2p_programs(evaluation, order)[pp.rank], shape, pp.ranks, comm_key(pp));
         ASSERT_FALSE(expected.empty());
         int groups = 0;
         for (const P2PEvent& e : expected) groups += e.kind == P2PEvent::kIssue;
