@@ -119,7 +119,9 @@ Pipeline::Pipeline(models::Model& model, Group& pp, const PipelineOptions& optio
   }
   actions_ = with_communication(compute_schedule(options.schedule, shape_), shape_);
   for (const auto& rank_actions : actions_) {
-    for (const Action& a : rank_actions) deferred_ = deferred_ || a.op == Op::kBackwardWeight;
+    for (const Action& a : rank_actions) {
+      if (a.op == Op::kBackwardWeight) deferred_.emplace(a.stage, a.microbatch);
+    }
   }
   const P2POrder order = options.p2p_order.value_or(p2p_order_for(pp.backend));
   std::vector<RankActions> evaluation;
@@ -246,7 +248,7 @@ void Pipeline::forward(int s, int mb, Run& run) {
   }
   torch::Tensor out;
   {
-    nn::DeferWeightGrads defer(deferred_ ? &slot.weight_grads : nullptr);
+    nn::DeferWeightGrads defer(deferred_.count({s, mb}) ? &slot.weight_grads : nullptr);
     out = stage_forward(s, slot.input);
   }
   if (s == shape_.stages() - 1) {

@@ -47,15 +47,15 @@ struct PipelineConfig {
   void fields(V& v) {
     v("mesh_dim", mesh_dim, kOneOrList);             // the one mesh dim whose ranks hold the stages
     v("schedule", schedule);                         // the schedule
-    v("microbatches", microbatches, kNonNegative);   // per step; 0 = train.microbatches when > 1, else pp (zbv: 2 pp)
-    v("virtual_stages", virtual_stages, kPositive);  // stages per rank (zbv: 2)
+    v("microbatches", microbatches, kNonNegative);   // per step; 0 = train.microbatches when > 1, else pp (V: 2 pp)
+    v("virtual_stages", virtual_stages, kPositive);  // stages per rank (zbv, dualpipev: 2)
     v("split_points", split_points);                 // FQNs where a stage starts
     v("layers_per_stage", layers_per_stage, kNonNegative);  // 0 = split evenly
     v("scale_grads", scale_grads);                   // divide gradients by the microbatch count
   }
-  // zbv's V needs two stages per rank: its default.
+  // A V (zbv, dualpipev) needs two stages per rank: its default.
   std::optional<FieldError> check(const std::set<std::string>& given) {
-    if (schedule == ScheduleKind::kZbv && !given.count("virtual_stages")) virtual_stages = 2;
+    if (v_schedule(schedule) && !given.count("virtual_stages")) virtual_stages = 2;
     return std::nullopt;
   }
 };
@@ -168,9 +168,10 @@ class Pipeline {
   Group& group_;
   PipelineOptions options_;
   PipelineShape shape_;
-  // The schedule splits backward into I and W: stage forwards defer the
-  // Linear weight gradients (nn::DeferWeightGrads) for the W actions.
-  bool deferred_ = false;
+  // The (stage, microbatch) pairs whose backward this rank splits into I and
+  // W: their forwards defer the Linear weight gradients (nn::DeferWeightGrads)
+  // for the W action; the others' B computes every gradient at once.
+  std::set<std::pair<int, int>> deferred_;
   std::vector<models::PipelinePiece> pieces_;
   std::vector<std::pair<size_t, size_t>> ranges_;
   std::vector<std::shared_ptr<nn::Module>> stages_;  // per stage: the root module (null: another rank's)

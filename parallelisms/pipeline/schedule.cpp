@@ -8,8 +8,6 @@
 namespace composer::parallel {
 namespace {
 
-bool zero_bubble(ScheduleKind k) { return k == ScheduleKind::kInterleavedZeroBubble || k == ScheduleKind::kZbv; }
-
 bool is_compute(Op op) {
   return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput || op == Op::kBackwardWeight;
 }
@@ -155,9 +153,77 @@ class ZeroBubble {
 
 std::vector<RankActions> zero_bubble_schedule(const PipelineShape& s) { return ZeroBubble(s).schedule(); }
 
+// DualPipeV (DeepSeek-V3's DualPipe folded into a V, as PyTorch's
+// ScheduleDualPipeV orders it): rank r holds stage r ("near", going down) and
+// stage 2pp-1-r ("far", coming back). Forwards fill both stages, then pairs
+// of one stage's forward with the other stage's backward run as one
+// overlapped block, then the backwards drain with part of them split into I
+// and a deferred W that fills the last idle slots.
+RankActions dual_pipe_v(int rank, const PipelineShape& s) {
+  const int p = s.pp, m = s.microbatches;
+  const int near = rank, far = 2 * p - 1 - rank;
+  std::map<int, int> next_f, next_b;          // per stage: the next microbatch to run forward, backward
+  std::vector<std::pair<int, int>> pending_w;  // (stage, microbatch) whose W is deferred, oldest first
+  RankActions out;
+  auto forward = [&](int st) { out.push_back({Op::kForward, st, next_f[st]++}); };
+  auto backward = [&](int st, bool split, bool overlapped = false) {
+    const int mb = next_b[st]++;
+    out.push_back({split ? Op::kBackwardInput : Op::kBackward, st, mb, overlapped});
+    if (split) pending_w.emplace_back(st, mb);
+  };
+  auto weight = [&] {
+    if (pending_w.empty()) return;
+    out.push_back({Op::kBackwardWeight, pending_w.front().first, pending_w.front().second});
+    pending_w.erase(pending_w.begin());
+  };
+  auto pair = [&](int f_stage, int b_stage) {
+    forward(f_stage);
+    backward(b_stage, false, true);
+  };
+  for (int i = 0; i < 2 * (p - rank - 1); ++i) forward(near);
+  for (int i = 0; i < rank + 1; ++i) {
+    forward(near);
+    forward(far);
+  }
+  for (int i = 0; i < p - rank - 1; ++i) {
+    backward(far, true);
+    weight();
+    forward(far);
+  }
+  for (int i = 0; i < m - 2 * p + rank + 1; ++i) {
+    if (i == 0 && rank == p - 1) {  // the V's tip: not overlapped, which shortens the bubble
+      forward(near);
+      backward(far, false);
+    } else {
+      pair(near, far);
+    }
+    pair(far, near);
+  }
+  for (int i = 0; i < p - rank - 1; ++i) {
+    backward(far, false);
+    pair(far, near);
+  }
+  bool split = false;  // the second half of the drain splits I and W
+  for (int i = 0; i < rank + 1; ++i) {
+    if (i == (rank + 1) / 2 && rank % 2 == 1) split = true;
+    backward(far, split);
+    if (i == (rank + 1) / 2 && rank % 2 == 0) split = true;
+    backward(near, split);
+  }
+  for (int i = 0; i < p - rank - 1; ++i) {
+    weight();
+    backward(near, split);
+  }
+  while (!pending_w.empty()) weight();
+  return out;
+}
+
 }  // namespace
 
 const char* name_of(ScheduleKind k) { return lookup(kScheduleNames, k); }
+
+bool v_schedule(ScheduleKind k) { return k == ScheduleKind::kZbv || k == ScheduleKind::kDualPipeV; }
+bool zero_bubble(ScheduleKind k) { return k == ScheduleKind::kInterleavedZeroBubble || v_schedule(k); }
 
 std::vector<std::string> schedule_names() {
   std::vector<std::string> out;
@@ -205,7 +271,7 @@ PipelineShape shape_for(ScheduleKind kind, int pp, int virtual_stages, int micro
   s.pp = pp;
   s.virtual_stages = virtual_stages;
   s.microbatches = microbatches;
-  s.v_placement = kind == ScheduleKind::kZbv;
+  s.v_placement = v_schedule(kind);
   return s;
 }
 
@@ -216,11 +282,11 @@ std::optional<std::string> check_shape(ScheduleKind kind, const PipelineShape& s
     return name + " runs one stage per rank, not virtual_stages " + std::to_string(s.virtual_stages) +
            "; use interleaved_1f1b, looped_bfs, interleaved_zero_bubble or zbv for several";
   }
-  if (kind == ScheduleKind::kZbv && s.virtual_stages != 2) {
-    return "zbv places exactly 2 stages per rank in a V; set virtual_stages: 2";
+  if (v_schedule(kind) && s.virtual_stages != 2) {
+    return name + " places exactly 2 stages per rank in a V; set virtual_stages: 2";
   }
-  if (kind == ScheduleKind::kZbv && s.microbatches < 2 * s.pp) {
-    return "zbv needs at least 2 x pp = " + std::to_string(2 * s.pp) + " microbatches, not " +
+  if (v_schedule(kind) && s.microbatches < 2 * s.pp) {
+    return name + " needs at least 2 x pp = " + std::to_string(2 * s.pp) + " microbatches, not " +
            std::to_string(s.microbatches);
   }
   if (kind != ScheduleKind::kGpipe && kind != ScheduleKind::kLoopedBfs && s.microbatches < s.pp) {
@@ -236,8 +302,12 @@ std::optional<std::string> check_shape(ScheduleKind kind, const PipelineShape& s
 }
 
 std::vector<RankActions> compute_schedule(ScheduleKind kind, const PipelineShape& s) {
-  if (zero_bubble(kind)) return zero_bubble_schedule(s);
   std::vector<RankActions> out(s.pp);
+  if (kind == ScheduleKind::kDualPipeV) {
+    for (int r = 0; r < s.pp; ++r) out[r] = dual_pipe_v(r, s);
+    return out;
+  }
+  if (zero_bubble(kind)) return zero_bubble_schedule(s);
   for (int r = 0; r < s.pp; ++r) {
     auto stages = s.stages_of(r);
     switch (kind) {
@@ -262,22 +332,28 @@ std::vector<RankActions> with_communication(const std::vector<RankActions>& comp
   const int S = s.stages();
   std::vector<RankActions> out(compute.size());
   for (size_t r = 0; r < compute.size(); ++r) {
-    for (const Action& a : compute[r]) {
-      const bool fwd = a.op == Op::kForward;
-      const bool grad_in = a.op == Op::kBackward || a.op == Op::kBackwardInput;
-      if (fwd && a.stage > 0 && s.rank_of(a.stage - 1) != static_cast<int>(r)) {
-        out[r].push_back({Op::kRecvActivation, a.stage, a.microbatch});
+    const int rank = static_cast<int>(r);
+    auto remote = [&](int stage) { return stage >= 0 && stage < S && s.rank_of(stage) != rank; };
+    const RankActions& list = compute[r];
+    for (size_t i = 0; i < list.size();) {
+      // One action, or a forward and the backward overlapped with it: receives, computes, sends.
+      const size_t n = i + 1 < list.size() && list[i + 1].overlapped ? 2 : 1;
+      for (size_t k = i; k < i + n; ++k) {
+        const Action& a = list[k];
+        if (a.op == Op::kForward && remote(a.stage - 1)) out[r].push_back({Op::kRecvActivation, a.stage, a.microbatch});
+        if ((a.op == Op::kBackward || a.op == Op::kBackwardInput) && remote(a.stage + 1)) {
+          out[r].push_back({Op::kRecvGradient, a.stage, a.microbatch});
+        }
       }
-      if (grad_in && a.stage + 1 < S && s.rank_of(a.stage + 1) != static_cast<int>(r)) {
-        out[r].push_back({Op::kRecvGradient, a.stage, a.microbatch});
+      for (size_t k = i; k < i + n; ++k) out[r].push_back(list[k]);
+      for (size_t k = i; k < i + n; ++k) {
+        const Action& a = list[k];
+        if (a.op == Op::kForward && remote(a.stage + 1)) out[r].push_back({Op::kSendActivation, a.stage, a.microbatch});
+        if ((a.op == Op::kBackward || a.op == Op::kBackwardInput) && remote(a.stage - 1)) {
+          out[r].push_back({Op::kSendGradient, a.stage, a.microbatch});
+        }
       }
-      out[r].push_back(a);
-      if (fwd && a.stage + 1 < S && s.rank_of(a.stage + 1) != static_cast<int>(r)) {
-        out[r].push_back({Op::kSendActivation, a.stage, a.microbatch});
-      }
-      if (grad_in && a.stage > 0 && s.rank_of(a.stage - 1) != static_cast<int>(r)) {
-        out[r].push_back({Op::kSendGradient, a.stage, a.microbatch});
-      }
+      i += n;
     }
   }
   return out;
@@ -294,8 +370,8 @@ namespace {
 // sends were made and received, and each rank's next action and clock.
 class Simulator {
  public:
-  Simulator(const std::vector<RankActions>& lists, const PipelineShape& s)
-      : lists_(lists), s_(s), R_(static_cast<int>(lists.size())), pc_(R_, 0), clock_(R_, 0) {}
+  Simulator(const std::vector<RankActions>& lists, const PipelineShape& s, const ActionCosts& costs)
+      : lists_(lists), s_(s), costs_(costs), R_(static_cast<int>(lists.size())), pc_(R_, 0), clock_(R_, 0) {}
 
   Simulation run() {
     if ((sim_.error = misplaced()).empty()) {
@@ -389,8 +465,18 @@ class Simulator {
     }
   }
 
-  // Runs rank r's next action; false when it waits for another rank's send
-  // or the schedule is invalid (sim_.error).
+  int64_t cost_of(Op op) const {
+    switch (op) {
+      case Op::kForward: return costs_.forward;
+      case Op::kBackward: return costs_.backward;
+      case Op::kBackwardInput: return costs_.input;
+      default: return costs_.weight;
+    }
+  }
+
+  // Runs rank r's next action (a forward with the backward overlapped with
+  // it: both, as one block); false when it waits for another rank's send or
+  // the schedule is invalid (sim_.error).
   bool advance(int r) {
     const Action& a = lists_[r][pc_[r]];
     if (a.op == Op::kRecvActivation) {
@@ -398,21 +484,36 @@ class Simulator {
     } else if (a.op == Op::kRecvGradient) {
       if (!receive(r, a, Op::kSendGradient, a.stage + 1)) return false;
     } else {
-      int64_t ready = clock_[r];
-      const std::string why = missing(r, a, ready);
-      if (!why.empty()) {
-        sim_.error = "rank " + std::to_string(r) + " runs " + a.str() + " before " + why;
+      const bool pair = pc_[r] + 1 < lists_[r].size() && lists_[r][pc_[r] + 1].overlapped;
+      if (a.overlapped || (pair && (a.op != Op::kForward || lists_[r][pc_[r] + 1].op != Op::kBackward))) {
+        sim_.error = "rank " + std::to_string(r) + ": " + (a.overlapped ? a : lists_[r][pc_[r] + 1]).str() +
+                     " is marked overlapped; only a full backward (B) right after a forward can be";
         return false;
       }
-      if (is_compute(a.op)) {
-        if (done_.count(key(a.op, a.stage, a.microbatch))) {
-          sim_.error = "rank " + std::to_string(r) + " runs " + a.str() + " twice";
+      const size_t n = pair ? 2 : 1;
+      int64_t ready = clock_[r];
+      for (size_t k = 0; k < n; ++k) {
+        const Action& x = lists_[r][pc_[r] + k];
+        const std::string why = missing(r, x, ready);
+        if (!why.empty()) {
+          sim_.error = "rank " + std::to_string(r) + " runs " + x.str() + " before " + why;
           return false;
         }
-        sim_.start[r][pc_[r]] = ready;
-        clock_[r] = ready + 1;
-        done_[key(a.op, a.stage, a.microbatch)] = clock_[r];
-        ++sim_.compute_slots;
+      }
+      if (is_compute(a.op)) {
+        const int64_t cost = pair ? costs_.pair() : cost_of(a.op);
+        for (size_t k = 0; k < n; ++k) {
+          const Action& x = lists_[r][pc_[r] + k];
+          if (done_.count(key(x.op, x.stage, x.microbatch))) {
+            sim_.error = "rank " + std::to_string(r) + " runs " + x.str() + " twice";
+            return false;
+          }
+          sim_.start[r][pc_[r] + k] = ready;
+          done_[key(x.op, x.stage, x.microbatch)] = ready + cost;
+        }
+        clock_[r] = ready + cost;
+        sim_.compute_slots += cost;
+        pc_[r] += n - 1;
       }
     }
     ++pc_[r];
@@ -451,6 +552,7 @@ class Simulator {
 
   const std::vector<RankActions>& lists_;
   const PipelineShape& s_;
+  const ActionCosts costs_;
   const int R_;
   Simulation sim_;
   std::map<Key, int64_t> done_;  // compute (op, stage, mb) -> end slot
@@ -462,7 +564,9 @@ class Simulator {
 
 }  // namespace
 
-Simulation simulate(const std::vector<RankActions>& lists, const PipelineShape& s) { return Simulator(lists, s).run(); }
+Simulation simulate(const std::vector<RankActions>& lists, const PipelineShape& s, const ActionCosts& costs) {
+  return Simulator(lists, s, costs).run();
+}
 
 double bubble_formula(ScheduleKind kind, const PipelineShape& s) {
   const double p = s.pp, v = s.virtual_stages, m = s.microbatches;
@@ -477,8 +581,25 @@ double bubble_formula(ScheduleKind kind, const PipelineShape& s) {
     }
     case ScheduleKind::kInterleavedZeroBubble:
     case ScheduleKind::kZbv: return (p - 1) / (3 * v * m + p - 1);
+    // Unit costs do not fit DualPipe's formula (it needs B = I + W): a backward twice a forward.
+    case ScheduleKind::kDualPipeV: return bubble_formula(kind, s, ActionCosts{1, 2, 1, 1, 0});
   }
   return 0;
+}
+
+double bubble_formula(ScheduleKind kind, const PipelineShape& s, const ActionCosts& c) {
+  if (kind != ScheduleKind::kDualPipeV) return bubble_formula(kind, s);
+  // Rank r runs 2m(F + B) of compute less what its pairs save, F + B - F&B
+  // each; it has 2m - 3pp + r + 1 pairs (one fewer on the last rank, whose
+  // first is not overlapped), so the last two ranks have the most,
+  // 2(m - pp) - 1, and set the makespan with DualPipe's idle time.
+  const double p = s.pp, m = s.microbatches, saved = c.forward + c.backward - c.pair();
+  const double pairs_max = 2 * (m - p) - 1;
+  const double pairs_sum = p * (2 * m - 3 * p + 1) + p * (p - 1) / 2 - 1;
+  const double makespan = 2 * m * (c.forward + c.backward) - pairs_max * saved +
+                          (p - 1) * static_cast<double>(c.pair() + c.backward - 3 * c.weight);
+  const double busy = p * 2 * m * (c.forward + c.backward) - pairs_sum * saved;
+  return 1 - busy / (p * makespan);
 }
 
 }  // namespace composer::parallel

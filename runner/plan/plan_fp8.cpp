@@ -55,7 +55,7 @@ std::string plan_fp8(const ExperimentConfig& c, nn::Module& model, int64_t rows_
   }
   for (const auto& t : c.parallelize) {
     const auto* p = std::get_if<PipelineConfig>(&t.options);
-    if (p && (p->schedule == parallel::ScheduleKind::kInterleavedZeroBubble || p->schedule == parallel::ScheduleKind::kZbv)) {
+    if (p && parallel::zero_bubble(p->schedule)) {
       throw PlanError(f.ref, std::string("float8 layers with the ") + parallel::name_of(p->schedule) + " schedule: its deferred weight "
                              "gradients would be computed in high precision; use 1f1b or interleaved_1f1b, or remove train.fp8");
     }

@@ -101,7 +101,7 @@ void plan_one(Planning& s, const TransformConfig& entry, PipelineConfig& t) {
     }
     m = static_cast<int>(c.train.microbatches);
   }
-  if (!m) m = kind == parallel::ScheduleKind::kZbv ? 2 * pp : pp;
+  if (!m) m = parallel::v_schedule(kind) ? 2 * pp : pp;
   if (auto why = parallel::check_shape(kind, parallel::shape_for(kind, pp, v, m))) {
     throw PlanError(entry.ref, "schedule " + std::string(name_of(t.schedule)) + ": " + *why);
   }
