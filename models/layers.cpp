@@ -1,6 +1,11 @@
 #include "models/layers.h"
 
+#include <ATen/SDPBackend.h>
+
 #include <cmath>
+#include <tuple>
+
+#include "models/saved_ops.h"
 
 namespace composer::nn {
 namespace {
@@ -59,8 +64,10 @@ struct DeferredLinearFn : torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const c10::optional<torch::Tensor>& b, c10::intrusive_ptr<LinearRecord> record) {
     ctx->set_materialize_grads(false);  // an unused output: no gradient, nothing recorded
+    torch::Tensor y = record->kept_output.defined() ? std::move(record->kept_output) : torch::linear(x, w, b);
+    record->kept_output = torch::Tensor();
     ctx->saved_data["record"] = c10::IValue::make_capsule(std::move(record));
-    return torch::linear(x, w, b);
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -133,10 +140,24 @@ torch::Tensor Linear::forward(torch::Tensor x) {
     auto y = fused(x, w, b);
     if (y.defined()) return y;
   }
+  // Op-mode activation checkpointing (models/saved_ops.h): keep this matmul's output, or take it back.
+  torch::Tensor kept;
+  SavedOps* ops = fp8 || fused ? nullptr : SavedOps::active();
+  if (ops && ops->wants(SavedOps::kLinear)) {
+    if (ops->replaying()) {
+      auto outputs = ops->take_next();
+      if (!outputs.empty()) kept = outputs[0];
+    } else if (ops->keep_next()) {
+      auto y = torch::linear(x, w, b);
+      ops->keep({y});
+      return y;
+    }
+  }
   if (!records || !torch::GradMode::is_enabled() || !(w.requires_grad() || (b.defined() && b.requires_grad()))) {
-    return torch::linear(x, w, b);
+    return kept.defined() ? kept_linear(x, w, b, kept) : torch::linear(x, w, b);
   }
   auto r = c10::make_intrusive<LinearRecord>();
+  r->kept_output = kept;
   r->input = x.detach();  // its values (and version counter), not the graph behind it
   r->input_version = x._version();
   r->weight = w;
@@ -232,6 +253,28 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   // scores: on a GPU flash or memory-efficient attention, on the CPU its flash kernel, which the CPU
   // takes only without dropout (with dropout it falls back to matmul, softmax, dropout, matmul).
   const double p = training ? dropout_p : 0.0;
+  // Op-mode activation checkpointing (models/saved_ops.h) keeps the CPU flash kernel's output and
+  // log-sum-exp, or takes them back; on meta, tensors of their shapes.
+  SavedOps* ops = SavedOps::active();
+  const bool keepable =
+      ops && ops->wants(SavedOps::kAttention) && p == 0.0 &&
+      (q.is_meta() ? !gpu_kernels
+                   : q.device().is_cpu() && at::_fused_sdp_choice(q, k, v, {}, 0.0, causal) ==
+                                                static_cast<int64_t>(at::SDPBackend::flash_attention));
+  if (keepable && ops->replaying()) {
+    auto kept = ops->take_next();
+    if (!kept.empty()) return kept_attention(q, k, v, causal, kept[0], kept[1]);
+  } else if (keepable && ops->keep_next()) {
+    torch::Tensor out, logsumexp;
+    if (q.is_meta()) {
+      out = at::empty({q.size(0), q.size(2), q.size(1), v.size(-1)}, q.options()).transpose(1, 2);
+      logsumexp = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    } else {
+      std::tie(out, logsumexp) = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
+    }
+    ops->keep({out, logsumexp});
+    return out;
+  }
   if (q.is_meta()) {
     if (gpu_kernels || p == 0.0) return FusedAttentionOnMeta::apply(q, k, v);
     // The CPU's fallback under dropout, spelled out in ops the meta device has kernels for (LibTorch's

@@ -47,6 +47,7 @@ struct LinearRecord : torch::CustomClassHolder {
   torch::Tensor weight;       // the tensor forward computed with: param(weight), maybe a transform's view
   torch::Tensor bias;         // undefined without a bias in forward (none, or bias_after)
   torch::Tensor grad_output;  // set by backward; undefined until then (or if the output got no gradient)
+  torch::Tensor kept_output;  // the output kept by op-mode activation checkpointing: forward returns it (once)
   int64_t input_version = 0;
 };
 

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "models/layers.h"
+#include "models/saved_ops.h"
 #include "models/select.h"
 #include "parallelisms/comm/trace_span.h"
 
@@ -38,6 +39,8 @@ struct Recompute : torch::CustomClassHolder {
   torch::Tensor rng_bytes;                   // a dry run's stand-in for it on meta, so its bytes count
   nn::WeightGradRecords* records = nullptr;  // a zero-bubble stage's records, open at forward
   std::atomic<int64_t>* recomputes = nullptr;
+  std::atomic<int64_t>* kept_taken = nullptr;  // mode op: ops whose kept output a recompute took back
+  std::unique_ptr<nn::SavedOps> saved;       // mode op: the outputs forward kept; null in mode full
 };
 
 // The generator random ops on `device` draw from: the CPU's, or the GPU's
@@ -92,7 +95,12 @@ torch::Tensor recompute(Recompute& r, const torch::Tensor& input, const std::vec
   try {
     torch::AutoGradMode grad(true);
     nn::DeferWeightGrads defer(r.records);
+    nn::SavedOps::Scope replay(r.saved.get(), /*replay=*/true);
     y = r.forward(input);
+    if (r.saved) {
+      r.kept_taken->fetch_add(r.saved->taken());
+      r.saved->clear();
+    }
   } catch (...) {
     restore(now);
     throw;
@@ -107,7 +115,11 @@ torch::Tensor recompute(Recompute& r, const torch::Tensor& input, const std::vec
 struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Recompute> r) {
     ctx->save_for_backward({inputs[0]});
-    torch::Tensor y = r->forward(inputs[0]);
+    torch::Tensor y;
+    {
+      nn::SavedOps::Scope record(r->saved.get(), /*replay=*/false);
+      y = r->forward(inputs[0]);
+    }
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(std::move(r));
     return {y};
   }
@@ -151,7 +163,9 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
 
 struct Unit {
   std::vector<std::pair<nn::Module*, torch::Tensor>> uses;  // every (layer, parameter) inside the unit
-  std::shared_ptr<std::atomic<int64_t>> recomputes;
+  std::shared_ptr<std::atomic<int64_t>> recomputes, kept_taken;
+  unsigned kept_ops = 0;  // mode op: the kinds whose outputs forward keeps (nn::SavedOps::Kind)
+  int64_t ops_every = 1;
 };
 
 torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::Module::Forward& forward) {
@@ -174,10 +188,40 @@ torch::Tensor checkpointed(const Unit& unit, const torch::Tensor& x, const nn::M
   r->rng_bytes = meta_like(r->rng_state, x);
   r->records = nn::DeferWeightGrads::active();
   r->recomputes = unit.recomputes.get();
+  r->kept_taken = unit.kept_taken.get();
+  if (unit.kept_ops) r->saved = std::make_unique<nn::SavedOps>(unit.kept_ops, unit.ops_every);
   return CheckpointFn::apply(at::TensorList(inputs), r)[0];
 }
 
 }  // namespace
+
+std::optional<FieldError> ActivationCheckpointingConfig::check(const std::set<std::string>& given) const {
+  if (units.empty()) {
+    return FieldError{"", "activation_checkpointing needs units: the modules to checkpoint, as FQN patterns (e.g. "
+                          "units: [layers.*])"};
+  }
+  if (mode == CheckpointMode::kFull) {
+    for (const char* key : {"ops", "ops_every"}) {
+      if (given.count(key)) {
+        return FieldError{key, std::string(key) + " chooses what mode op keeps; mode full keeps nothing inside a "
+                               "unit: add mode: op, or remove " + key};
+      }
+    }
+  }
+  if (ops.empty()) return FieldError{"ops", "mode op needs ops to keep (linear, attention); for none use mode: full"};
+  for (const auto& op : ops) {
+    if (op != "linear" && op != "attention") {
+      return FieldError{"ops", "unknown op '" + op + "'; valid ops: linear, attention"};
+    }
+  }
+  return std::nullopt;
+}
+
+unsigned ActivationCheckpointingConfig::kept_ops() const {
+  unsigned kinds = 0;
+  for (const auto& op : ops) kinds |= op == "linear" ? nn::SavedOps::kLinear : nn::SavedOps::kAttention;
+  return kinds;
+}
 
 std::vector<std::string> checkpoint_units(models::Model& model, const ActivationCheckpointingConfig& options) {
   return checkpoint_units(nn::named_modules(model), options);
@@ -231,6 +275,11 @@ ActivationCheckpoint::ActivationCheckpoint(const std::vector<models::Root>& root
     TORCH_INTERNAL_ASSERT(!module->has_forward_wrapper(), "module ", name, " is checkpointed twice");
     auto unit = std::make_shared<Unit>();
     unit->recomputes = recomputes_;
+    unit->kept_taken = kept_taken_;
+    if (options.mode == CheckpointMode::kOp) {
+      unit->kept_ops = options.kept_ops();
+      unit->ops_every = options.ops_every;
+    }
     for (auto& [sub_name, sub] : nn::named_modules(*module)) {
       for (auto& item : sub->named_parameters(/*recurse=*/false)) unit->uses.emplace_back(sub, item.value());
     }

@@ -30,22 +30,34 @@
 
 namespace composer::parallel {
 
+// full: a unit keeps only its input and recomputes its whole forward in
+// backward. op: it also keeps the outputs of its matrix products and
+// attention (models/saved_ops.h) and recomputes only the rest.
+enum class CheckpointMode { kFull, kOp };
+inline constexpr EnumName<CheckpointMode> kCheckpointModeNames[] = {{CheckpointMode::kFull, "full"},
+                                                                   {CheckpointMode::kOp, "op"}};
+inline const auto& names_of(CheckpointMode) { return kCheckpointModeNames; }
+
 // The `activation_checkpointing` transform's options (docs/configuration.md).
 struct ActivationCheckpointingConfig {
   static constexpr const char* kKey = "activation_checkpointing";
   std::vector<std::string> units;
   int64_t every = 1;
+  CheckpointMode mode = CheckpointMode::kFull;
+  std::vector<std::string> ops{"linear", "attention"};
+  int64_t ops_every = 1;
 
   template <class V>
   void fields(V& v) {
-    v("units", units);             // module FQN patterns, as fully_shard's (required)
-    v("every", every, kPositive);  // checkpoint the every-th, 2 x every-th, ... matching unit
+    v("units", units);                     // module FQN patterns, as fully_shard's (required)
+    v("every", every, kPositive);          // checkpoint the every-th, 2 x every-th, ... matching unit
+    v("mode", mode);                       // full, or op: keep the outputs of `ops` inside each unit
+    v("ops", ops);                         // mode op: the ops whose outputs are kept: linear, attention
+    v("ops_every", ops_every, kPositive);  // mode op: keep every ops_every-th of them in forward order
   }
-  std::optional<FieldError> check(const std::set<std::string>&) const {
-    if (!units.empty()) return std::nullopt;
-    return FieldError{"", "activation_checkpointing needs units: the modules to checkpoint, as FQN patterns (e.g. "
-                          "units: [layers.*])"};
-  }
+  std::optional<FieldError> check(const std::set<std::string>& given) const;
+  // mode op: the kinds of ops kept, as a mask of nn::SavedOps::Kind.
+  unsigned kept_ops() const;
 };
 
 struct Applying;
@@ -71,10 +83,13 @@ class ActivationCheckpoint {
   const std::vector<std::string>& units() const { return units_; }
   // Backward recomputes so far (one per checkpointed unit and microbatch).
   int64_t recomputes() const { return recomputes_->load(); }
+  // mode op: the ops whose kept output a recompute took back instead of computing (so far).
+  int64_t kept_taken() const { return kept_taken_->load(); }
 
  private:
   std::vector<std::string> units_;
   std::shared_ptr<std::atomic<int64_t>> recomputes_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> kept_taken_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 std::unique_ptr<ActivationCheckpoint> apply_activation_checkpointing(const std::vector<models::Root>& roots,

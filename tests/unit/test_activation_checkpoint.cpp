@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <set>
 
 #include "models/registry.h"
 #include "parallelisms/activation_checkpoint.h"
@@ -41,7 +42,7 @@ torch::Tensor loss_of(models::Model& m, int64_t step) {
 struct Training {
   std::vector<double> losses;
   std::vector<torch::Tensor> grads;
-  int64_t recomputes = 0;
+  int64_t recomputes = 0, kept_taken = 0;
   std::vector<std::string> units;
 };
 
@@ -146,6 +147,107 @@ TEST(ActivationCheckpoint, KeepsFewerActivationBytesMeasured) {
   // activations: less than half.
   EXPECT_LT(2 * ac.kept, plain.kept);
   EXPECT_LT(ac.peak, plain.peak);
+}
+
+ActivationCheckpointingConfig op_mode(std::vector<std::string> ops, int64_t ops_every = 1) {
+  ActivationCheckpointingConfig c{{"layers.*"}, 1};
+  c.mode = CheckpointMode::kOp;
+  c.ops = std::move(ops);
+  c.ops_every = ops_every;
+  return c;
+}
+
+// Without dropout attention runs LibTorch's CPU flash kernel, whose output op mode keeps; the
+// Linear layers' outputs are kept too, and their backward is the mm backward autograd runs.
+Training train_without_dropout(const std::optional<ActivationCheckpointingConfig>& o) {
+  auto m = transformer({{"n_layers", int64_t{4}}, {"dropout_p", 0.0}});
+  std::unique_ptr<ActivationCheckpoint> ac;
+  if (o) ac = apply_activation_checkpointing(*m, *o);
+  Training r;
+  for (int64_t step = 0; step < 2; ++step) {
+    auto loss = loss_of(*m, step);
+    loss.backward();
+    r.losses.push_back(loss.item<double>());
+  }
+  for (auto& [n, p] : nn::unique_named_parameters(*m)) r.grads.push_back(p.grad().clone());
+  if (ac) {
+    r.recomputes = ac->recomputes();
+    r.kept_taken = ac->kept_taken();
+  }
+  return r;
+}
+
+TEST(ActivationCheckpoint, OpModeIsBitEqualToNoCheckpointing) {
+  Training plain = train_without_dropout(std::nullopt);
+  // A block's kept-kind ops in forward order: wq, wk, wv, attention, wo, w1, w2. Per block and
+  // backward the recompute takes back: all 7; the 6 Linear; attention; every 2nd (wk, attention, w1);
+  // every 3rd (wv, w1).
+  const std::pair<ActivationCheckpointingConfig, int64_t> cases[] = {
+      {op_mode({"linear", "attention"}), 7}, {op_mode({"linear"}), 6}, {op_mode({"attention"}), 1},
+      {op_mode({"linear", "attention"}, 2), 3}, {op_mode({"linear", "attention"}, 3), 2}};
+  for (const auto& [c, per_block] : cases) {
+    SCOPED_TRACE("ops " + std::to_string(c.kept_ops()) + " every " + std::to_string(c.ops_every));
+    Training ac = train_without_dropout(c);
+    expect_bit_equal(plain, ac);
+    EXPECT_EQ(ac.recomputes, 4 * 2);
+    EXPECT_EQ(ac.kept_taken, 4 * 2 * per_block);
+  }
+  // Full mode keeps nothing inside a unit.
+  EXPECT_EQ(train_without_dropout(ActivationCheckpointingConfig{{"layers.*"}, 1}).kept_taken, 0);
+}
+
+TEST(ActivationCheckpoint, OpModeOptionsAreChecked) {
+  std::set<std::string> given{"units", "ops"};
+  ActivationCheckpointingConfig full{{"layers.*"}, 1};
+  auto e = full.check(given);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->key, "ops");
+  EXPECT_NE(e->message.find("add mode: op"), std::string::npos) << e->message;
+  auto bad = op_mode({"linear", "softmax"});
+  e = bad.check({"units", "mode", "ops"});
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message, "unknown op 'softmax'; valid ops: linear, attention");
+  EXPECT_FALSE(op_mode({"attention"}).check({"units", "mode", "ops"}).has_value());
+}
+
+Memory measure_kept(const std::optional<ActivationCheckpointingConfig>& o) {
+  auto& alloc = testing::CountingAllocator::installed();
+  auto m = transformer({{"n_layers", int64_t{4}},
+                        {"dim", int64_t{64}},
+                        {"n_heads", int64_t{4}},
+                        {"max_seq_len", int64_t{64}},
+                        {"vocab_size", int64_t{32}},
+                        {"dropout_p", 0.0}});
+  std::unique_ptr<ActivationCheckpoint> ac;
+  if (o) ac = apply_activation_checkpointing(*m, *o);
+  auto x = tokens(8, 64, 32, 0);
+  auto target = tokens(8, 64, 32, 1).flatten();
+  Memory mem;
+  const int64_t base = alloc.live();
+  alloc.reset_peak();
+  {
+    auto loss = torch::nn::functional::cross_entropy((*m)(x).flatten(0, 1), target);
+    mem.kept = alloc.live() - base;
+    loss.backward();
+  }
+  mem.peak = alloc.peak() - base;
+  return mem;
+}
+
+TEST(ActivationCheckpoint, OpModeKeepsBetweenFullAndNoneMeasured) {
+  const Memory plain = measure_kept(std::nullopt), full = measure_kept(ActivationCheckpointingConfig{{"layers.*"}, 1}),
+               op = measure_kept(op_mode({"linear", "attention"})),
+               half = measure_kept(op_mode({"linear", "attention"}, 2));
+  std::cout << "transformer 4 x dim 64, batch 8 x seq 64, kept after forward: none " << plain.kept << ", op " << op.kept
+            << ", op every 2nd " << half.kept << ", full " << full.kept << " bytes; peak " << plain.peak << ", "
+            << op.peak << ", " << half.peak << ", " << full.peak << "\n";
+  // A block's Linear outputs (q, k, v in one in_proj of 3 x 64, out_proj 64, the MLP's 4 x 64 and 64 wide)
+  // and attention's output and log-sum-exp, per token; what op mode adds to full's inputs.
+  const int64_t tokens_ = 8 * 64, per_block = tokens_ * (3 * 64 + 64 + 4 * 64 + 64 + 64) * 4 + 8 * 4 * 64 * 4;
+  EXPECT_EQ(op.kept - full.kept, 4 * per_block);
+  EXPECT_LT(op.kept, plain.kept);
+  EXPECT_LT(full.kept, half.kept);
+  EXPECT_LT(half.kept, op.kept);
 }
 
 }  // namespace
