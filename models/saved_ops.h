@@ -67,13 +67,4 @@ class SavedOps {
   std::vector<std::vector<torch::Tensor>> kept_;  // per op: its outputs, or none
 };
 
-// y = linear(x, w, b) given its kept value: returns `y`, and its backward
-// gives x, w and b the gradients torch::linear's would.
-torch::Tensor kept_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y);
-
-// Attention given its kept output and log-sum-exp (the CPU flash kernel's, or
-// meta tensors of their shapes): returns `out`, whose backward is that kernel's.
-torch::Tensor kept_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
-                             const torch::Tensor& out, const torch::Tensor& logsumexp);
-
 }  // namespace composer::nn

@@ -40,6 +40,7 @@ int run(int argc, char** argv) {
   install_stop_handlers();  // a rank's; composer's launcher installs its own
   CliOptions options = parse_cli(argc, argv);
   if (options.exit_now) return 0;
+  if (options.command == Command::kSuggest) return run_suggest(options);
   ExperimentConfig config = load_config(options.config, options.sets);
   if (options.command == Command::kGolden && (!config.parallelize.empty() || config.mesh.world_size() != 1)) {
     config = single_device_twin(config);

@@ -2,12 +2,15 @@
 #include "runner/cli/cli.h"
 
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "runner/checkpoint/export.h"
 #include "runner/verify/golden.h"
 #include "runner/cli/plan_report.h"
+#include "runner/suggest/suggest.h"
 #include "runner/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -17,6 +20,8 @@ namespace {
 
 const char kUsage[] =
     "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR] [--json]\n"
+    "       composer suggest --config FILE --ranks-per-node N [--nodes N] [--device-memory 80GB]\n"
+    "                        [--matmul-tflops X] [--intra-gbs X] [--inter-gbs X] [--top N] [--out FILE]\n"
     "       composer export --config FILE (--checkpoint DIR | --weights FILE) --out PATH [--format pt|hf]\n"
     "                       [--max-shard-size 5GB]\n"
     "\n"
@@ -30,12 +35,17 @@ const char kUsage[] =
     "  export  write a checkpoint's or a weights file's weights as one safetensors file for PyTorch (in\n"
     "          shards with an index above --max-shard-size), or with --format hf a Hugging Face Llama\n"
     "          folder (config.json and model.safetensors) that transformers loads; runs in this process\n"
+    "  suggest search the plans of the config's model for a world of ranks (its own mesh and parallelize\n"
+    "          ignored), rank them by a cost model, run the cheapest dry until --top fit --device-memory,\n"
+    "          and write the best as a config (default runs/<name>/suggested.yaml). Defaults: on cpu the\n"
+    "          matmul rate measured here shared by the node's ranks, 2 and 1 GB/s; on cuda 400 TFLOP/s,\n"
+    "          200 and 25 GB/s; memory: mesh.memory_per_rank_mb, else the host's (cuda: required)\n"
     "\n"
     "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
 
 const std::pair<const char*, Command> kCommands[] = {
     {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan},
-    {"export", Command::kExport}};
+    {"export", Command::kExport}, {"suggest", Command::kSuggest}};
 
 std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
   std::string dir = out_dir_of(o, c);
@@ -116,7 +126,15 @@ void add_cli_options(po::options_description& desc, CliOptions& o) {
       "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
       "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
       "json", po::bool_switch(&o.json), "plan: print the resolved config and the plan's figures as one JSON object")(
-      "command", po::value<std::string>(), "run, check, golden, plan or export");
+      "ranks-per-node", po::value<int64_t>(&o.ranks_per_node), "suggest: ranks (devices) per node")(
+      "nodes", po::value<int64_t>(&o.nodes), "suggest: nodes (default 1)")(
+      "device-memory", po::value<std::string>(&o.device_memory), "suggest: memory per rank (80GB, 512MiB)")(
+      "matmul-tflops", po::value<double>(&o.matmul_tflops), "suggest: a rank's matmul rate, TFLOP/s")(
+      "intra-gbs", po::value<double>(&o.intra_gbs), "suggest: a rank's bandwidth within its node, GB/s")(
+      "inter-gbs", po::value<double>(&o.inter_gbs), "suggest: a rank's bandwidth across nodes, GB/s")(
+      "top", po::value<int64_t>(&o.top), "suggest: plans that must fit before the search stops (default 3)")(
+      "max-estimates", po::value<int64_t>(&o.max_estimates), "suggest: most plans run dry (default 40)")(
+      "command", po::value<std::string>(), "run, check, golden, plan, export or suggest");
 }
 
 // The command named by the positional argument.
@@ -124,7 +142,7 @@ Command command_named(const std::string& name) {
   for (const auto& [n, cmd] : kCommands) {
     if (name == n) return cmd;
   }
-  throw UserError("unknown command '" + name + "'; use run, check, golden, plan or export (composer --help)");
+  throw UserError("unknown command '" + name + "'; use run, check, golden, plan, export or suggest (composer --help)");
 }
 
 // Options that belong together, or to one command only.
@@ -140,6 +158,18 @@ void check_combinations(const CliOptions& o) {
                     ": use pt (a safetensors file) or hf (a Hugging Face Llama or Mixtral folder)");
   }
   if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
+  const bool suggesting = o.command == Command::kSuggest;
+  if (suggesting && o.ranks_per_node < 1) {
+    throw UserError("composer suggest needs --ranks-per-node N (the ranks, or devices, of one node); see composer --help");
+  }
+  if (suggesting && (o.nodes < 1 || o.top < 1 || o.max_estimates < 1)) {
+    throw UserError("--nodes, --top and --max-estimates must be at least 1");
+  }
+  if (!suggesting && (o.ranks_per_node || o.nodes != 1 || !o.device_memory.empty() || o.matmul_tflops || o.intra_gbs ||
+                      o.inter_gbs || o.top != 3 || o.max_estimates != 40)) {
+    throw UserError("--ranks-per-node, --nodes, --device-memory, --matmul-tflops, --intra-gbs, --inter-gbs, --top and "
+                    "--max-estimates belong to composer suggest; see composer --help");
+  }
   if (!exporting && (!o.checkpoint.empty() || !o.max_shard_size.empty() || !o.weights.empty() || !o.format.empty())) {
     throw UserError("--checkpoint, --weights, --format and --max-shard-size belong to composer export; to resume a "
                     "run, set checkpoint.resume (--set checkpoint.resume=DIR)");
@@ -208,6 +238,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       return 0;
     }
     case Command::kCheck: return do_check(o, c, p, rank);
+    case Command::kSuggest: return run_suggest(o);
     case Command::kExport: {
       ExportOptions e;
       e.checkpoint = o.checkpoint;
@@ -219,6 +250,60 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       return 0;
     }
   }
+  return 0;
+}
+
+int run_suggest(const CliOptions& o) {
+  const ExperimentConfig given = load_config(o.config, o.sets);  // its errors point at the file
+  World w;
+  w.ranks_per_node = o.ranks_per_node;
+  w.nodes = o.nodes;
+  const bool cuda = given.mesh.device == DeviceKind::kCuda;
+  if (!o.device_memory.empty()) {
+    w.memory_per_rank = static_cast<int64_t>(parse_byte_size(o.device_memory, "--device-memory"));
+  } else if (given.mesh.memory_per_rank_mb > 0 || !cuda) {
+    w.memory_per_rank = memory_per_rank(given, w.ranks_per_node);
+  } else {
+    throw UserError("composer suggest of a cuda config needs --device-memory (e.g. 80GB) or mesh.memory_per_rank_mb");
+  }
+  w.matmul_flops = o.matmul_tflops > 0 ? o.matmul_tflops * 1e12
+                   : cuda              ? 400e12
+                                       : measure_matmul_flops() / static_cast<double>(w.ranks_per_node);
+  w.intra_bytes_per_s = (o.intra_gbs > 0 ? o.intra_gbs : cuda ? 200 : 2) * 1e9;
+  w.inter_bytes_per_s = (o.inter_gbs > 0 ? o.inter_gbs : cuda ? 25 : 1) * 1e9;
+  const auto t0 = std::chrono::steady_clock::now();
+  Suggestion s = suggest(o.config, o.sets, w, static_cast<int>(o.top), static_cast<int>(o.max_estimates));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout.precision(3);
+  std::cout << "suggest: " << s.candidates << " plans for " << w.size() << " ranks, " << s.refused
+            << " refused by the planner, " << s.estimated << " run dry, " << s.fitting.size() << " fit in "
+            << format_bytes(w.memory_per_rank) << " per rank (" << seconds << " s)\n";
+  for (const auto& c : s.fitting) {
+    std::cout << "  " << c.name << ": step " << c.step_s() << " s (compute " << c.compute_s << ", communication "
+              << c.comm_s << ", bubble " << c.bubble << "), peak " << format_bytes(c.peak) << "\n";
+  }
+  for (const auto& c : s.unfit) {
+    std::cout << "  over the memory: " << c.name << ", peak " << format_bytes(c.peak) << "\n";
+  }
+  if (s.fitting.empty()) {
+    throw UserError("no plan of " + given.model.name + " fits " + format_bytes(w.memory_per_rank) + " per rank on " +
+                    std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
+                    " cheapest; give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
+                    "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
+  }
+  const std::string path = o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out;
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  // The best as asked; each runner-up k beside it as <stem>.<k>.yaml.
+  for (size_t k = 0; k < s.fitting.size(); ++k) {
+    std::filesystem::path file = path;
+    if (k) file.replace_extension(std::to_string(k + 1) + file.extension().string());
+    std::ofstream f(file);
+    f << suggested_yaml(o.config, o.sets, s, w, k);
+    if (!f.good()) throw UserError("--out " + file.string() + ": cannot write the suggested config");
+  }
+  std::cout << "wrote " << path << (s.fitting.size() > 1 ? " (runners-up beside it, .2.yaml ...)" : "") << "\n";
   return 0;
 }
 

@@ -13,7 +13,7 @@
 
 namespace composer {
 
-enum class Command { kRun, kCheck, kGolden, kPlan, kExport };
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest };
 
 struct CliOptions {
   Command command = Command::kRun;
@@ -28,11 +28,19 @@ struct CliOptions {
   std::vector<std::string> argv;  // the invocation, to start ranks with
   std::string command_line;       // the whole invocation, for golden headers
   bool json = false;              // --json (plan): one JSON object for tools
+  // suggest: the world searched and the rates it is priced at (0: the defaults, see composer --help)
+  int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
+  std::string device_memory;
+  double matmul_tflops = 0, intra_gbs = 0, inter_gbs = 0;
   bool exit_now = false;          // --help or --version was printed
 };
 
 // Throws UserError for bad arguments.
 CliOptions parse_cli(int argc, char** argv);
+
+// composer suggest: searches, prints the ranking and writes the best plan's
+// config (--out, default runs/<name>/suggested.yaml); runs in this process.
+int run_suggest(const CliOptions& o);
 
 // Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
 int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);

@@ -26,6 +26,7 @@ LAYERS = [
     "runner/train",
     "runner/estimate",
     "runner/verify",
+    "runner/suggest",
     "runner/cli",
     "runner",
 ]

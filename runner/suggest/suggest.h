@@ -1,0 +1,70 @@
+// `composer suggest`: the plans of a model for a world of ranks, searched,
+// checked and ranked. Every candidate (tp, cp, pp with its schedule and
+// microbatches, dp as replicate, fully_shard or HSDP, activation checkpointing
+// none, op or full, gradient accumulation) is written as the mesh and
+// parallelize sections of the user's config and goes through the planner;
+// the accepted ones are ranked by a cost model, and in that order each is run
+// dry (the per-rank memory estimate, exact to the byte) until `top` of them
+// fit the device memory with the margin. The best is written as a config.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runner/config/config.h"
+#include "runner/plan/planner.h"
+
+namespace composer {
+
+// The machines a plan is sought for, and the rates the cost model prices work at.
+struct World {
+  int64_t ranks_per_node = 1;
+  int64_t nodes = 1;
+  int64_t memory_per_rank = 0;  // bytes a rank may use
+  double margin = 0.1;          // the fraction of memory_per_rank a plan must leave free
+  double matmul_flops = 0;      // per rank, FLOP/s
+  double intra_bytes_per_s = 0;  // a rank's bandwidth to ranks of its node
+  double inter_bytes_per_s = 0;  // to ranks of other nodes
+  int64_t size() const { return ranks_per_node * nodes; }
+};
+
+struct Candidate {
+  std::string name;   // "tp2.cp1.pp2_1f1b_m4.fsdp.ac_op.mb1"
+  std::string block;  // its mesh and parallelize sections, as YAML
+  int64_t train_microbatches = 1;  // gradient accumulation without a pipeline
+  std::string family;              // the name less activation checkpointing (and accumulation without a pipeline)
+  // The cost model's step: compute (model FLOPs, recompute included, over
+  // the matmul rate, stretched by the pipeline's bubble) plus every
+  // collective's bytes over its level's bandwidth, nothing overlapped.
+  double compute_s = 0, comm_s = 0, bubble = 0;
+  double step_s() const { return compute_s + comm_s; }
+  int64_t peak = -1;    // the dry run's largest per-rank peak; -1: not run dry
+  bool fits = false;
+};
+
+struct Suggestion {
+  std::vector<Candidate> fitting;   // best first
+  std::vector<Candidate> unfit;     // run dry, over the memory, in cost order
+  int64_t candidates = 0, refused = 0, estimated = 0;
+  std::string first_refusal;        // an example of the planner's reasons
+  double flops_per_step = 0;        // the model's, one step of the global batch
+};
+
+// The model FLOPs of one step: 6 x matrix parameters per token (embedding
+// tables left out) plus attention's 12 x layers x dim x seq per token.
+double model_flops_per_step(const ExperimentConfig& c);
+
+// Searches the plans of the config at `path` (with `overrides`; its own mesh
+// and parallelize are ignored) for `world`; `max_estimates` caps the dry runs.
+Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& world, int top,
+                   int max_estimates);
+
+// The config at `path` with the sections of the plan fitting[pick] (0: the
+// best), headed by a comment on the choice, the runners-up and the rates assumed.
+std::string suggested_yaml(const std::string& path, const std::vector<std::string>& overrides, const Suggestion& s,
+                           const World& world, size_t pick = 0);
+
+// One float32 matmul's rate on this machine's cores, FLOP/s (about a second of work).
+double measure_matmul_flops();
+
+}  // namespace composer
