@@ -228,18 +228,10 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
               if (given > 0 && mb > 1) continue;
               for (Ac ac : {Ac::kNone, Ac::kOp, Ac::kFull}) {
                 if (ac != Ac::kNone && !f.has_layers) continue;
-                Shape s;
-                s.tp = tp;
-                s.cp = cp;
-                s.pp = pp;
-                s.dp = dp;
-                s.shard = sh;
-                s.dp_mode = mode;
-                s.schedule = kind;
-                s.virtual_stages = v;
-                s.microbatches = given > 0 ? given : pp > 1 ? mb * pp * (kind == parallel::ScheduleKind::kZbv ? 2 : 1) : mb;
-                s.ac = ac;
-                out.push_back(s);
+                const int64_t m = given > 0 ? given
+                                  : pp > 1  ? mb * pp * (kind == parallel::ScheduleKind::kZbv ? 2 : 1)
+                                            : mb;
+                out.push_back(Shape{tp, cp, pp, dp, sh, mode, kind, v, m, ac});
               }
             }
           }

@@ -48,8 +48,9 @@ struct Training {
 
 // Two forwards and backwards (gradients accumulate): the second step's
 // dropout masks come from the generator as the first backward left it.
-Training train(const std::optional<ActivationCheckpointingConfig>& o, uint64_t data_seed = 11) {
-  auto m = transformer(kSmall);
+Training train(const std::optional<ActivationCheckpointingConfig>& o, uint64_t data_seed = 11,
+               const Args& model = kSmall) {
+  auto m = transformer(model);
   std::unique_ptr<ActivationCheckpoint> ac;
   if (o) ac = apply_activation_checkpointing(*m, *o);
   torch::manual_seed(data_seed);
@@ -62,6 +63,7 @@ Training train(const std::optional<ActivationCheckpointingConfig>& o, uint64_t d
   for (auto& [n, p] : nn::unique_named_parameters(*m)) r.grads.push_back(p.grad().clone());
   if (ac) {
     r.recomputes = ac->recomputes();
+    r.kept_taken = ac->kept_taken();
     r.units = ac->units();
   }
   return r;
@@ -112,16 +114,16 @@ struct Memory {
   int64_t kept = 0, peak = 0;
 };
 
-Memory measure(bool checkpoint) {
+Memory measure(const std::optional<ActivationCheckpointingConfig>& o, double dropout) {
   auto& alloc = testing::CountingAllocator::installed();
   auto m = transformer({{"n_layers", int64_t{4}},
                         {"dim", int64_t{64}},
                         {"n_heads", int64_t{4}},
                         {"max_seq_len", int64_t{64}},
                         {"vocab_size", int64_t{32}},
-                        {"dropout_p", 0.1}});
+                        {"dropout_p", dropout}});
   std::unique_ptr<ActivationCheckpoint> ac;
-  if (checkpoint) ac = apply_activation_checkpointing(*m, {{"layers.*"}, 1});
+  if (o) ac = apply_activation_checkpointing(*m, *o);
   auto x = tokens(8, 64, 32, 0);
   auto target = tokens(8, 64, 32, 1).flatten();
   torch::manual_seed(11);
@@ -138,7 +140,7 @@ Memory measure(bool checkpoint) {
 }
 
 TEST(ActivationCheckpoint, KeepsFewerActivationBytesMeasured) {
-  Memory plain = measure(false), ac = measure(true);
+  Memory plain = measure(std::nullopt, 0.1), ac = measure(ActivationCheckpointingConfig{{"layers.*"}, 1}, 0.1);
   std::cout << "transformer 4 x dim 64, batch 8 x seq 64: kept after forward " << plain.kept << " bytes without, "
             << ac.kept << " with activation checkpointing; peak over forward and backward " << plain.peak << " vs "
             << ac.peak << "\n";
@@ -160,21 +162,7 @@ ActivationCheckpointingConfig op_mode(std::vector<std::string> ops, int64_t ops_
 // Without dropout attention runs LibTorch's CPU flash kernel, whose output op mode keeps; the
 // Linear layers' outputs are kept too, and their backward is the mm backward autograd runs.
 Training train_without_dropout(const std::optional<ActivationCheckpointingConfig>& o) {
-  auto m = transformer({{"n_layers", int64_t{4}}, {"dropout_p", 0.0}});
-  std::unique_ptr<ActivationCheckpoint> ac;
-  if (o) ac = apply_activation_checkpointing(*m, *o);
-  Training r;
-  for (int64_t step = 0; step < 2; ++step) {
-    auto loss = loss_of(*m, step);
-    loss.backward();
-    r.losses.push_back(loss.item<double>());
-  }
-  for (auto& [n, p] : nn::unique_named_parameters(*m)) r.grads.push_back(p.grad().clone());
-  if (ac) {
-    r.recomputes = ac->recomputes();
-    r.kept_taken = ac->kept_taken();
-  }
-  return r;
+  return train(o, 11, {{"n_layers", int64_t{4}}, {"dropout_p", 0.0}});
 }
 
 TEST(ActivationCheckpoint, OpModeIsBitEqualToNoCheckpointing) {
@@ -210,29 +198,8 @@ TEST(ActivationCheckpoint, OpModeOptionsAreChecked) {
   EXPECT_FALSE(op_mode({"attention"}).check({"units", "mode", "ops"}).has_value());
 }
 
-Memory measure_kept(const std::optional<ActivationCheckpointingConfig>& o) {
-  auto& alloc = testing::CountingAllocator::installed();
-  auto m = transformer({{"n_layers", int64_t{4}},
-                        {"dim", int64_t{64}},
-                        {"n_heads", int64_t{4}},
-                        {"max_seq_len", int64_t{64}},
-                        {"vocab_size", int64_t{32}},
-                        {"dropout_p", 0.0}});
-  std::unique_ptr<ActivationCheckpoint> ac;
-  if (o) ac = apply_activation_checkpointing(*m, *o);
-  auto x = tokens(8, 64, 32, 0);
-  auto target = tokens(8, 64, 32, 1).flatten();
-  Memory mem;
-  const int64_t base = alloc.live();
-  alloc.reset_peak();
-  {
-    auto loss = torch::nn::functional::cross_entropy((*m)(x).flatten(0, 1), target);
-    mem.kept = alloc.live() - base;
-    loss.backward();
-  }
-  mem.peak = alloc.peak() - base;
-  return mem;
-}
+// Without dropout attention runs the flash kernel, whose output op mode keeps.
+Memory measure_kept(const std::optional<ActivationCheckpointingConfig>& o) { return measure(o, 0.0); }
 
 TEST(ActivationCheckpoint, OpModeKeepsBetweenFullAndNoneMeasured) {
   const Memory plain = measure_kept(std::nullopt), full = measure_kept(ActivationCheckpointingConfig{{"layers.*"}, 1}),
