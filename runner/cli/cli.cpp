@@ -254,6 +254,7 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
 }
 
 int run_suggest(const CliOptions& o) {
+  check_suggest_overrides(o.sets);
   const ExperimentConfig given = load_config(o.config, o.sets);  // its errors point at the file
   World w;
   w.ranks_per_node = o.ranks_per_node;

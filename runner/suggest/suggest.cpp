@@ -18,7 +18,7 @@
 namespace composer {
 namespace {
 
-// The config the user gave with its own mesh, parallelize and microbatches left out.
+// The config the user gave, its overrides applied and its parallelize left out (its mesh is replaced later).
 YAML::Node base_document(const std::string& path, const std::vector<std::string>& overrides) {
   YAML::Node doc;
   try {
@@ -29,13 +29,8 @@ YAML::Node base_document(const std::string& path, const std::vector<std::string>
     throw UserError(path + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
   ReadContext ctx{path, {}};
-  for (const auto& o : overrides) {
-    if (o.rfind("mesh", 0) == 0 || o.rfind("parallelize", 0) == 0) {
-      throw UserError("--set " + o + ": composer suggest chooses the mesh and parallelize; set the world with "
-                      "--ranks-per-node, --nodes and --device-memory instead");
-    }
-    apply_override(doc, o, ctx);
-  }
+  check_suggest_overrides(overrides);
+  for (const auto& o : overrides) apply_override(doc, o, ctx);
   doc.remove("parallelize");
   return doc;
 }
@@ -278,6 +273,15 @@ void price(Candidate& cand, const Shape& s, const ModelFacts& f, const Experimen
 }
 
 }  // namespace
+
+void check_suggest_overrides(const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) {
+    if (o.rfind("mesh", 0) == 0 || o.rfind("parallelize", 0) == 0) {
+      throw UserError("--set " + o + ": composer suggest chooses the mesh and parallelize; set the world with "
+                      "--ranks-per-node, --nodes and --device-memory instead");
+    }
+  }
+}
 
 double model_flops_per_step(const ExperimentConfig& c) {
   const ModelFacts f = facts_of(c);

@@ -54,6 +54,9 @@ struct Suggestion {
 // tables left out) plus attention's 12 x layers x dim x seq per token.
 double model_flops_per_step(const ExperimentConfig& c);
 
+// Throws UserError for an override of the mesh or parallelize, which suggest chooses.
+void check_suggest_overrides(const std::vector<std::string>& overrides);
+
 // Searches the plans of the config at `path` (with `overrides`; its own mesh
 // and parallelize are ignored) for `world`; `max_estimates` caps the dry runs.
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& world, int top,
