@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <map>
 #include <set>
 #include <sstream>
 
@@ -68,15 +66,21 @@ ModelFacts facts_of(const ExperimentConfig& c) {
   f.kv_dim = heads > 0 && kv_heads > 0 ? f.dim * kv_heads / heads : f.dim;
   f.seq = c.data.seq_len > 0 ? c.data.seq_len : arg("max_seq_len");
   const int64_t experts = arg("n_experts"), top_k = std::max<int64_t>(1, arg("top_k"));
+  bool has_output = false;
+  double embedding = 0;
   for (const auto& [name, p] : nn::unique_named_parameters(*model)) {
     f.param_bytes += static_cast<double>(p.numel()) * p.element_size();
+    has_output = has_output || name == "output.weight";
+    if (name == "tok_embeddings.weight") embedding = static_cast<double>(p.numel());
     if (p.dim() == 2 && name.find("embeddings") == std::string::npos) f.matrix_params += static_cast<double>(p.numel());
     if (p.dim() == 3 && name.find(".experts.") != std::string::npos && experts > 0) {
       f.matrix_params += static_cast<double>(p.numel()) * top_k / experts;
     }
   }
+  const bool tied = a.values().count("weight_tying") && std::holds_alternative<bool>(a.values().at("weight_tying")) &&
+                    a.b("weight_tying");
+  if (tied && !has_output) f.matrix_params += embedding;  // the table is also the output projection
   auto modules = nn::named_modules(*model);
-  std::map<std::string, bool> listed;
   for (const auto& [name, m] : modules) {
     if (name.empty() || name.find('.') != std::string::npos) continue;
     bool list = false;
@@ -237,6 +241,11 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
   return out;
 }
 
+double flops_of(const ModelFacts& f, const ExperimentConfig& c) {
+  const double per_token = 6 * f.matrix_params + 12.0 * f.layers * f.dim * f.seq;
+  return per_token * f.seq * static_cast<double>(c.train.global_batch);
+}
+
 // The cost model's step for `s` (see Candidate).
 void price(Candidate& cand, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w,
            double flops) {
@@ -283,11 +292,7 @@ void check_suggest_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
-double model_flops_per_step(const ExperimentConfig& c) {
-  const ModelFacts f = facts_of(c);
-  const double per_token = 6 * f.matrix_params + 12.0 * f.layers * f.dim * f.seq;
-  return per_token * f.seq * static_cast<double>(c.train.global_batch);
-}
+double model_flops_per_step(const ExperimentConfig& c) { return flops_of(facts_of(c), c); }
 
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& w, int top,
                    int max_estimates) {
@@ -304,7 +309,7 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   const ModelFacts f = facts_of(one);
   const int64_t given = doc["train"] && doc["train"]["microbatches"] ? doc["train"]["microbatches"].as<int64_t>() : 0;
   Suggestion out;
-  out.flops_per_step = model_flops_per_step(one);
+  out.flops_per_step = flops_of(f, one);
   struct Accepted {
     Candidate cand;
     ExperimentConfig config;
