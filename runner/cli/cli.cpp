@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "runner/checkpoint/export.h"
 #include "runner/verify/golden.h"
@@ -38,8 +41,9 @@ const char kUsage[] =
     "  suggest search the plans of the config's model for a world of ranks (its own mesh and parallelize\n"
     "          ignored), rank them by a cost model, run the cheapest dry until --top fit --device-memory,\n"
     "          and write the best as a config (default runs/<name>/suggested.yaml). Defaults: on cpu the\n"
-    "          matmul rate measured here shared by the node's ranks, 2 and 1 GB/s; on cuda 400 TFLOP/s,\n"
-    "          200 and 25 GB/s; memory: mesh.memory_per_rank_mb, else the host's (cuda: required)\n"
+    "          matmul rate measured here at each plan's matmul shape, shared by the node's ranks, 2 and\n"
+    "          1 GB/s; on cuda 400 TFLOP/s, 200 and 25 GB/s; memory: mesh.memory_per_rank_mb, else the\n"
+    "          host's (cuda: required)\n"
     "\n"
     "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
 
@@ -267,15 +271,21 @@ int run_suggest(const CliOptions& o) {
   } else {
     throw UserError("composer suggest of a cuda config needs --device-memory (e.g. 80GB) or mesh.memory_per_rank_mb");
   }
-  w.matmul_flops = o.matmul_tflops > 0 ? o.matmul_tflops * 1e12
-                   : cuda              ? 400e12
-                                       : measure_matmul_flops() / static_cast<double>(w.ranks_per_node);
+  w.matmul_flops = o.matmul_tflops > 0 ? o.matmul_tflops * 1e12 : 400e12;
+  if (o.matmul_tflops <= 0 && !cuda) {  // here: measured at each plan's shape, the cores shared by a node's ranks
+    auto cache = std::make_shared<std::map<std::tuple<int64_t, int64_t, int64_t>, double>>();
+    w.matmul_rate = [cache, ranks = w.ranks_per_node](int64_t rows, int64_t k, int64_t n) {
+      auto [it, fresh] = cache->emplace(std::make_tuple(rows, k, n), 0.0);
+      if (fresh) it->second = measure_matmul_flops(rows, k, n, 0.2) / static_cast<double>(ranks);
+      return it->second;
+    };
+  }
   w.intra_bytes_per_s = (o.intra_gbs > 0 ? o.intra_gbs : cuda ? 200 : 2) * 1e9;
   w.inter_bytes_per_s = (o.inter_gbs > 0 ? o.inter_gbs : cuda ? 25 : 1) * 1e9;
   const auto t0 = std::chrono::steady_clock::now();
   Suggestion s = suggest(o.config, o.sets, w, static_cast<int>(o.top), static_cast<int>(o.max_estimates));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout.precision(3);
+  std::cout.precision(4);
   std::cout << "suggest: " << s.candidates << " plans for " << w.size() << " ranks, " << s.refused
             << " refused by the planner, " << s.estimated << " run dry, " << s.fitting.size() << " fit in "
             << format_bytes(w.memory_per_rank) << " per rank (" << seconds << " s)\n";

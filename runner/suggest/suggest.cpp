@@ -256,7 +256,10 @@ void price(Candidate& cand, const Shape& s, const ModelFacts& f, const Experimen
                                                                static_cast<int>(s.microbatches)))
                          : 0.0;
   const double recompute = s.ac == Ac::kFull ? 4.0 / 3.0 : 1.0;  // full: one more forward (a third of 6N)
-  cand.compute_s = flops * recompute / (n * w.matmul_flops) / (1.0 - cand.bubble);
+  const int64_t rows = std::max<int64_t>(1, c.train.global_batch * f.seq / (s.dp * s.cp * s.microbatches));
+  cand.rate = w.matmul_rate ? w.matmul_rate(rows, std::max<int64_t>(1, f.dim), std::max<int64_t>(1, f.dim / s.tp))
+                            : w.matmul_flops;
+  cand.compute_s = flops * recompute / (n * cand.rate) / (1.0 - cand.bubble);
   // A group is inside a node when its ranks are: the mesh is [pp, dp, cp, tp], tp innermost.
   auto bw = [&](int64_t span) { return span <= w.ranks_per_node ? w.intra_bytes_per_s : w.inter_bytes_per_s; };
   const double e = static_cast<double>(c10::elementSize(scalar_type_of(c.train.dtype)));
@@ -376,13 +379,16 @@ std::string suggested_yaml(const std::string& path, const std::vector<std::strin
   auto line = [&](const Candidate& c) {
     std::ostringstream l;
     l.precision(3);
-    l << c.name << ": step " << c.step_s() << " s (compute " << c.compute_s << " s, communication " << c.comm_s
-      << " s, bubble " << c.bubble << "), peak " << format_bytes(c.peak);
+    l << c.name << ": step " << c.step_s() << " s (compute " << c.compute_s << " s at " << c.rate / 1e12
+      << " TFLOP/s, communication " << c.comm_s << " s, bubble " << c.bubble << "), peak " << format_bytes(c.peak);
     return l.str();
   };
   o << "# composer suggest for " << w.nodes << " node(s) x " << w.ranks_per_node << " ranks, "
     << format_bytes(w.memory_per_rank) << " per rank (keeping " << w.margin * 100 << "% free); model FLOPs "
-    << s.flops_per_step << " per step, priced at " << w.matmul_flops / 1e12 << " TFLOP/s per rank, "
+    << s.flops_per_step << " per step, priced at "
+    << (w.matmul_rate ? std::string("a matmul rate per rank measured here at each plan's matmul shape")
+                      : std::to_string(w.matmul_flops / 1e12) + " TFLOP/s per rank")
+    << ", "
     << w.intra_bytes_per_s / 1e9 << " GB/s within a node and " << w.inter_bytes_per_s / 1e9 << " GB/s across.\n"
     << "# " << s.candidates << " plans searched, " << s.refused << " refused by the planner, " << s.estimated
     << " run dry in cost order, " << s.fitting.size() << " fit.\n"
@@ -396,19 +402,19 @@ std::string suggested_yaml(const std::string& path, const std::vector<std::strin
   return o.str();
 }
 
-double measure_matmul_flops() {
+double measure_matmul_flops(int64_t rows, int64_t k, int64_t n, double seconds) {
   torch::NoGradGuard no_grad;
-  auto a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
+  auto a = torch::randn({rows, k}), b = torch::randn({k, n});
   a.mm(b);  // warm-up
   const auto t0 = std::chrono::steady_clock::now();
-  int reps = 0;
-  double seconds = 0;
-  while (seconds < 0.5) {
+  int64_t reps = 0;
+  double elapsed = 0;
+  while (elapsed < seconds) {
     a.mm(b);
     ++reps;
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  return 2.0 * 1024 * 1024 * 1024 * reps / seconds;
+  return 2.0 * static_cast<double>(rows * k * n) * static_cast<double>(reps) / elapsed;
 }
 
 }  // namespace composer

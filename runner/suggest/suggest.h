@@ -8,6 +8,7 @@
 // fit the device memory with the margin. The best is written as a config.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct World {
   int64_t memory_per_rank = 0;  // bytes a rank may use
   double margin = 0.1;          // the fraction of memory_per_rank a plan must leave free
   double matmul_flops = 0;      // per rank, FLOP/s
+  // When set, a rank's rate for a plan's own matmul shape (rows: the tokens of
+  // one microbatch on a rank; the model's dim; dim / tp), in place of matmul_flops.
+  std::function<double(int64_t rows, int64_t k, int64_t n)> matmul_rate;
   double intra_bytes_per_s = 0;  // a rank's bandwidth to ranks of its node
   double inter_bytes_per_s = 0;  // to ranks of other nodes
   int64_t size() const { return ranks_per_node * nodes; }
@@ -37,6 +41,7 @@ struct Candidate {
   // the matmul rate, stretched by the pipeline's bubble) plus every
   // collective's bytes over its level's bandwidth, nothing overlapped.
   double compute_s = 0, comm_s = 0, bubble = 0;
+  double rate = 0;  // the matmul rate compute_s assumes, FLOP/s per rank
   double step_s() const { return compute_s + comm_s; }
   int64_t peak = -1;    // the dry run's largest per-rank peak; -1: not run dry
   bool fits = false;
@@ -67,7 +72,8 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
 std::string suggested_yaml(const std::string& path, const std::vector<std::string>& overrides, const Suggestion& s,
                            const World& world, size_t pick = 0);
 
-// One float32 matmul's rate on this machine's cores, FLOP/s (about a second of work).
-double measure_matmul_flops();
+// One float32 matmul's rate on this machine's cores, FLOP/s: (rows x k) by
+// (k x n), repeated for about `seconds`.
+double measure_matmul_flops(int64_t rows = 1024, int64_t k = 1024, int64_t n = 1024, double seconds = 0.5);
 
 }  // namespace composer
