@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "models/module.h"
@@ -44,7 +45,8 @@ std::string emit(const YAML::Node& n) {
 struct ModelFacts {
   double matrix_params = 0;     // per token: every 2-D weight but embedding tables (experts: top_k of them)
   double param_bytes = 0;       // every parameter
-  int64_t layers = 0, dim = 0, kv_dim = 0, seq = 0;
+  int64_t layers = 0, dim = 0, kv_dim = 0, seq = 1;  // seq: tokens per sample (1: a feature model)
+  bool attention = false;
   std::vector<std::string> units;  // top-level modules, a list's children as 'name.*'
   bool has_layers = false;
 };
@@ -64,7 +66,8 @@ ModelFacts facts_of(const ExperimentConfig& c) {
   f.dim = arg("dim");
   const int64_t heads = arg("n_heads"), kv_heads = arg("n_kv_heads");
   f.kv_dim = heads > 0 && kv_heads > 0 ? f.dim * kv_heads / heads : f.dim;
-  f.seq = c.data.seq_len > 0 ? c.data.seq_len : arg("max_seq_len");
+  f.attention = heads > 0;
+  f.seq = c.data.seq_len > 0 ? c.data.seq_len : std::max<int64_t>(1, arg("max_seq_len"));
   const int64_t experts = arg("n_experts"), top_k = std::max<int64_t>(1, arg("top_k"));
   bool has_output = false;
   double embedding = 0;
@@ -114,7 +117,8 @@ struct Shape {
   parallel::ScheduleKind schedule = parallel::ScheduleKind::k1f1b;
   int64_t virtual_stages = 1, microbatches = 1;
   Ac ac = Ac::kNone;
-  int tp_style = 0;  // 0: sequence and loss parallel, 1: sequence parallel, 2: plain
+  bool keep = false;  // fully_shard and HSDP: reshard_after_forward false (no second all-gather in backward)
+  int tp_style = 0;   // 0: sequence and loss parallel, 1: sequence parallel, 2: plain
 
   std::string name() const {
     static const char* dp_names[] = {"none", "replicate", "fsdp", "hsdp"};
@@ -124,6 +128,7 @@ struct Shape {
     if (pp > 1) s += std::string("_") + parallel::name_of(schedule);
     s += "_m" + std::to_string(microbatches) + ".dp" + std::to_string(dp) + "_" + dp_names[static_cast<int>(dp_mode)];
     if (dp_mode == DpMode::kHsdp) s += std::to_string(dp / shard) + "x" + std::to_string(shard);
+    if (keep) s += "_keep";
     return s + ".ac_" + ac_names[static_cast<int>(ac)];
   }
   // The plans that differ only in what buys memory at some cost: activation
@@ -179,6 +184,7 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
   std::vector<std::string> span;
   if (s.dp > 1) span.push_back("dp");
   if (s.cp > 1) span.push_back("cp");
+  const std::string keep = s.keep ? ", reshard_after_forward: false" : "";
   if (s.dp_mode == DpMode::kReplicate) {
     std::string dims;
     for (const auto& d : span) dims += (dims.empty() ? "" : ", ") + d;
@@ -186,9 +192,9 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
   } else if (s.dp_mode == DpMode::kFullyShard) {
     std::string flat;
     for (const auto& d : span) flat += (flat.empty() ? "" : "+") + d;
-    t.push_back("fully_shard: {mesh_dim: " + flat + ", units: " + quoted_list(f.units) + "}");
+    t.push_back("fully_shard: {mesh_dim: " + flat + ", units: " + quoted_list(f.units) + keep + "}");
   } else if (s.dp_mode == DpMode::kHsdp) {
-    t.push_back("fully_shard: {mesh_dim: [dp_rep, dp_shard], units: " + quoted_list(f.units) + "}");
+    t.push_back("fully_shard: {mesh_dim: [dp_rep, dp_shard], units: " + quoted_list(f.units) + keep + "}");
   }
   if (t.empty()) o << " []";
   for (const auto& x : t) o << "\n  - " << x;
@@ -208,20 +214,24 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
       for (int64_t pp : divisors(n / (tp * cp))) {
         if (pp > 1 && (!f.has_layers || pp > f.layers)) continue;
         const int64_t dp = n / (tp * cp * pp);
-        std::vector<std::pair<DpMode, int64_t>> dps;
-        if (dp * cp == 1) dps.push_back({DpMode::kNone, 1});
+        std::vector<std::tuple<DpMode, int64_t, bool>> dps;  // (mode, HSDP's shard, keep unsharded)
+        if (dp * cp == 1) dps.push_back({DpMode::kNone, 1, false});
         if (dp * cp > 1) {
-          dps.push_back({DpMode::kReplicate, 1});
-          dps.push_back({DpMode::kFullyShard, 1});
+          dps.push_back({DpMode::kReplicate, 1, false});
+          dps.push_back({DpMode::kFullyShard, 1, false});
+          dps.push_back({DpMode::kFullyShard, 1, true});
         }
         const int64_t shard = w.ranks_per_node / (tp * cp);
-        if (cp == 1 && shard > 1 && shard < dp && dp % shard == 0) dps.push_back({DpMode::kHsdp, shard});
+        if (cp == 1 && shard > 1 && shard < dp && dp % shard == 0) {
+          dps.push_back({DpMode::kHsdp, shard, false});
+          dps.push_back({DpMode::kHsdp, shard, true});
+        }
         std::vector<std::pair<parallel::ScheduleKind, int64_t>> schedules{{parallel::ScheduleKind::k1f1b, 1}};
         if (pp > 1) {
           schedules.push_back({parallel::ScheduleKind::kInterleaved1f1b, 2});
           schedules.push_back({parallel::ScheduleKind::kZbv, 2});
         }
-        for (const auto& [mode, sh] : dps) {
+        for (const auto& [mode, sh, keep] : dps) {
           for (const auto& [kind, v] : schedules) {
             for (int64_t mb : {int64_t{1}, int64_t{2}, int64_t{4}}) {
               if (given > 0 && mb > 1) continue;
@@ -230,7 +240,7 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
                 const int64_t m = given > 0 ? given
                                   : pp > 1  ? mb * pp * (kind == parallel::ScheduleKind::kZbv ? 2 : 1)
                                             : mb;
-                out.push_back(Shape{tp, cp, pp, dp, sh, mode, kind, v, m, ac});
+                out.push_back(Shape{tp, cp, pp, dp, sh, mode, kind, v, m, ac, keep});
               }
             }
           }
@@ -242,7 +252,7 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
 }
 
 double flops_of(const ModelFacts& f, const ExperimentConfig& c) {
-  const double per_token = 6 * f.matrix_params + 12.0 * f.layers * f.dim * f.seq;
+  const double per_token = 6 * f.matrix_params + (f.attention ? 12.0 * f.layers * f.dim * f.seq : 0.0);
   return per_token * f.seq * static_cast<double>(c.train.global_batch);
 }
 
@@ -269,10 +279,12 @@ void price(Candidate& cand, const Shape& s, const ModelFacts& f, const Experimen
   double comm = 0;
   const double span = static_cast<double>(s.dp * s.cp);
   if (s.dp_mode == DpMode::kReplicate) comm += 2 * (span - 1) / span * local / bw(s.dp * s.cp * s.tp);
-  if (s.dp_mode == DpMode::kFullyShard) comm += 3 * (span - 1) / span * local / bw(s.dp * s.cp * s.tp);
+  // fully_shard: an all-gather in forward, another in backward unless kept, a reduce-scatter.
+  const double passes = s.keep ? 2 : 3;
+  if (s.dp_mode == DpMode::kFullyShard) comm += passes * (span - 1) / span * local / bw(s.dp * s.cp * s.tp);
   if (s.dp_mode == DpMode::kHsdp) {
     const double sh = static_cast<double>(s.shard), rep = static_cast<double>(s.dp / s.shard);
-    comm += 3 * (sh - 1) / sh * local / bw(s.shard * s.tp) + 2 * (rep - 1) / rep * local / sh / bw(s.dp * s.tp);
+    comm += passes * (sh - 1) / sh * local / bw(s.shard * s.tp) + 2 * (rep - 1) / rep * local / sh / bw(s.dp * s.tp);
   }
   const double again = s.ac == Ac::kFull ? 1.5 : 1.0;  // a recomputed forward repeats its collectives
   if (s.tp > 1) {
