@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "models/saved_ops.h"
 
@@ -65,8 +66,8 @@ struct DeferredLinearFn : torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const c10::optional<torch::Tensor>& b, c10::intrusive_ptr<LinearRecord> record) {
     ctx->set_materialize_grads(false);  // an unused output: no gradient, nothing recorded
-    torch::Tensor y = record->kept_output.defined() ? std::move(record->kept_output) : torch::linear(x, w, b);
-    record->kept_output = torch::Tensor();
+    torch::Tensor y = std::exchange(record->kept_output, torch::Tensor());  // forward's value, kept (op mode)
+    if (!y.defined()) y = torch::linear(x, w, b);
     ctx->saved_data["record"] = c10::IValue::make_capsule(std::move(record));
     return y;
   }

@@ -311,7 +311,7 @@ int run_suggest(const CliOptions& o) {
     std::filesystem::path file = path;
     if (k) file.replace_extension(std::to_string(k + 1) + file.extension().string());
     std::ofstream f(file);
-    f << suggested_yaml(o.config, o.sets, s, w, k);
+    f << suggested_yaml(s, w, k);
     if (!f.good()) throw UserError("--out " + file.string() + ": cannot write the suggested config");
   }
   std::cout << "wrote " << path << (s.fitting.size() > 1 ? " (runners-up beside it, .2.yaml ...)" : "") << "\n";

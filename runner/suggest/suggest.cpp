@@ -307,8 +307,6 @@ void check_suggest_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
-double model_flops_per_step(const ExperimentConfig& c) { return flops_of(facts_of(c), c); }
-
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& w, int top,
                    int max_estimates) {
   const YAML::Node base = base_document(path, overrides);
@@ -323,6 +321,7 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   const ExperimentConfig one = parse_config(emit(doc) + "mesh: {shape: [], names: []}\nparallelize: []\n", path);
   const ModelFacts f = facts_of(one);
   const int64_t given = doc["train"] && doc["train"]["microbatches"] ? doc["train"]["microbatches"].as<int64_t>() : 0;
+  const std::string base_text = emit(doc);
   Suggestion out;
   out.flops_per_step = flops_of(f, one);
   struct Accepted {
@@ -333,17 +332,20 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   std::vector<Accepted> accepted;
   for (Shape s : shapes_of(w, f, given)) {
     ++out.candidates;
-    for (s.tp_style = 0; s.tp_style < 3; ++s.tp_style) {
+    std::string rest = base_text;  // the config's other sections, with gradient accumulation when searched
+    if (!given && s.pp == 1 && s.microbatches > 1) {
       YAML::Node d = YAML::Clone(doc);
-      if (!given && s.pp == 1 && s.microbatches > 1) d["train"]["microbatches"] = s.microbatches;
-      const std::string block = sections(s, f, mesh_extra, given > 0);
+      d["train"]["microbatches"] = s.microbatches;
+      rest = emit(d);
+    }
+    for (s.tp_style = 0; s.tp_style < 3; ++s.tp_style) {
+      const std::string text = rest + sections(s, f, mesh_extra, given > 0);
       try {
-        ExperimentConfig c = parse_config(emit(d) + block, path);
+        ExperimentConfig c = parse_config(text, path);
         Plan plan = make_plan(c, w.size());
         Candidate cand;
         cand.name = s.name();
-        cand.block = block;
-        cand.train_microbatches = !given && s.pp == 1 ? s.microbatches : 1;
+        cand.yaml = text;
         cand.family = s.family();
         price(cand, s, f, c, w, out.flops_per_step);
         accepted.push_back({cand, std::move(c), std::move(plan)});
@@ -379,13 +381,9 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   return out;
 }
 
-std::string suggested_yaml(const std::string& path, const std::vector<std::string>& overrides, const Suggestion& s,
-                           const World& w, size_t pick) {
+std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
   TORCH_CHECK(pick < s.fitting.size(), "no plan fits");
   const Candidate& best = s.fitting[pick];
-  YAML::Node doc = base_document(path, overrides);
-  doc.remove("mesh");
-  if (best.train_microbatches > 1) doc["train"]["microbatches"] = best.train_microbatches;
   std::ostringstream o;
   o.precision(3);
   auto line = [&](const Candidate& c) {
@@ -410,7 +408,7 @@ std::string suggested_yaml(const std::string& path, const std::vector<std::strin
     if (i != pick) o << "# " << (i ? "runner-up " + std::to_string(i + 1) : "the best") << ": " << line(s.fitting[i]) << "\n";
   }
   for (const auto& c : s.unfit) o << "# cheaper but over the memory: " << line(c) << "\n";
-  o << emit(doc) << best.block;
+  o << best.yaml;
   return o.str();
 }
 

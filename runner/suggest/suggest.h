@@ -34,8 +34,7 @@ struct World {
 
 struct Candidate {
   std::string name;   // "tp2.cp1.pp2_1f1b_m4.fsdp.ac_op.mb1"
-  std::string block;  // its mesh and parallelize sections, as YAML
-  int64_t train_microbatches = 1;  // gradient accumulation without a pipeline
+  std::string yaml;    // the whole config: the user's sections (accumulation searched in) and its mesh and parallelize
   std::string family;              // the name less activation checkpointing (and accumulation without a pipeline)
   // The cost model's step: compute (model FLOPs, recompute included, over
   // the matmul rate, stretched by the pipeline's bubble) plus every
@@ -52,12 +51,9 @@ struct Suggestion {
   std::vector<Candidate> unfit;     // run dry, over the memory, in cost order
   int64_t candidates = 0, refused = 0, estimated = 0;
   std::string first_refusal;        // an example of the planner's reasons
-  double flops_per_step = 0;        // the model's, one step of the global batch
+  double flops_per_step = 0;        // the model's, one step of the global batch: 6 x matrix parameters per
+                                    // token (embedding tables left out) + attention's 12 x layers x dim x seq
 };
-
-// The model FLOPs of one step: 6 x matrix parameters per token (embedding
-// tables left out) plus attention's 12 x layers x dim x seq per token.
-double model_flops_per_step(const ExperimentConfig& c);
 
 // Throws UserError for an override of the mesh or parallelize, which suggest chooses.
 void check_suggest_overrides(const std::vector<std::string>& overrides);
@@ -67,10 +63,9 @@ void check_suggest_overrides(const std::vector<std::string>& overrides);
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& world, int top,
                    int max_estimates);
 
-// The config at `path` with the sections of the plan fitting[pick] (0: the
-// best), headed by a comment on the choice, the runners-up and the rates assumed.
-std::string suggested_yaml(const std::string& path, const std::vector<std::string>& overrides, const Suggestion& s,
-                           const World& world, size_t pick = 0);
+// The config of the plan fitting[pick] (0: the best), headed by a comment on
+// the choice, the runners-up and the rates assumed.
+std::string suggested_yaml(const Suggestion& s, const World& world, size_t pick = 0);
 
 // One float32 matmul's rate on this machine's cores, FLOP/s: (rows x k) by
 // (k x n), repeated for about `seconds`.
