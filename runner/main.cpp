@@ -12,6 +12,7 @@
 #include "runner/estimate/estimate.h"
 #include "runner/base/memory.h"
 #include "runner/cli/cli.h"
+#include "runner/launch/flight_report.h"
 #include "runner/train/build.h"
 #include "runner/base/errors.h"
 
@@ -78,7 +79,11 @@ int run(int argc, char** argv) {
     RankContext rank = single_rank(config, plan);
     return run_command(options, config, plan, rank);
   }
-  if (!env) return launch_local_ranks(static_cast<int>(plan.world_size), options.node, options.argv);
+  if (!env) {
+    RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s,
+                           out_dir_of(options, config) + "/flight"};
+    return launch_local_ranks(static_cast<int>(plan.world_size), options.node, options.argv, restart);
+  }
   RankContext rank = join_job(*env, config, plan);
   if (!std::getenv("COMPOSER_LAUNCHED")) {  // composer's launcher prefixes lines itself
     rank.log_prefix = "[rank " + std::to_string(rank.rank) + "/" + std::to_string(rank.world_size) + "] ";
@@ -89,7 +94,11 @@ int run(int argc, char** argv) {
   try {
     return run_command(options, config, plan, rank);
   } catch (...) {
-    return report(std::current_exception());
+    const int code = report(std::current_exception());
+    // Under an external launcher the rank writes its flight recorder itself
+    // (composer's launcher reads the ring the rank mapped).
+    if (rank.flight && rank.flight->path().empty()) dump_flight(*rank.flight, out_dir_of(options, config) + "/flight");
+    return code;
   }
 }
 
@@ -117,6 +126,8 @@ int report(std::exception_ptr error) {
     return fail(1, "check failed", e.what());
   } catch (const Stopped& e) {
     return fail(4, "stopped", e.what());
+  } catch (const Diverged& e) {
+    return fail(5, "runtime failure", e.what());
   } catch (const RuntimeFailure& e) {
     return fail(3, "runtime failure", e.what());
   } catch (const c10::Error& e) {

@@ -4,9 +4,11 @@
 
 #include <future>
 #include <numeric>
+#include <optional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/comm/flight_recorder.h"
 #include "parallelisms/comm/trace_span.h"
 
 namespace composer::parallel {
@@ -15,6 +17,7 @@ Handle::Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
     : work_(std::move(work)), then_(std::move(then)) {}
 
 void Handle::wait() {
+  CommClock clock;  // waiting for a collective is time in communication
   if (work_) work_->wait();
   work_.reset();
   if (then_) {
@@ -111,12 +114,61 @@ auto span_name(const Group& g, const char* kind, int64_t bytes) {
   return [&g, kind, bytes] { return std::string(kind) + " " + g.name + " " + std::to_string(bytes) + " B"; };
 }
 
-// Counts a collective in its group's counter and opens its span: the two
-// always name the same kind and payload.
-TraceSpan counted(Group& g, const char* kind, int64_t bytes, int64_t ring_bytes) {
-  g.counter->add(kind, bytes, ring_bytes);
-  return TraceSpan(span_name(g, kind, bytes));
-}
+namespace {
+
+// A collective as this rank runs it: counted in its group's counter,
+// recorded in the flight recorder (finished when this goes, unless handed to
+// the handle of an asynchronous one) and, when `timed`, its time counted as
+// time in communication (the fused forms time only their transfers).
+class Recorded {
+ public:
+  Recorded(Group& g, const char* kind, int64_t bytes, int64_t ring_bytes, c10::ScalarType dtype, int peer = -1,
+           bool timed = true)
+      : bytes_(bytes) {
+    if (timed) clock_.emplace();
+    g.counter->add(kind, bytes, ring_bytes);
+    if (g.recorder) op_ = FlightOp(g.recorder, g.recorder->issue(g, kind, peer, bytes, dtype));
+  }
+  ~Recorded() {
+    if (finish_) op_.finished();
+  }
+  Recorded(const Recorded&) = delete;
+  Recorded& operator=(const Recorded&) = delete;
+  // Marks the transfer handed to the backend.
+  void started() const { op_.started(); }
+  // An asynchronous operation finishes at its handle's wait: `then` marks it.
+  std::function<void()> finish_after(std::function<void()> then) {
+    finish_ = false;
+    return [op = op_, then = std::move(then)] {
+      if (then) then();
+      op.finished();
+    };
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::optional<CommClock> clock_;
+  FlightOp op_;
+  int64_t bytes_;
+  bool finish_ = true;
+};
+
+// Counts and records a collective and opens its span: they always name the
+// same kind and payload.
+class Counted {
+ public:
+  Counted(Group& g, const char* kind, int64_t bytes, int64_t ring_bytes, c10::ScalarType dtype, int peer = -1)
+      : rec(g, kind, bytes, ring_bytes, dtype, peer), span_(span_name(g, kind, bytes)) {}
+  Recorded rec;
+
+ private:
+  TraceSpan span_;
+};
+
+// debug.inject skip_collective: this rank leaves out the gradient reduction the recorder picks.
+bool skipped(const Group& g) { return g.recorder && g.recorder->skips_reduction(); }
+
+}  // namespace
 
 int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
   int64_t o = 0;
@@ -125,7 +177,7 @@ int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
 }
 
 Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
-  if (g.size == 1) return {};
+  if (g.size == 1 || skipped(g)) return {};
   delay_at(g.delays, DelayPoint::kBeforeAllReduce);
   // bfloat16 and float16 tensors are summed in float32 and rounded once at
   // the end: a 16-bit ring would round after every hop, so its sum would
@@ -133,10 +185,11 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
   // result that is the same at any group size.
   const bool widen = sixteen_bit(t);
   auto wire = (widen ? t.to(torch::kFloat) : t).to(wire_device(g, t));
-  TraceSpan span = counted(g, "all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size);
+  Counted span(g, "all_reduce", nbytes(wire), 2 * (g.size - 1) * nbytes(wire) / g.size, wire.scalar_type());
   std::vector<torch::Tensor> ts{async ? wire : unowned(wire)};
   c10::intrusive_ptr<c10d::Work> work;
   if (g.pg) work = g.pg->allreduce(ts, c10d::AllreduceOptions{to_c10d(op)});
+  span.rec.started();
   std::function<void()> then;
   const bool copy_back = !wire.is_same(t);  // widened, or moved to the backend's memory
   if (op == Reduce::kAvg || copy_back) {
@@ -147,14 +200,14 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
       if (copy_back) target.copy_(wire);
     };
   }
-  Handle h(work, then);
+  Handle h(work, span.rec.finish_after(std::move(then)));
   if (!async) h.wait();
   return h;
 }
 
 void broadcast(Group& g, torch::Tensor& t, int root) {
   if (g.size == 1) return;
-  TraceSpan span = counted(g, "broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0);
+  Counted span(g, "broadcast", nbytes(t), g.rank == root ? nbytes(t) : 0, t.scalar_type());
   auto wire = t.to(wire_device(g, t));
   std::vector<torch::Tensor> ts{unowned(wire)};
   c10d::BroadcastOptions o;
@@ -211,22 +264,22 @@ RingStep ring_post(Group& g, const torch::Tensor& out, const torch::Tensor& in, 
 
 void ring_step(Group& g, const torch::Tensor& out, const torch::Tensor& in, int tag) { ring_post(g, out, in, tag).wait(); }
 
-// A gather's delay point and count: every piece at the largest one's size
-// (what the padded paths move). Returns that size in bytes, for its spans.
-int64_t counted_gather(Group& g, const torch::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes) {
+// A gather's delay point, count and record: every piece at the largest
+// one's size (what the padded paths move); its bytes() are that size, for its
+// spans. `timed`: all of it is time in communication (not a fused form).
+Recorded counted_gather(Group& g, const torch::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes,
+                        bool timed = true) {
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
   const int64_t piece = *std::max_element(sizes.begin(), sizes.end()) * slice_bytes(t, dim);
-  g.counter->add("all_gather", piece, (g.size - 1) * piece);
-  return piece;
+  return Recorded(g, "all_gather", piece, (g.size - 1) * piece, t.scalar_type(), -1, timed);
 }
 
-// A reduce-scatter's delay point and count, of a `global`-sized dim whose
-// slices are `t`'s: the padded flat buffer of N equal pieces. Returns its bytes.
-int64_t counted_reduce_scatter(Group& g, const torch::Tensor& t, int64_t dim, int64_t global) {
+// A reduce-scatter's delay point, count and record, of a `global`-sized dim
+// whose slices are `t`'s: the padded flat buffer of N equal pieces (bytes()).
+Recorded counted_reduce_scatter(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool timed = true) {
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   const int64_t flat = g.size * chunk_sizes(global, g.size).front() * slice_bytes(t, dim);
-  g.counter->add("reduce_scatter", flat, (g.size - 1) * flat / g.size);
-  return flat;
+  return Recorded(g, "reduce_scatter", flat, (g.size - 1) * flat / g.size, t.scalar_type(), -1, timed);
 }
 
 // NCCL's path for the dim collectives: dim 0 first, every piece padded to the largest.
@@ -314,14 +367,16 @@ torch::Tensor reduce_scatter_pieces(Group& g, const torch::Tensor& t, int64_t di
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   TORCH_INTERNAL_ASSERT(static_cast<int>(sizes.size()) == g.size);
   if (g.size == 1) return shard;
-  TraceSpan span(span_name(g, "all_gather", counted_gather(g, shard, 0, sizes)));
+  Recorded rec = counted_gather(g, shard, 0, sizes);
+  TraceSpan span(span_name(g, "all_gather", rec.bytes()));
   return gather_pieces(g, shard, 0, sizes);
 }
 
 torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   if (g.size == 1) return full.clone();
   TORCH_INTERNAL_ASSERT(op != Reduce::kMax, "reduce_scatter supports sum and avg");
-  TraceSpan span(span_name(g, "reduce_scatter", counted_reduce_scatter(g, full, 0, full.size(0))));
+  Recorded rec = counted_reduce_scatter(g, full, 0, full.size(0));
+  TraceSpan span(span_name(g, "reduce_scatter", rec.bytes()));
   auto mine = reduce_scatter_pieces(g, full, 0);
   if (op == Reduce::kAvg) mine.div_(g.size);
   return mine;
@@ -364,7 +419,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
               "all_gather_into needs a contiguous [group size, numel] output");
   out[g.rank].copy_(flat.view({-1}));
   if (g.size == 1) return {};
-  g.counter->add("all_gather", nbytes(flat), (g.size - 1) * nbytes(flat));
+  Recorded rec(g, "all_gather", nbytes(flat), (g.size - 1) * nbytes(flat), flat.scalar_type());
   if (!async || !g.pg) {
     TraceSpan span(span_name(g, "all_gather", nbytes(flat)));
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
@@ -375,7 +430,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     TraceSpan span(span_name(g, "all_gather", nbytes(flat)));
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
     auto mine = out[g.rank];
-    return Handle(g.pg->_allgather_base(out, mine), [out] {});
+    return Handle(g.pg->_allgather_base(out, mine), rec.finish_after([out] {}));
   }
   Group* gp = &g;
   // The caller's thread-local state (the profiler's, among others) goes with the ring.
@@ -386,14 +441,15 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
     ring_all_gather(*gp, out);
   }));
-  return Handle(c10::intrusive_ptr<c10d::Work>(), [done] { done->get(); });
+  return Handle(c10::intrusive_ptr<c10d::Work>(), rec.finish_after([done] { done->get(); }));
 }
 
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
   const int64_t chunk = flat.numel() / g.size;
   if (g.size == 1) return flat.reshape({-1}).clone();
+  if (skipped(g)) return flat.view({-1}).narrow(0, g.rank * chunk, chunk).clone();  // this rank's own addend only
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-  TraceSpan span = counted(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size);
+  Counted span(g, "reduce_scatter", nbytes(flat), (g.size - 1) * nbytes(flat) / g.size, flat.scalar_type());
   auto mine = ring_reduce_scatter(g, flat.view({-1}), chunk);
   if (op == Reduce::kAvg) mine.div_(g.size);
   return mine;
@@ -413,7 +469,7 @@ torch::Tensor all_to_all(Group& g, const torch::Tensor& input, const std::vector
   shape[0] = received;
   if (g.size == 1) return input.clone();
   const int64_t row = input.numel() / std::max<int64_t>(1, input.size(0)) * static_cast<int64_t>(input.element_size());
-  TraceSpan span = counted(g, "all_to_all", sent * row, (sent - send_counts[g.rank]) * row);
+  Counted span(g, "all_to_all", sent * row, (sent - send_counts[g.rank]) * row, input.scalar_type());
   if (!g.pg) return torch::empty(shape, input.options());  // a dry run: counted, nothing moves
   delay_at(g.delays, DelayPoint::kBeforeAllToAll);
   auto wire_in = input.to(wire_device(g, input)).contiguous();
@@ -426,9 +482,11 @@ torch::Tensor all_to_all(Group& g, const torch::Tensor& input, const std::vector
 Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   delay_at(g.delays, DelayPoint::kBeforeSend);
   auto c = t.to(wire_device(g, t)).contiguous();
-  TraceSpan span = counted(g, "send", nbytes(c), nbytes(c));
+  Counted span(g, "send", nbytes(c), nbytes(c), c.scalar_type(), dst);
   std::vector<torch::Tensor> ts{c};
-  Handle h(g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>(), [c] {});  // the handle keeps the tensor alive until wait()
+  auto work = g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>();
+  span.rec.started();
+  Handle h(work, span.rec.finish_after([c] {}));  // the handle keeps the tensor alive until wait()
   if (!async) h.wait();
   return h;
 }
@@ -445,9 +503,11 @@ Handle recv(Group& g, torch::Tensor& t, int src, int tag, bool async) {
     return h;
   }
   delay_at(g.delays, DelayPoint::kBeforeRecv);
-  TraceSpan span = counted(g, "recv", nbytes(t), nbytes(t));
+  Counted span(g, "recv", nbytes(t), nbytes(t), t.scalar_type(), src);
   std::vector<torch::Tensor> ts{t};
-  Handle h(g.pg ? g.pg->recv(ts, src, tag) : c10::intrusive_ptr<c10d::Work>(), [t] {});  // keeps the buffer alive until wait()
+  auto work = g.pg ? g.pg->recv(ts, src, tag) : c10::intrusive_ptr<c10d::Work>();
+  span.rec.started();
+  Handle h(work, span.rec.finish_after([t] {}));  // keeps the buffer alive until wait()
   if (!async) h.wait();
   return h;
 }
@@ -456,14 +516,16 @@ torch::Tensor gather_dim(Group& g, const torch::Tensor& t, int64_t dim, int64_t 
   if (g.size == 1) return t;
   dim = dim < 0 ? dim + t.dim() : dim;
   const auto sizes = chunk_sizes(global, g.size);
-  TraceSpan span(span_name(g, "all_gather", counted_gather(g, t, dim, sizes)));
+  Recorded rec = counted_gather(g, t, dim, sizes);
+  TraceSpan span(span_name(g, "all_gather", rec.bytes()));
   return gather_pieces(g, t, dim, sizes);
 }
 
 torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) {
   if (g.size == 1) return t.clone();
   dim = dim < 0 ? dim + t.dim() : dim;
-  TraceSpan span(span_name(g, "reduce_scatter", counted_reduce_scatter(g, t, dim, t.size(dim))));
+  Recorded rec = counted_reduce_scatter(g, t, dim, t.size(dim));
+  TraceSpan span(span_name(g, "reduce_scatter", rec.bytes()));
   return reduce_scatter_pieces(g, t, dim);
 }
 
@@ -478,16 +540,19 @@ std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, i
     return {t};
   }
   if (nccl(g) || rewired(g, t)) return gather_each_by_root(g, t, dim, global, each);
-  const int64_t piece_bytes = counted_gather(g, t, dim, sizes);
+  Recorded rec = counted_gather(g, t, dim, sizes, /*timed=*/false);
+  const int64_t piece_bytes = rec.bytes();
   for (int i = 0; i < n; ++i) pieces[i] = i == r ? t.contiguous() : torch::empty(with_size(t, dim, sizes[i]), t.options());
   for (int s = 0; s < n - 1; ++s) {
     const int have = ((r - s) % n + n) % n, coming = ((r - s - 1) % n + n) % n;
     RingStep step;
     {
+      CommClock clock;
       TraceSpan span(span_name(g, "all_gather", piece_bytes));
       step = ring_post(g, pieces[have], pieces[coming], kPiecesTag + s);
     }
     each(have, pieces[have]);  // while pieces[coming] moves
+    CommClock clock;
     TraceSpan span(span_name(g, "all_gather", piece_bytes));
     step.wait();
   }
@@ -505,7 +570,8 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
   if (nccl(g) || rewired(g, first)) {
     return reduce_scatter_by_root(g, dim, global, [&](int i) { return i == (r - 1 + n) % n ? first : partial(i); });
   }
-  const int64_t flat_bytes = counted_reduce_scatter(g, first, dim, global);
+  Recorded rec = counted_reduce_scatter(g, first, dim, global, /*timed=*/false);
+  const int64_t flat_bytes = rec.bytes();
   std::vector<torch::Tensor> sums(n);  // the running sums this rank holds
   for (int s = 0; s < n - 1; ++s) {
     const int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
@@ -513,11 +579,13 @@ torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
     auto incoming = torch::empty(with_size(out, dim, sizes[recv_idx]), out.options());
     RingStep step;
     {
+      CommClock clock;
       TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
       step = ring_post(g, out, incoming, kPiecesTag + s);
     }
     auto mine = partial(recv_idx);  // while `out` and `incoming` move
     {
+      CommClock clock;
       TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
       step.wait();
     }
@@ -531,12 +599,14 @@ std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t,
   const int n = g.size, r = g.rank;
   dim = dim < 0 ? dim + t.dim() : dim;
   const auto sizes = chunk_sizes(global, n);
-  const int64_t piece_bytes = counted_gather(g, t, dim, sizes);
+  Recorded rec = counted_gather(g, t, dim, sizes, /*timed=*/false);
+  const int64_t piece_bytes = rec.bytes();
   const auto wire = t.options().device(wire_device(g, t));
   std::vector<torch::Tensor> moving(n), pieces(n);
   std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
   pieces[r] = t.contiguous();
   {
+    CommClock clock;
     TraceSpan span(span_name(g, "all_gather", piece_bytes));
     for (int i = 0; i < n; ++i) {
       moving[i] = i == r ? pieces[r].to(wire.device()) : torch::empty(with_size(t, dim, sizes[i]), wire);
@@ -551,6 +621,7 @@ std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t,
   for (int i = 0; i < n; ++i) {
     if (i == r) continue;
     if (works[i]) {
+      CommClock clock;
       TraceSpan span(span_name(g, "all_gather", piece_bytes));
       works[i]->wait();
     }
@@ -569,16 +640,21 @@ torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
   std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
   torch::TensorOptions result;  // the partials' dtype and device
   int64_t flat_bytes = 0;
+  std::optional<Recorded> rec;
   for (int i = 0; i < n; ++i) {
     auto p = partial(i);  // while the sums before it move
     if (i == 0) {
       result = p.options();
       dim = dim < 0 ? dim + p.dim() : dim;
-      flat_bytes = counted_reduce_scatter(g, p, dim, global);
+      delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
+      flat_bytes = g.size * chunk_sizes(global, g.size).front() * slice_bytes(p, dim);
+      rec.emplace(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size, p.scalar_type(), -1,
+                  /*timed=*/false);
     }
     const bool widen = !nccl(g) && sixteen_bit(p);
     moving[i] = (widen ? p.to(torch::kFloat) : p).to(wire_device(g, p)).contiguous();
     if (!g.pg || sizes[i] == 0) continue;
+    CommClock clock;
     TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
     std::vector<torch::Tensor> v{moving[i]};
     c10d::ReduceOptions o;
@@ -586,6 +662,7 @@ torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
     works[i] = g.pg->reduce(v, o);
   }
   {
+    CommClock clock;
     TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
     for (auto& w : works) {
       if (w) w->wait();  // the other ranks' too: their buffers live until then

@@ -91,6 +91,7 @@ void DeviceMesh::create(const std::vector<std::string>& dims, c10::intrusive_ptr
   g.rank = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank_) - g.ranks.begin());
   g.counter = std::make_shared<CommCounter>();
   g.delays = options_.delays;
+  g.recorder = options_.recorder;
   g.backend = options_.backend;
   connect(g, k);
   groups_.emplace(k, std::move(g));
@@ -131,6 +132,7 @@ Group& DeviceMesh::subgroup(const std::string& dim, const std::vector<int>& memb
   g.rank = static_cast<int>(me - members.begin());
   g.counter = std::make_shared<CommCounter>();
   g.delays = options_.delays;
+  g.recorder = options_.recorder;
   g.backend = options_.backend;
   connect(g, k);
   return groups_.emplace(k, std::move(g)).first->second;

@@ -44,6 +44,7 @@ class CommCounter {
 
 class CudaRuntime;
 class Delays;
+class FlightRecorder;
 
 // One process group as seen from this rank.
 struct Group {
@@ -55,6 +56,7 @@ struct Group {
   std::string backend = "gloo";                // what moves its bytes (set without a connection too: a dry run's)
   std::shared_ptr<CommCounter> counter;        // calls and bytes issued on this group
   std::shared_ptr<const Delays> delays;        // debug.delay: sleeps at named points (null: none)
+  std::shared_ptr<FlightRecorder> recorder;    // this rank's flight recorder (null: none)
 };
 
 struct MeshOptions {
@@ -65,6 +67,7 @@ struct MeshOptions {
   CudaRuntime* cuda = nullptr;                 // nccl: makes the NCCL groups (parallelisms/comm/cuda_runtime.h)
   int device = 0;                              // nccl: this rank's GPU
   std::shared_ptr<const Delays> delays;        // given to every group (debug.delay)
+  std::shared_ptr<FlightRecorder> recorder;    // given to every group (metrics.flight_recorder)
 };
 
 class DeviceMesh {
@@ -91,6 +94,9 @@ class DeviceMesh {
   Group& subgroup(const std::string& dim, const std::vector<int>& members);
 
   std::vector<Group*> all_groups();
+
+  // The rendezvous store the groups met through (null without connections).
+  c10::intrusive_ptr<c10d::Store> store() const { return store_; }
 
  private:
   std::string key(const std::vector<std::string>& dims) const;

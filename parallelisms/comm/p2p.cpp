@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "parallelisms/comm/flight_recorder.h"
+
 namespace composer::parallel {
 
 struct P2PRecorder::State {
@@ -46,6 +48,7 @@ Handle issue_group(Group& g, const std::vector<P2POp>& ops) {
   std::vector<Handle> each;
   for (const P2POp& op : ops) {
     torch::Tensor t = op.tensor;
+    CommSite site(op.label);  // the flight recorder names the action: "SEND_F1.0"
     each.push_back(op.send ? send(g, t, op.peer, op.tag, /*async=*/true) : recv(g, t, op.peer, op.tag, /*async=*/true));
   }
   c10::intrusive_ptr<c10d::Work> work = grouped ? g.pg->endCoalescing() : c10::intrusive_ptr<c10d::Work>();

@@ -75,6 +75,13 @@ class RuntimeFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Training itself failed (a non-finite loss or gradient under
+// train.on_nonfinite: stop): a restart would repeat it; exit code 5.
+class Diverged : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 // The job was asked to stop (SIGTERM or SIGINT) and did so at a step's end,
 // after saving a checkpoint when it keeps them; exit code 4.
 class Stopped : public std::runtime_error {

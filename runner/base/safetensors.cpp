@@ -23,8 +23,8 @@ const DTypeName kDTypes[] = {{torch::kFloat, "F32"}, {torch::kDouble, "F64"}, {t
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // 100 MiB, as the reference implementation
 
-// The header (with its length in front and padding to 8 bytes) of tensors of
-// these dtypes and shapes, laid out in order.
+}  // namespace
+
 std::string header_bytes(const std::vector<SafetensorsWriter::Entry>& entries,
                          const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -43,6 +43,8 @@ std::string header_bytes(const std::vector<SafetensorsWriter::Entry>& entries,
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
   return out + h;
 }
+
+namespace {
 
 // The length of the JSON header of the safetensors file `bytes`; refuses one longer than the file.
 uint64_t header_length(const std::string& bytes, const std::string& path) {

@@ -85,4 +85,9 @@ class SafetensorsWriter {
   std::FILE* out_ = nullptr;
 };
 
+// The header (its length in front, padded to 8 bytes) of tensors of these
+// dtypes and shapes laid out in order: the first bytes of their file.
+std::string header_bytes(const std::vector<SafetensorsWriter::Entry>& entries,
+                         const std::map<std::string, std::string>& metadata);
+
 }  // namespace composer

@@ -14,9 +14,11 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "parallelisms/comm/collectives.h"
 #include "runner/checkpoint/checkpoint_reader.h"
+#include "runner/checkpoint/rank_file.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/launch/rank.h"
 #include "runner/base/errors.h"
@@ -79,46 +81,6 @@ int64_t step_of(const fs::path& p) {
   return std::stoll(n.substr(5));
 }
 
-void fsync_path(const std::string& path, int flags) {
-  const int fd = open(path.c_str(), flags | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-}
-
-// Writes `bytes` to `path` durably: a temporary file, fsync, rename, fsync of
-// the folder. A write that fails (a full disk, a file-size limit) removes the
-// temporary file and names the path and the bytes it needed: the checkpoint
-// folder then has no index.json, so it is never taken for a complete one, and
-// the previous checkpoint, which only a complete save prunes, stays.
-void write_synced(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw RuntimeFailure("cannot create " + tmp + ": " + std::strerror(errno) +
-                         "; make checkpoint.dir a folder this job can write");
-  }
-  size_t done = 0;
-  int err = 0;
-  while (done < bytes.size() && !err) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n > 0) done += static_cast<size_t>(n);
-    else if (n < 0 && errno != EINTR) err = errno;
-    else if (n == 0) err = ENOSPC;
-  }
-  if (!err && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err) {
-    ::unlink(tmp.c_str());
-    throw RuntimeFailure("cannot write " + path + ": " + std::strerror(err) + " after " + std::to_string(done) +
-                         " of the " + std::to_string(bytes.size()) + " bytes it needs; free space (or raise the "
-                         "file-size limit) where checkpoint.dir points, or point it at a larger disk. The previous "
-                         "checkpoint is intact and resumes");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename " + tmp + " to " + path);
-  fsync_path(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
-}
 
 // The raw JSON header of a safetensors file.
 std::string header_text(const std::string& path) {
@@ -186,29 +148,42 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
   return out;
 }
 
-// This rank's checkpoint file: the pieces it owns and its RNG state, with their places and block hashes as metadata.
-std::string rank_file_bytes(const std::vector<HeldParam>& params, Optimizer& opt, int rank) {
+}  // namespace
+
+
+namespace {
+
+// With `copy` every tensor is a copy of its own (pinned host memory for a
+// device tensor), so training may go on while it is written (checkpoint.async);
+// without, host tensors are the live ones.
+RankSnapshot snapshot_rank(const std::vector<HeldParam>& params, Optimizer& opt, int rank, bool copy) {
   std::set<std::string> known;
-  NamedTensors mine;
-  nlohmann::json offsets = nlohmann::json::object(), global = nlohmann::json::object();
-  nlohmann::json hashes = nlohmann::json::object();  // per tensor, of each hash block of its bytes
+  RankSnapshot s;
   auto add = [&](const std::string& key, const torch::Tensor& t) {
-    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-    hashes[key] = block_hashes(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-    mine.emplace_back(key, c);
+    torch::Tensor d = t.detach();
+    torch::Tensor c;
+    if (copy && d.is_cuda()) {
+      c = torch::empty(d.sizes(), d.options().device(torch::kCPU).pinned_memory(true));
+      c.copy_(d);
+    } else if (copy) {
+      c = d.clone(at::MemoryFormat::Contiguous);
+    } else {
+      c = d.to(torch::kCPU).contiguous();
+    }
+    s.tensors.emplace_back(key, c);
   };
   for (auto& p : pieces_of(params, opt, rank, false, 0, known)) {
     if (!p.owner) continue;
     add(p.key, p.local);
-    offsets[p.key] = p.box.offset;
-    global[p.key] = p.global;
+    s.offsets[p.key] = p.box.offset;
+    s.global[p.key] = p.global;
   }
   add("rng", at::detail::getDefaultCPUGenerator().get_state());
-  return serialize_safetensors(mine, {{"format", "composer-checkpoint-rank"},
-                                      {"offsets", offsets.dump()},
-                                      {"global_shapes", global.dump()},
-                                      {"fnv1a64", hashes.dump()}});
+  return s;
 }
+
+
+}  // namespace
 
 // What every rank reports of its file to rank 0 after writing it.
 struct FileStats {
@@ -216,15 +191,17 @@ struct FileStats {
   torch::Tensor stats;   // [2, world]: bytes, seconds
 };
 
+namespace {
+
 // Every rank's file hash, size and write time reach rank 0; the collective
 // is also the barrier after which every file is on disk.
-FileStats gather_file_stats(parallel::Group* world_group, int64_t world, int rank, const std::string& bytes,
+FileStats gather_file_stats(parallel::Group* world_group, int64_t world, int rank, const WrittenFile& file,
                             std::chrono::steady_clock::time_point start) {
   FileStats s;
   s.hashes = torch::zeros({world}, torch::kLong);
   s.stats = torch::zeros({2, world}, torch::kDouble);
-  s.hashes[rank] = static_cast<int64_t>(fnv1a64(bytes.data(), bytes.size()));
-  s.stats[0][rank] = static_cast<double>(bytes.size());
+  s.hashes[rank] = static_cast<int64_t>(file.hash);
+  s.stats[0][rank] = static_cast<double>(file.bytes);
   s.stats[1][rank] = seconds_since(start);
   if (world_group) {
     parallel::all_reduce(*world_group, s.hashes);
@@ -289,17 +266,40 @@ nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world
 
 }  // namespace
 
+// checkpoint.async: the save on its writer thread.
+struct Checkpointer::InFlight {
+  int64_t step = 0;
+  std::thread thread;
+  std::exception_ptr error;  // what the writer threw, for the training thread to rethrow
+};
+
 Checkpointer::Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
-                           std::string log_prefix)
+                           std::string log_prefix, c10::intrusive_ptr<c10d::Store> store, int attempt)
     : c_(c),
       dir_(c.checkpoint.dir.empty() ? out_dir + "/checkpoints" : c.checkpoint.dir),
       rank_(rank),
       world_(world),
-      log_prefix_(std::move(log_prefix)) {}
+      log_prefix_(std::move(log_prefix)),
+      attempt_(attempt) {
+  // The writer thread talks to the store over a connection of its own.
+  if (store && c.checkpoint.async_save) {
+    try {
+      store_ = store->clone();
+    } catch (const std::exception&) {
+      store_ = store;
+    }
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  if (inflight_ && inflight_->thread.joinable()) inflight_->thread.join();
+}
 
 std::string Checkpointer::resume_path() const {
   const std::string& r = c_.checkpoint.resume;
   if (r == "never") return "";
+  const std::string newest = newest_complete();
+  if (attempt_ > 0 && !newest.empty()) return newest;  // a restart goes on from the newest save, not the given one
   if (r != "auto") {
     if (!fs::exists(fs::path(r) / kIndex)) {
       throw ConfigError(c_.checkpoint.resume_ref, r + " is not a complete checkpoint (no index.json in it); give a "
@@ -307,6 +307,10 @@ std::string Checkpointer::resume_path() const {
     }
     return r;
   }
+  return newest;
+}
+
+std::string Checkpointer::newest_complete() const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return "";
   int64_t best = -1;
@@ -322,27 +326,120 @@ bool Checkpointer::due(int64_t step) const {
   return step == c_.train.steps || (every > 0 && step % every == 0);
 }
 
-void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
-  fs::create_directories(folder);
-  const std::string bytes = rank_file_bytes(params, opt, rank_);
-  write_synced(folder + "/" + rank_file(rank_), bytes);
+// debug.fail_at before_index: the rank fails between its file and the index.
+void Checkpointer::fail_if_asked(int64_t step) const {
   const DebugConfig& d = c_.debug;
-  if (d.fail_at == FailAt::kBeforeIndex && d.fail_rank == rank_ && d.fail_step == step) {
+  if (d.fail_at == FailAt::kBeforeIndex && d.fail_rank == rank_ && d.fail_step == step &&
+      attempt_ < d.fail_attempts) {
     fail_on_purpose(d, rank_, "after writing " + rank_file(rank_) + " of step " + std::to_string(step) +
                                   ", before its index.json");
   }
-  const int64_t world = world_ ? world_->size : 1;
-  const FileStats reported = gather_file_stats(world_, world, rank_, bytes, start);
-  if (rank_ != 0) return;
+}
 
+void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt) {
+  if (c_.checkpoint.async_save) return save_async(step, params, opt);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
+  fs::create_directories(folder);
+  const WrittenFile file = write_rank_file(folder + "/" + rank_file(rank_), snapshot_rank(params, opt, rank_, false));
+  fail_if_asked(step);
+  const int64_t world = world_ ? world_->size : 1;
+  const FileStats reported = gather_file_stats(world_, world, rank_, file, start);
+  if (rank_ == 0) write_index(step, opt.steps(), reported);
+}
+
+// Rank 0, once every rank's file of `step` is on disk: the index, the log line, the pruning.
+void Checkpointer::write_index(int64_t step, int64_t optimizer_steps, const FileStats& reported) const {
+  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
+  const int64_t world = reported.hashes.size(0);
   const Listing listing = list_rank_files(folder, world, reported.hashes);
-  const nlohmann::json index = index_json(c_, step, world, opt.steps(), listing);
+  const nlohmann::json index = index_json(c_, step, world, optimizer_steps, listing);
   const std::string index_text = index.dump(1);
   write_synced(folder + "/" + kIndex, index_text);
   log_save(folder, index, reported.stats, static_cast<double>(index_text.size()));
   prune(step);
+}
+
+// checkpoint.async: the pieces are copied to host memory now (training waits
+// for that only); a writer thread writes them, then reports its file through
+// the rendezvous store, where rank 0's writer collects every rank's report
+// before it writes the index. No collective runs off the training thread.
+void Checkpointer::save_async(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt) {
+  finish();  // at most one save in flight
+  const auto start = std::chrono::steady_clock::now();
+  auto snap = std::make_shared<RankSnapshot>(snapshot_rank(params, opt, rank_, true));
+  const double copy_ms = seconds_since(start) * 1e3;
+  const int64_t optimizer_steps = opt.steps();
+  const int64_t copied = snap->bytes();
+  inflight_ = std::make_unique<InFlight>();
+  inflight_->step = step;
+  InFlight* job = inflight_.get();
+  job->thread = std::thread([this, job, snap, step, optimizer_steps, start]() mutable {
+    try {
+      write_in_background(step, snap, optimizer_steps, start);
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+  });
+  if (rank_ == 0) {
+    char line[200];
+    std::snprintf(line, sizeof line, "checkpoint step %lld: %.3f MB copied to host memory in %.1f ms; written in the "
+                  "background (checkpoint.async)", static_cast<long long>(step), static_cast<double>(copied) / 1e6,
+                  copy_ms);
+    std::cout << log_prefix_ << line << "\n";
+  }
+}
+
+void Checkpointer::write_in_background(int64_t step, std::shared_ptr<RankSnapshot>& snap, int64_t optimizer_steps,
+                                       std::chrono::steady_clock::time_point start) {
+  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
+  fs::create_directories(folder);
+  const WrittenFile file = write_rank_file(folder + "/" + rank_file(rank_), *snap);
+  snap.reset();  // the host copy goes as soon as it is on disk
+  fail_if_asked(step);
+  const int64_t world = world_ ? world_->size : 1;
+  FileStats reported;
+  reported.hashes = torch::zeros({world}, torch::kLong);
+  reported.stats = torch::zeros({2, world}, torch::kDouble);
+  const auto key = [step](int64_t r) { return "composer/checkpoint/" + std::to_string(step) + "/" + std::to_string(r); };
+  const double seconds = seconds_since(start);
+  if (world > 1) {
+    TORCH_CHECK(store_, "checkpoint.async needs the rendezvous store");
+    std::ostringstream mine;
+    mine << file.hash << " " << file.bytes << " " << seconds;
+    store_->set(key(rank_), mine.str());
+    if (rank_ != 0) return;
+    for (int64_t r = 0; r < world; ++r) {
+      store_->wait({key(r)});
+      std::istringstream in(store_->get_to_str(key(r)));
+      uint64_t hash = 0;
+      double bytes = 0, secs = 0;
+      in >> hash >> bytes >> secs;
+      reported.hashes[r] = static_cast<int64_t>(hash);
+      reported.stats[0][r] = bytes;
+      reported.stats[1][r] = secs;
+    }
+  } else {
+    reported.hashes[0] = static_cast<int64_t>(file.hash);
+    reported.stats[0][0] = static_cast<double>(file.bytes);
+    reported.stats[1][0] = seconds;
+  }
+  write_index(step, optimizer_steps, reported);
+}
+
+void Checkpointer::finish() {
+  if (!inflight_) return;
+  const auto start = std::chrono::steady_clock::now();
+  inflight_->thread.join();
+  const double waited_ms = seconds_since(start) * 1e3;
+  std::unique_ptr<InFlight> done = std::move(inflight_);
+  if (done->error) std::rethrow_exception(done->error);
+  if (rank_ == 0 && waited_ms >= 1) {
+    char line[200];
+    std::snprintf(line, sizeof line, "checkpoint step %lld: waited %.1f ms for its background write to finish",
+                  static_cast<long long>(done->step), waited_ms);
+    std::cout << log_prefix_ << line << "\n";
+  }
 }
 
 // Save figures: the payload against the ideal (every parameter and optimizer

@@ -12,6 +12,8 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,19 +50,34 @@ struct HeldParam {
   bool buffer = false;
 };
 
+struct RankSnapshot;
+struct FileStats;
+
 class Checkpointer {
  public:
   // `world` is the job's world group (null on one rank); rank 0 logs each
-  // save's and load's sizes and throughput with `log_prefix`.
+  // save's and load's sizes and throughput with `log_prefix`. `store`: the
+  // rendezvous store, through which asynchronous saves report their files;
+  // `attempt`: launch.max_restarts' attempt (a restart resumes from the
+  // newest complete checkpoint, whatever checkpoint.resume names).
   Checkpointer(const ExperimentConfig& c, const std::string& out_dir, int rank, parallel::Group* world,
-               std::string log_prefix = "");
+               std::string log_prefix = "", c10::intrusive_ptr<c10d::Store> store = {}, int attempt = 0);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
   // The checkpoint folder to resume from per checkpoint.resume; "" to start fresh.
   std::string resume_path() const;
   // Whether step `step` saves (every interval steps, and the last step).
   bool due(int64_t step) const;
-  // Writes step `step`'s checkpoint (a collective: every rank calls it).
+  // Writes step `step`'s checkpoint (every rank calls it). With
+  // checkpoint.async it copies this rank's pieces to host memory and returns;
+  // a writer thread writes them (waiting first for the save before, if it is
+  // still being written), and rank 0's writes the index once every rank's
+  // file is on disk.
   void save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt);
+  // Waits for the save in flight, if any, and throws what failed in it.
+  void finish();
   // Loads `path` into the parameters and optimizer state, reading only the
   // rows of the saved chunks that this rank's pieces overlap; returns its step.
   int64_t load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt);
@@ -68,11 +85,22 @@ class Checkpointer {
   const std::string& dir() const { return dir_; }
 
  private:
+  struct InFlight;
   const ExperimentConfig& c_;
   std::string dir_;
   int rank_;
   parallel::Group* world_;
   std::string log_prefix_;
+  c10::intrusive_ptr<c10d::Store> store_;  // async: the writer thread's connection
+  int attempt_ = 0;
+  std::unique_ptr<InFlight> inflight_;
+
+  std::string newest_complete() const;
+  void fail_if_asked(int64_t step) const;
+  void write_index(int64_t step, int64_t optimizer_steps, const FileStats& reported) const;
+  void save_async(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt);
+  void write_in_background(int64_t step, std::shared_ptr<RankSnapshot>& snap, int64_t optimizer_steps,
+                           std::chrono::steady_clock::time_point start);
 
   void log_save(const std::string& folder, const nlohmann::json& index, const torch::Tensor& stats,
                 double index_bytes) const;

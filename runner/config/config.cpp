@@ -32,7 +32,8 @@ const EnumName<Inject> kInjects[] = {
     {Inject::kNone, "none"},
     {Inject::kGradX2, "grad_x2"},
     {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
-    {Inject::kNanGrad, "nan_grad"}};
+    {Inject::kNanGrad, "nan_grad"},
+    {Inject::kSkipCollective, "skip_collective"}};
 const EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
 const EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
 const EnumName<DataSource> kSources[] = {
@@ -296,9 +297,10 @@ CheckpointConfig read_checkpoint(YamlMap& root) {
   }
   m.get("resume", c.resume);
   c.resume_ref = m.has("resume") ? m.ref("resume") : m.self_ref();
+  m.get("async", c.async_save);
   if (c.resume.empty()) throw ConfigError(c.resume_ref, "resume must be auto, never or the path of a checkpoint");
   if (!c.enabled) {  // a key that would do nothing
-    for (const char* key : {"dir", "interval", "keep_latest_k", "resume"}) {
+    for (const char* key : {"dir", "interval", "keep_latest_k", "resume", "async"}) {
       if (m.has(key) && !(std::string(key) == "resume" && c.resume == "never")) {
         throw ConfigError(m.ref(key), std::string(key) + " has no effect with enabled: false (nothing is saved or "
                                                          "resumed); remove it, or set enabled: true");
@@ -365,6 +367,30 @@ MetricsConfig read_metrics(YamlMap& root) {
                                             "configured it); run tools/setup and rebuild, or remove the key");
   }
 #endif
+  m.get("straggler_factor", c.straggler_factor);
+  if (c.straggler_factor <= 1) {
+    throw ConfigError(m.ref("straggler_factor"), "straggler_factor must be above 1 (a rank this many times the "
+                                                 "median compute time is named), e.g. 1.5");
+  }
+  m.get("straggler_steps", c.straggler_steps);
+  require_positive(m.ref("straggler_steps"), static_cast<double>(c.straggler_steps), "straggler_steps");
+  m.get("flight_recorder", c.flight_recorder);
+  require_non_negative(m.ref("flight_recorder"), static_cast<double>(c.flight_recorder), "flight_recorder");
+  if (c.flight_recorder > (1 << 20)) {
+    throw ConfigError(m.ref("flight_recorder"), "flight_recorder keeps at most 1048576 operations per rank");
+  }
+  m.finish();
+  return c;
+}
+
+LaunchConfig read_launch(YamlMap& root) {
+  YamlMap m = section(root, "launch");
+  LaunchConfig c;
+  c.ref = m.self_ref();
+  m.get("max_restarts", c.max_restarts);
+  require_non_negative(m.ref("max_restarts"), static_cast<double>(c.max_restarts), "max_restarts");
+  m.get("restart_wait_s", c.restart_wait_s);
+  require_non_negative(m.ref("restart_wait_s"), c.restart_wait_s, "restart_wait_s");
   m.finish();
   return c;
 }
@@ -392,6 +418,8 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size) {
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
   m.get("fail_step", c.fail_step);
+  m.get("fail_attempts", c.fail_attempts);
+  require_positive(m.ref("fail_attempts"), static_cast<double>(c.fail_attempts), "fail_attempts");
   m.get_enum("fail_mode", c.fail_mode, kFailModes);
   m.get_enum("fail_at", c.fail_at, kFailAts);
   m.get_enum("inject", c.inject, kInjects);
@@ -402,6 +430,10 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size) {
     throw ConfigError(m.ref("inject_rank"), "inject_rank " + std::to_string(c.inject_rank) + " is not a rank of the " +
                                                 std::to_string(world_size) + "-rank mesh; use 0 .. " +
                                                 std::to_string(world_size - 1));
+  }
+  if (c.inject == Inject::kSkipCollective && world_size < 2) {
+    throw ConfigError(m.ref("inject"), "skip_collective leaves out a collective, which needs a mesh of at least 2 "
+                                       "ranks; give mesh.shape more ranks or remove it");
   }
   if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
@@ -472,6 +504,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.eval = read_eval(root, c.data);
   c.metrics = read_metrics(root);
   c.profile = read_profile(root, c.train.steps);
+  c.launch = read_launch(root);
   c.debug = read_debug(root, c.mesh.world_size());
   root.finish();
   return c;

@@ -146,15 +146,17 @@ enum class Inject {
   kGradX2,              // backward runs on twice the loss: gradients (and their norm) x 2
   kMicrobatchOffByOne,  // the last dp rank reads its batch one microbatch late
   kNanGrad,             // rank inject_rank's first gradient turns NaN at every step from inject_step on
+  kSkipCollective,      // rank inject_rank leaves out its first all_reduce or reduce_scatter of step inject_step
 };
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
   int64_t fail_step = 1;   // the step at which it fails
+  int64_t fail_attempts = 1;  // it fails on this many attempts (launch.max_restarts), then runs through
   FailMode fail_mode = FailMode::kError;
   FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
-  int64_t inject_step = 1;        // nan_grad: the first step it poisons (1-based)
-  int64_t inject_rank = 0;        // nan_grad: the rank whose gradient turns NaN
+  int64_t inject_step = 1;        // nan_grad: the first step it poisons; skip_collective: the step (1-based)
+  int64_t inject_rank = 0;        // nan_grad, skip_collective: the rank it happens on
   std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
 };
 const char* name_of(FailMode v);
@@ -169,6 +171,9 @@ struct CheckpointConfig {
   int64_t interval = 0;       // save every N steps; 0 = only at the end of training
   int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted
   std::string resume = "auto";  // auto (newest complete checkpoint in dir, else fresh), never, or a path
+  // async: each rank copies its pieces to host memory at the step's end and a
+  // background thread writes them while training goes on (one save in flight)
+  bool async_save = false;
   SourceRef ref;              // the section, for errors
   SourceRef resume_ref;       // where resume was given
 };
@@ -193,6 +198,21 @@ struct EvalConfig {
 struct MetricsConfig {
   std::string tensorboard;  // a folder for TensorBoard event files; "" = none
   SourceRef tensorboard_ref;
+  // A rank whose compute time per step (its step time less its time in
+  // collectives) is above straggler_factor x the ranks' median (and 10 ms
+  // above it) for straggler_steps steps in a row is named in the log.
+  double straggler_factor = 1.5;
+  int64_t straggler_steps = 3;
+  int64_t flight_recorder = 2048;  // collectives and p2p operations each rank keeps for a hang report; 0 = off
+};
+
+// How composer's own launcher runs the job (docs/launching.md#restarts).
+struct LaunchConfig {
+  // A job whose rank fails (crashes, is killed or freezes) is stopped and
+  // started again from its newest complete checkpoint, up to this many times.
+  int64_t max_restarts = 0;
+  double restart_wait_s = 5;  // seconds between stopping a failed attempt and the next
+  SourceRef ref;
 };
 
 // The PyTorch profiler (Kineto) over a range of steps: each rank writes a
@@ -218,6 +238,7 @@ struct ExperimentConfig {
   EvalConfig eval;
   MetricsConfig metrics;
   ProfileConfig profile;
+  LaunchConfig launch;
   DebugConfig debug;
 };
 

@@ -58,16 +58,22 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
   j["checkpoint"] = {{"enabled", c.checkpoint.enabled}, {"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
-                     {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume}};
+                     {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume},
+                     {"async", c.checkpoint.async_save}};
   j["eval"] = {{"every", c.eval.every}, {"batches", c.eval.batches}};
   if (c.eval.has_data) {
     j["eval"]["data"] = {{"source", name_of(c.eval.data.source)}, {"path", c.eval.data.path}};
     if (c.eval.data.source == DataSource::kTokens) j["eval"]["data"]["token_dtype"] = name_of(c.eval.data.token_dtype);
   }
-  j["metrics"] = {{"tensorboard", c.metrics.tensorboard}};
+  j["metrics"] = {{"tensorboard", c.metrics.tensorboard},
+                  {"straggler_factor", c.metrics.straggler_factor},
+                  {"straggler_steps", c.metrics.straggler_steps},
+                  {"flight_recorder", c.metrics.flight_recorder}};
+  j["launch"] = {{"max_restarts", c.launch.max_restarts}, {"restart_wait_s", c.launch.restart_wait_s}};
   j["profile"] = {{"steps", c.profile.steps}, {"dir", c.profile.dir}};
   j["debug"] = {{"fail_rank", c.debug.fail_rank},
                 {"fail_step", c.debug.fail_step},
+                {"fail_attempts", c.debug.fail_attempts},
                 {"fail_mode", name_of(c.debug.fail_mode)},
                 {"fail_at", name_of(c.debug.fail_at)},
                 {"inject", name_of(c.debug.inject)},

@@ -60,7 +60,7 @@ int64_t data_bytes(const ExperimentConfig& c) {
 
 }  // namespace
 
-int64_t MemoryEstimate::peak() const { return step_peak + data; }
+int64_t MemoryEstimate::peak() const { return step_peak + data + checkpoint_copy; }
 
 std::string format_bytes(int64_t bytes) {
   char buf[32];
@@ -76,7 +76,8 @@ std::string format_bytes(int64_t bytes) {
 std::string MemoryEstimate::str() const {
   return "params " + format_bytes(params) + ", grads " + format_bytes(grads) + ", optimizer " +
          format_bytes(optimizer) + ", comm buffers " + format_bytes(buffers) + ", activations " +
-         format_bytes(activations) + ", data " + format_bytes(data) + "; peak " + format_bytes(peak()) + " (" +
+         format_bytes(activations) + ", data " + format_bytes(data) +
+         (checkpoint_copy ? ", async checkpoint copy " + format_bytes(checkpoint_copy) : std::string()) + "; peak " + format_bytes(peak()) + " (" +
          std::to_string(peak()) + " B)";
 }
 
@@ -196,6 +197,10 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     e.step_peak = *std::max_element(run.step_peaks.begin(), run.step_peaks.end());
     e.activations = std::max<int64_t>(0, e.step_peak - e.params - e.optimizer - e.buffers);
     e.data = data;
+    // checkpoint.async: the host copy of the pieces a save writes lives into
+    // the next steps: at most every parameter and optimizer state this rank
+    // holds (a piece replicated over ranks is written, and copied, by one).
+    if (c.checkpoint.enabled && c.checkpoint.async_save) e.checkpoint_copy = e.params + e.optimizer;
     e.comm = run.comm;
     out.push_back(e);
     if (position.classes.empty()) {

@@ -29,8 +29,9 @@ struct MemoryEstimate {
                             // flight, gradients as they form, collective staging, temporaries
   int64_t data = 0;         // dataset tensors held in memory
   int64_t step_peak = 0;    // the most tensor bytes alive at once in a step (data aside)
+  int64_t checkpoint_copy = 0;  // checkpoint.async: the host copy a save keeps while it writes (at most)
   CommBytes comm;           // the bytes one step's collectives move, per group and kind
-  int64_t peak() const;     // step_peak + data
+  int64_t peak() const;     // step_peak + data + checkpoint_copy
   std::string str() const;  // "params 1.2 MiB, grads ..., peak 5.1 MiB (5347737 B)"
   std::string comm_str() const;  // "dp all_gather 1234 B, dp reduce_scatter ..." (exact bytes)
 };

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "runner/base/errors.h"
+#include "runner/launch/flight_report.h"
 #include "runner/launch/rendezvous.h"
 
 namespace composer {
@@ -154,7 +155,7 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
                         " without reporting an error; stopped the other ranks",
                     c.died_ns});
     } else if (stamped) {
-      keep(reported, {c.rank, (code == 1 || code == 2) ? code : 3,
+      keep(reported, {c.rank, (code == 1 || code == 2 || code == 5) ? code : 3,
                       who + " failed with exit code " + std::to_string(code) +
                           (code == 1 ? "" : "; stopped the other ranks"),
                       t});
@@ -195,6 +196,7 @@ struct JobLayout {
   int port = 0;  // where the rendezvous store listens
   std::string error_dir;
   bool file_store = false;  // the ranks meet through a file store in error_dir
+  int attempt = 0;          // 0, then one more for each restart
 };
 
 // The environment of the rank with `local_rank` on this node, as rank_env_from_environment reads it.
@@ -204,7 +206,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const JobLayou
       {"LOCAL_RANK", std::to_string(local_rank)}, {"LOCAL_WORLD_SIZE", std::to_string(job.local)},
       {"MASTER_ADDR", job.master_addr},           {"MASTER_PORT", std::to_string(job.port)},
       {"COMPOSER_LAUNCHED", "1"},                 {"GLOG_minloglevel", "2"},
-      {"COMPOSER_ERROR_DIR", job.error_dir}};
+      {"COMPOSER_ERROR_DIR", job.error_dir},      {"COMPOSER_ATTEMPT", std::to_string(job.attempt)}};
   if (job.file_store) env.emplace_back("COMPOSER_STORE_FILE", job.error_dir + "/store");
   // OpenBLAS sizes its thread pool when it loads, from the environment: give
   // each rank its share of the cores, or its spinning threads fight the
@@ -304,9 +306,15 @@ void supervise(std::vector<Child>& kids, int world_size) {
   }
 }
 
-// The launcher's exit code once every rank has exited, after reporting the cause of a failure or interruption.
-int report_outcome(const std::vector<Child>& kids, const std::string& error_dir) {
+// The launcher's exit code once every rank has exited, after reporting the
+// cause of a failure or interruption (and what the flight recorders show).
+int report_outcome(const std::vector<Child>& kids, const std::string& error_dir, const std::string& flight_dir) {
   const Cause cause = failure_cause(kids, error_dir, g_interrupted);
+  if (cause.rank >= 0 && !error_dir.empty()) {
+    std::vector<int> ranks;
+    for (const auto& c : kids) ranks.push_back(c.rank);
+    report_flights(error_dir, ranks, flight_dir);
+  }
   if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
   const bool all_stopped = std::all_of(kids.begin(), kids.end(), [](const Child& c) { return c.code == kStoppedCode; });
   if (g_interrupted && cause.rank < 0 && all_stopped) {
@@ -355,6 +363,7 @@ std::optional<RankEnv> slurm_rank_env() {
                     std::to_string(e.world_size));
   }
   e.host_store = e.rank == 0;
+  e.attempt = env_int("SLURM_RESTART_COUNT", 0);
   return e;
 }
 
@@ -375,36 +384,70 @@ std::optional<RankEnv> rank_env_from_environment() {
   // composer's own launcher hosts the store; under an external one, rank 0 does.
   e.host_store = !std::getenv("COMPOSER_LAUNCHED") && e.rank == 0;
   if (const char* f = std::getenv("COMPOSER_STORE_FILE")) e.store_file = f;
+  e.attempt = env_int("COMPOSER_ATTEMPT", env_int("TORCHELASTIC_RESTART_COUNT", 0));
   return e;
 }
 
-int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv) {
+int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv,
+                       const RestartOptions& restart) {
   check_node_options(world_size, node);
+  if (restart.max_restarts > 0 && node.nnodes > 1) {
+    throw UserError("launch.max_restarts restarts a job that one composer launches; across --nnodes " +
+                    std::to_string(node.nnodes) + " nodes let the cluster's launcher restart it (torchrun "
+                    "--max-restarts, or a SLURM loop on exit code 3: docs/launching.md#restarts) and set "
+                    "launch.max_restarts: 0");
+  }
   JobLayout job;
   job.world_size = world_size;
   job.local = world_size / node.nnodes;
   job.node_rank = node.node_rank;
   job.master_addr = node.master_addr;
 
-  // Ranks record the time they failed here, so the report names the first.
-  // A single-node job without --master-port also meets here, through a file
-  // store: it opens no socket beyond Gloo's on loopback.
-  char dir_template[] = "/tmp/composer-errors-XXXXXX";
-  job.error_dir = mkdtemp(dir_template) ? dir_template : "";
-  job.file_store = node.nnodes == 1 && node.master_port == 0 && !job.error_dir.empty();
-
-  // Else node 0 hosts the rendezvous store for the whole job.
+  // Node 0 hosts the rendezvous store for the whole job, unless the ranks
+  // meet through a file store (below); each restart's ranks meet under keys
+  // of their own (COMPOSER_ATTEMPT).
   c10::intrusive_ptr<c10d::Store> store;
   job.port = node.master_port;
-  if (node.node_rank == 0 && !job.file_store) {
+  const bool file_store = node.nnodes == 1 && node.master_port == 0;
+  if (node.node_rank == 0 && !file_store) {
     store = host_rendezvous(node.master_addr, node.master_port, c10d::Store::kDefaultTimeout, &job.port);
   }
 
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
-  std::vector<Child> kids = spawn_ranks(job, argv);
-  supervise(kids, world_size);
-  return report_outcome(kids, job.error_dir);
+  for (job.attempt = 0;; ++job.attempt) {
+    // Ranks record the time they failed here, so the report names the first,
+    // and map their flight recorders here. A single-node job without
+    // --master-port also meets here, through a file store: it opens no
+    // socket beyond Gloo's on loopback.
+    char dir_template[] = "/tmp/composer-errors-XXXXXX";
+    job.error_dir = mkdtemp(dir_template) ? dir_template : "";
+    job.file_store = file_store && !job.error_dir.empty();
+    std::vector<Child> kids = spawn_ranks(job, argv);
+    supervise(kids, world_size);
+    const int code = report_outcome(kids, job.error_dir, restart.flight_dir);
+    // Only a rank's failure (exit 3) is worth a restart: a failed check, bad
+    // input, a stop on request or a diverged run would end the same again.
+    if (code != 3 || g_interrupted || job.attempt >= restart.max_restarts) {
+      if (code == 3 && restart.max_restarts > 0) {
+        std::cerr << "launch.max_restarts: the job failed on all " << job.attempt + 1 << " attempts; giving up\n";
+      }
+      return code;
+    }
+    std::cerr << "launch.max_restarts: restarting the job (restart " << job.attempt + 1 << " of "
+              << restart.max_restarts << ") in " << restart.restart_wait_s
+              << " s; its ranks resume from the newest complete checkpoint\n"
+              << std::flush;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(restart.restart_wait_s * 1000));
+    while (std::chrono::steady_clock::now() < until && !g_interrupted) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (g_interrupted) {
+      std::cerr << "interrupted before the restart\n";
+      return 130;
+    }
+  }
 }
 
 }  // namespace composer

@@ -18,6 +18,13 @@ struct NodeOptions {
   int master_port = 0;                    // --master-port: 0 picks a free port (one node only)
 };
 
+// What composer's launcher does when a rank fails.
+struct RestartOptions {
+  int64_t max_restarts = 0;   // launch.max_restarts: attempts after the first
+  double restart_wait_s = 5;  // launch.restart_wait_s
+  std::string flight_dir;     // where the ranks' flight records go after a failure ("" = not kept)
+};
+
 // Who this process is when it runs as a rank.
 struct RankEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
@@ -25,6 +32,7 @@ struct RankEnv {
   int master_port = 0;
   bool host_store = false;  // this rank hosts the TCPStore (rank 0 under an external launcher)
   std::string store_file;   // non-empty: meet through this file store (a single-node local launch)
+  int attempt = 0;          // 0, then 1, 2, ... for each restart (COMPOSER_ATTEMPT, or torchrun's or SLURM's count)
 };
 
 // The rank environment if this process was started as a rank (by composer or
@@ -40,7 +48,11 @@ std::optional<RankEnv> rank_env_from_environment();
 std::string first_slurm_host(const std::string& nodelist);
 
 // Spawns this node's ranks running `argv` and supervises them; returns the
-// job's exit code (0, or the first failing rank's 1, 2 or 3).
-int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv);
+// job's exit code (0, or the first failing rank's 1, 2, 3 or 5). A failure
+// that a restart can cure (exit 3: a crash, a killed or frozen rank) starts
+// the job again, up to restart.max_restarts times; each rank learns its
+// attempt from COMPOSER_ATTEMPT and resumes from the newest checkpoint.
+int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv,
+                       const RestartOptions& restart = {});
 
 }  // namespace composer

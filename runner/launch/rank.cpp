@@ -11,6 +11,7 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "runner/base/errors.h"
@@ -84,12 +85,26 @@ RankContext join_job(const RankEnv& env, const ExperimentConfig& c, const Plan& 
     throw RuntimeFailure("rank " + std::to_string(env.rank) + " cannot reach the rendezvous at " + env.master_addr +
                          ":" + std::to_string(env.master_port) + ": " + c10::GetExceptionString(e).substr(0, 200));
   }
+  // A restart's ranks meet under keys of their own on a store that outlived the last attempt.
+  if (env.attempt > 0 && env.store_file.empty()) {
+    store = c10::make_intrusive<c10d::PrefixStore>("attempt-" + std::to_string(env.attempt), store);
+  }
   parallel::MeshOptions mo;
   mo.timeout = timeout;
   mo.host = (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") ? "127.0.0.1" : "";
   RankContext r;
   if (!c.debug.delay.empty()) r.delays = std::make_shared<parallel::Delays>(c.debug.delay, env.rank);
   mo.delays = r.delays;
+  const bool skips = c.debug.inject == Inject::kSkipCollective && c.debug.inject_rank == env.rank;
+  if (c.metrics.flight_recorder > 0 || skips) {
+    const char* dir = std::getenv("COMPOSER_ERROR_DIR");  // composer's launcher reads the ring there
+    r.flight = std::make_shared<parallel::FlightRecorder>(
+        env.rank, std::max<int64_t>(c.metrics.flight_recorder, 64),
+        dir ? std::string(dir) + "/flight-" + std::to_string(env.rank) + ".bin" : "");
+    if (skips) r.flight->skip_first_reduction_of(c.debug.inject_step);
+  }
+  mo.recorder = r.flight;
+  r.attempt = env.attempt;
   bind_device(c, env.local_rank, r, mo);
   r.rank = env.rank;
   r.world_size = env.world_size;

@@ -7,6 +7,7 @@
 
 #include "parallelisms/comm/cuda_runtime.h"
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/comm/flight_recorder.h"
 #include "parallelisms/comm/mesh.h"
 #include "runner/config/config.h"
 #include "runner/launch/launcher.h"
@@ -24,6 +25,8 @@ struct RankContext {
   std::shared_ptr<const parallel::Delays> delays;  // debug.delay on this rank (null: none), shared with the mesh
   c10::Device device = c10::kCPU;              // where this rank's tensors live: the CPU, or cuda:LOCAL_RANK
   parallel::CudaRuntime* cuda = nullptr;       // mesh.device cuda: the loaded CUDA runtime
+  std::shared_ptr<parallel::FlightRecorder> flight;  // this rank's flight recorder (null: none), shared with the mesh
+  int attempt = 0;                             // launch.max_restarts: 0, then 1, 2, ... for each restart
   bool is_main() const { return rank == 0; }
 };
 

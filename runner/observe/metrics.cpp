@@ -131,6 +131,16 @@ void add_communication(nlohmann::json& j, const StepRecord& r) {
   j["comm_ring_bytes"] = r.comm_ring_bytes;
   if (r.tcp_tx_bytes >= 0) j["tcp_tx_bytes"] = r.tcp_tx_bytes;
   if (!r.comm_bytes_by_group.empty()) j["comm_bytes_by_group"] = r.comm_bytes_by_group;
+  if (r.comm_wait_ms >= 0) {
+    j["comm_wait_ms"] = r.comm_wait_ms;
+    j["compute_ms"] = r.compute_ms;
+  }
+  if (!r.rank_step_ms.empty()) {
+    j["rank_step_ms"] = r.rank_step_ms;
+    j["rank_compute_ms"] = r.rank_compute_ms;
+    j["rank_comm_wait_ms"] = r.rank_comm_wait_ms;
+    j["stragglers"] = r.stragglers;
+  }
 }
 
 }  // namespace

@@ -49,6 +49,12 @@ struct StepRecord {
   int64_t comm_ring_bytes = 0;                         // bytes a rank sends under the ring algorithms
   std::map<std::string, int64_t> comm_bytes_by_group;  // comm_bytes per process group (mesh dim, or dims joined)
   double tcp_tx_bytes = -1;  // bytes the logging rank's TCP sockets sent (kernel counters), -1 unknown
+  // Time in collectives (inside them and waiting for them) and the rest of
+  // the step, on the logging rank and on every rank (multi-rank runs only).
+  double comm_wait_ms = -1;
+  double compute_ms = -1;
+  std::vector<double> rank_step_ms, rank_compute_ms, rank_comm_wait_ms;
+  std::vector<int64_t> stragglers;  // the ranks named stragglers at this step
 };
 
 // Bytes this process's TCP sockets have sent so far (the kernel's

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallelisms/comm/flight_recorder.h"
 #include "runner/base/memory.h"
 
 namespace composer {
@@ -16,6 +17,10 @@ std::vector<std::pair<std::string, double>> rank_scalars(const StepRecord& r) {
   if (r.peak_alloc_mb >= 0) out.emplace_back("peak_alloc_mb", r.peak_alloc_mb);
   if (r.device_peak_allocated_mb >= 0) out.emplace_back("device_peak_allocated_mb", r.device_peak_allocated_mb);
   if (r.parallel) out.emplace_back("comm_bytes", static_cast<double>(r.comm_bytes));
+  if (r.comm_wait_ms >= 0) {
+    out.emplace_back("compute_ms", r.compute_ms);
+    out.emplace_back("comm_wait_ms", r.comm_wait_ms);
+  }
   return out;
 }
 
@@ -51,12 +56,14 @@ void StepWatch::begin(int64_t step) {
   recomputes_before_ = run_.ac ? run_.ac->recomputes() : 0;
   tcp_start_ = run_.world_size > 1 && is_main() ? tcp_tx_bytes() : -1;  // the logging rank's
   if (run_.reset_comm) run_.reset_comm();
+  parallel::CommClock::take_ns();  // this step's time in collectives starts at zero
   memory::reset_peak();
   if (run_.cuda) run_.cuda->reset_peaks(run_.device.index());
 }
 
 void StepWatch::end(int64_t step, StepRecord& r) {
   measure(r);
+  compare_ranks(r);
   profiler_.end_step(step);  // after the figures: its barrier and the trace's writing are not the step's
   report_trace(step);
   if (run_.ac) r.recomputes = run_.ac->recomputes() - recomputes_before_;
@@ -84,6 +91,63 @@ void StepWatch::measure(StepRecord& r) const {
   r.peak_alloc_mb = static_cast<double>(memory::peak_bytes()) / (1 << 20);
   if (run_.add_comm) run_.add_comm(r);
   if (tcp_start_ >= 0) r.tcp_tx_bytes = tcp_tx_bytes() - tcp_start_;
+  if (run_.gather_ranks) {
+    r.comm_wait_ms = static_cast<double>(parallel::CommClock::take_ns()) / 1e6;
+    r.compute_ms = std::max(0.0, r.step_ms - r.comm_wait_ms);
+  }
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+// Every rank's step, compute and communication time; on the main rank, the
+// stragglers: a rank whose compute time (its step less its time in
+// collectives: a slow rank computes longer, its peers wait for it longer) is
+// above metrics.straggler_factor x the median, and 10 ms above it, for
+// metrics.straggler_steps steps in a row is named once, and again when it is
+// back within the bar.
+void StepWatch::compare_ranks(StepRecord& r) {
+  if (!run_.gather_ranks) return;
+  const std::vector<double> all = run_.gather_ranks({r.step_ms, r.compute_ms, r.comm_wait_ms});
+  const size_t n = all.size() / 3;
+  for (size_t i = 0; i < n; ++i) {
+    r.rank_step_ms.push_back(all[3 * i]);
+    r.rank_compute_ms.push_back(all[3 * i + 1]);
+    r.rank_comm_wait_ms.push_back(all[3 * i + 2]);
+  }
+  if (!is_main()) return;
+  const MetricsConfig& m = run_.c.metrics;
+  const double mid = median(r.rank_compute_ms);
+  slow_steps_.resize(n, 0);
+  named_.resize(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const double ms = r.rank_compute_ms[i];
+    const bool above = ms > m.straggler_factor * mid && ms - mid > 10.0;
+    slow_steps_[i] = above ? slow_steps_[i] + 1 : 0;
+    char line[300];
+    line[0] = 0;
+    if (above && slow_steps_[i] >= m.straggler_steps && !named_[i]) {
+      named_[i] = true;
+      std::snprintf(line, sizeof line,
+                    "straggler: rank %zu is %.1fx the median step compute (%.1f ms against %.1f ms) for %lld steps "
+                    "in a row, to step %lld (metrics.straggler_factor %.2f)",
+                    i, ms / std::max(mid, 1e-9), ms, mid, static_cast<long long>(slow_steps_[i]),
+                    static_cast<long long>(r.step), m.straggler_factor);
+    } else if (!above && named_[i]) {
+      named_[i] = false;
+      std::snprintf(line, sizeof line, "straggler: rank %zu is back within %.2fx the median step compute at step %lld",
+                    i, m.straggler_factor, static_cast<long long>(r.step));
+    }
+    if (line[0]) std::cout << run_.log_prefix << line << std::endl;
+    if (named_[i]) r.stragglers.push_back(static_cast<int64_t>(i));
+  }
 }
 
 // After the profiled range's last step, the main rank says where its trace is.

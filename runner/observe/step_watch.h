@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallelisms/activation_checkpoint.h"
 #include "parallelisms/comm/cuda_runtime.h"
@@ -37,6 +38,10 @@ struct WatchedRun {
   // as it ends. Unset: a run without collectives.
   std::function<void()> reset_comm;
   std::function<void(StepRecord&)> add_comm;
+  // Every rank's figures: this rank's in, all ranks' out (rank-major); unset
+  // on one rank. A collective on the world group each step, after the step's
+  // own figures are taken.
+  std::function<std::vector<double>(const std::vector<double>&)> gather_ranks;
 };
 
 class StepWatch {
@@ -59,6 +64,7 @@ class StepWatch {
 
  private:
   void measure(StepRecord& r) const;
+  void compare_ranks(StepRecord& r);
   void report_trace(int64_t step) const;
   bool is_main() const { return run_.rank == 0; }
 
@@ -72,6 +78,8 @@ class StepWatch {
   std::chrono::steady_clock::time_point start_;
   int64_t recomputes_before_ = 0;
   double tcp_start_ = -1;  // the logging rank's TCP bytes sent before the step; -1 not counted
+  std::vector<int64_t> slow_steps_;  // the main rank's: each rank's steps in a row above the straggler bar
+  std::vector<bool> named_;          // each rank is named a straggler now
 };
 
 }  // namespace composer

@@ -171,7 +171,7 @@ void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
   } else {
     what << "; train.on_nonfinite: stop stopped the job before the update";
   }
-  throw RuntimeFailure(what.str() + ". Nothing was saved after the last checkpoint. Look for the cause (the "
+  throw Diverged(what.str() + ". Nothing was saved after the last checkpoint. Look for the cause (the "
                                     "learning rate, the data, a mixed-precision overflow), or set "
                                     "train.on_nonfinite: skip to leave such steps out");
 }

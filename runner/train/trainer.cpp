@@ -105,6 +105,16 @@ WatchedRun watched_run(const Loop& l) {
     parallel::all_reduce(*p->world, t);
   };
   w.reset_comm = [ctx = &rank] { reset_counters(*ctx); };
+  if (par.world) {  // every rank's figures of a step, to every rank (stragglers)
+    w.gather_ranks = [p = &par, r = rank.rank](const std::vector<double>& mine) {
+      const int64_t n = static_cast<int64_t>(mine.size());
+      auto t = torch::zeros({p->world->size, n}, torch::kDouble);
+      for (int64_t i = 0; i < n; ++i) t[r][i] = mine[i];
+      parallel::CommSite site("step figures");
+      parallel::all_reduce(*p->world, t);
+      return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    };
+  }
   w.add_comm = [ctx = &rank](StepRecord& r) { add_comm(*ctx, r); };
   return w;
 }
@@ -139,7 +149,8 @@ StepState step_state(const Loop& l, const parallel::Delays& delays) {
 // debug.fail_at: step: this rank fails on purpose as debug.fail_step begins.
 void fail_if_asked(const Loop& l, int64_t step) {
   const DebugConfig& d = l.c.debug;
-  if (l.rank.rank == d.fail_rank && step == d.fail_step && d.fail_at == FailAt::kStep) {
+  if (l.rank.rank == d.fail_rank && step == d.fail_step && d.fail_at == FailAt::kStep &&
+      l.rank.attempt < d.fail_attempts) {
     fail_on_purpose(d, l.rank.rank, "at step " + std::to_string(step));
   }
 }
@@ -176,6 +187,7 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
   const int64_t buffers_before = l.rm.par.buffer_bytes();
   LoopResult out;
   for (int64_t step = l.first_step; step <= t.steps; ++step) {
+    if (l.rank.flight) l.rank.flight->set_step(step);
     watch.begin(step);
     fail_if_asked(l, step);
     StepRecord r;
@@ -194,8 +206,12 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     out.steps.push_back(r);
     const bool stops = r.stop && step < t.steps;  // every rank saw it in this step's gradient-norm reduction
     if (l.checkpoints && (l.checkpointer.due(step) || stops)) l.checkpointer.save(step, l.held, l.optimizer);
-    if (stops) throw stopped(l, step);
+    if (stops) {
+      l.checkpointer.finish();
+      throw stopped(l, step);
+    }
   }
+  l.checkpointer.finish();  // the last save is on disk before the run ends
   return out;
 }
 
@@ -246,6 +262,7 @@ void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_byte
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
                   bool checkpoints) {
   torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
+  parallel::mark_training_thread();
   RankModel rm = build_rank_model(c, plan, rank, out_dir);
   const int64_t setup_peak_bytes = memory::peak_bytes();  // building the model and the transforms
   const double setup_peak_rss_mb = peak_rss_mb();
@@ -255,7 +272,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*rm.model)) held.push_back({name, p, rm.par.placements->find(p)});
   for (const auto& b : rm.model->named_buffers()) held.push_back({b.key(), b.value(), nullptr, /*buffer=*/true});
-  Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix);
+  Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix,
+                            rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
   if (checkpoints) {
     const std::string from = checkpointer.resume_path();

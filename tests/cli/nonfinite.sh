@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A gradient that turns NaN (debug.inject: nan_grad, from step 3 on, on one
 # rank of a fully_shard plan) under train.on_nonfinite:
-#   stop (the default): exit 3 before step 3's update, naming the step, the rank
+#   stop (the default): exit 5 before step 3's update, naming the step, the rank
 #     and the parameter; the step-1 and step-2 checkpoints stay, nothing later is
 #     written (no step-3 checkpoint, no final weights);
 #   skip: step 3's update is left out, so weights and optimizer state are bit
@@ -18,13 +18,13 @@ poison=(--set debug.inject=nan_grad --set debug.inject_step=3 --set debug.inject
         --set checkpoint.resume=never)
 
 out=$("$composer" run --config "$cfg" --out "$work/stop" "${poison[@]}" --set train.steps=4 2>&1); code=$?
-[ "$code" -eq 3 ] || fail "stop: exit $code, expected 3"
+[ "$code" -eq 5 ] || fail "stop: exit $code, expected 5"
 echo "$out" | grep -Eq 'step 3: the gradient of [a-z_.0-9]+ on rank 1 is not finite' ||
   fail "stop: no message naming step 3, rank 1 and the parameter: $(echo "$out" | tail -2)"
 [ -d "$work/stop/checkpoints/step-000002" ] || fail "stop: the step-2 checkpoint is missing"
 [ ! -e "$work/stop/checkpoints/step-000003" ] || fail "stop: a step-3 checkpoint was written"
 [ ! -e "$work/stop/final.safetensors" ] || fail "stop: final weights were written"
-[ "$status" -eq 0 ] && echo "ok: stop: exit 3 at step 3 naming rank 1; checkpoints 1-2 kept, nothing after"
+[ "$status" -eq 0 ] && echo "ok: stop: exit 5 at step 3 naming rank 1; checkpoints 1-2 kept, nothing after"
 
 "$composer" run --config "$cfg" --out "$work/two" --set train.steps=2 --set checkpoint.interval=1 \
   --set checkpoint.resume=never >/dev/null 2>&1 || fail "the 2-step run failed"
@@ -56,7 +56,7 @@ PY
 
 out=$("$composer" run --config "$cfg" --out "$work/skips" "${poison[@]}" --set train.steps=6 \
   --set train.on_nonfinite=skip --set train.max_skipped=2 2>&1); code=$?
-[ "$code" -eq 3 ] || fail "max_skipped: exit $code, expected 3"
+[ "$code" -eq 5 ] || fail "max_skipped: exit $code, expected 5"
 echo "$out" | grep -q 'step 5: .*that is 3 steps in a row (train.max_skipped 2)' ||
   fail "max_skipped: no stop at step 5: $(echo "$out" | tail -2)"
 [ "$status" -eq 0 ] && echo "ok: max_skipped 2: steps 3 and 4 skipped, step 5 stopped the job"

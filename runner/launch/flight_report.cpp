@@ -1,0 +1,254 @@
+#include "runner/launch/flight_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <tuple>
+
+namespace composer {
+namespace {
+
+using parallel::FlightRecord;
+
+// "all_reduce (4096 B float, grad norm)": an operation as a finding names it.
+std::string describe(const FlightRecord& r) {
+  std::string s = std::string(r.kind) + " (" + std::to_string(r.bytes) + " B " + r.dtype;
+  if (r.site[0]) s += ", " + std::string(r.site);
+  s += ", step " + std::to_string(r.step) + ")";
+  return s;
+}
+
+// The global ranks of a communicator's name: "dp[0,2]" -> {0, 2}.
+std::vector<int> members_of(const std::string& group) {
+  std::vector<int> out;
+  const size_t open = group.rfind('[');
+  if (open == std::string::npos) return out;
+  int v = 0;
+  bool digits = false;
+  for (size_t i = open + 1; i < group.size(); ++i) {
+    const char ch = group[i];
+    if (ch >= '0' && ch <= '9') {
+      v = v * 10 + (ch - '0');
+      digits = true;
+    } else if (digits) {
+      out.push_back(v);
+      v = 0;
+      digits = false;
+    }
+  }
+  return out;
+}
+
+// One rank's operations on one channel (a group's collectives, or its sends
+// or receives to one peer), by sequence number.
+using Channel = std::map<uint64_t, const FlightRecord*>;
+
+struct Rings {
+  std::map<int, const RankFlight*> by_rank;
+  // group -> rank -> collectives
+  std::map<std::string, std::map<int, Channel>> collectives;
+  // (group, sender, receiver) -> the sender's sends, the receiver's receives
+  std::map<std::tuple<std::string, int, int>, std::pair<Channel, Channel>> p2p;
+};
+
+Rings index(const std::vector<RankFlight>& ranks) {
+  Rings x;
+  for (const auto& rf : ranks) {
+    x.by_rank[rf.rank] = &rf;
+    for (const auto& r : rf.records) {
+      if (r.peer < 0) {
+        x.collectives[r.group][rf.rank][r.seq] = &r;
+      } else if (std::string(r.kind) == "send") {
+        x.p2p[{r.group, rf.rank, r.peer}].first[r.seq] = &r;
+      } else {
+        x.p2p[{r.group, r.peer, rf.rank}].second[r.seq] = &r;
+      }
+    }
+  }
+  return x;
+}
+
+uint64_t last_seq(const Channel& c) { return c.empty() ? 0 : c.rbegin()->first; }
+
+bool same_operation(const FlightRecord& a, const FlightRecord& b) {
+  return std::string(a.kind) == b.kind && a.bytes == b.bytes && std::string(a.dtype) == b.dtype;
+}
+
+// Two ranks that issued different collectives under one sequence number of a
+// group: the smallest such number on each group.
+void mismatches(const Rings& x, std::vector<std::string>& out) {
+  for (const auto& [group, ranks] : x.collectives) {
+    if (ranks.size() < 2) continue;
+    uint64_t first = UINT64_MAX;
+    std::string line;
+    for (auto a = ranks.begin(); a != ranks.end(); ++a) {
+      for (auto b = std::next(a); b != ranks.end(); ++b) {
+        for (const auto& [seq, ra] : a->second) {
+          auto it = b->second.find(seq);
+          if (it == b->second.end() || same_operation(*ra, *it->second) || seq >= first) continue;
+          first = seq;
+          line = "mismatch on " + group + " at collective #" + std::to_string(seq) + ": rank " +
+                 std::to_string(a->first) + " issued " + describe(*ra) + ", rank " + std::to_string(b->first) +
+                 " issued " + describe(*it->second);
+          break;
+        }
+      }
+    }
+    if (!line.empty()) out.push_back(line);
+  }
+}
+
+// Ranks that issued fewer collectives on a group than a peer did: the first
+// one they have not issued, as the peer recorded it.
+void collectives_behind(const Rings& x, std::vector<std::string>& out) {
+  for (const auto& [group, ranks] : x.collectives) {
+    uint64_t most = 0;
+    int leader = -1;
+    for (const auto& [rank, ch] : ranks) {
+      if (last_seq(ch) > most) most = last_seq(ch), leader = rank;
+    }
+    for (int member : members_of(group)) {
+      auto it = ranks.find(member);
+      if (!x.by_rank.count(member)) continue;  // its ring is not there: nothing to say about it
+      const uint64_t issued = it == ranks.end() ? 0 : last_seq(it->second);
+      if (issued >= most) continue;
+      const FlightRecord* next = nullptr;
+      auto lead = ranks.at(leader).find(issued + 1);
+      if (lead != ranks.at(leader).end()) next = lead->second;
+      out.push_back("rank " + std::to_string(member) + " is behind on " + group + ": it issued " +
+                    std::to_string(issued) + " collectives there, rank " + std::to_string(leader) + " issued " +
+                    std::to_string(most) + (next ? "; the first it has not issued: #" + std::to_string(issued + 1) +
+                                                       " " + describe(*next)
+                                                 : std::string()));
+    }
+  }
+}
+
+// A receive with no send issued for it, or a send no receive was posted for.
+void p2p_behind(const Rings& x, std::vector<std::string>& out) {
+  for (const auto& [key, chans] : x.p2p) {
+    const auto& [group, sender, receiver] = key;
+    const Channel& sends = chans.first;
+    const Channel& recvs = chans.second;
+    const bool have_sender = x.by_rank.count(sender), have_receiver = x.by_rank.count(receiver);
+    const uint64_t sent = last_seq(sends), received = last_seq(recvs);
+    if (have_sender && received > sent) {
+      auto w = recvs.find(sent + 1);
+      const FlightRecord& want = w != recvs.end() ? *w->second : *recvs.rbegin()->second;
+      out.push_back("rank " + std::to_string(sender) + " is behind on " + group + ": rank " +
+                    std::to_string(receiver) + " waits in recv #" + std::to_string(sent + 1) + " from it " +
+                    describe(want) + ", which it has not issued; its last send to rank " +
+                    std::to_string(receiver) + " is #" + std::to_string(sent));
+    } else if (have_receiver && sent > received) {
+      auto w = sends.find(received + 1);
+      const FlightRecord& want = w != sends.end() ? *w->second : *sends.rbegin()->second;
+      out.push_back("rank " + std::to_string(receiver) + " is behind on " + group + ": rank " +
+                    std::to_string(sender) + " sends #" + std::to_string(received + 1) + " to it " + describe(want) +
+                    ", for which it has posted no receive; its last receive from rank " + std::to_string(sender) +
+                    " is #" + std::to_string(received));
+    }
+    for (const auto& [seq, s] : sends) {  // the same message with two sizes
+      auto r = recvs.find(seq);
+      if (r != recvs.end() && s->bytes != r->second->bytes) {
+        out.push_back("mismatch on " + group + " at message #" + std::to_string(seq) + " from rank " +
+                      std::to_string(sender) + " to rank " + std::to_string(receiver) + ": send " + describe(*s) +
+                      ", recv " + describe(*r->second));
+        break;
+      }
+    }
+  }
+}
+
+// Nobody is behind: the oldest operation still unfinished, on any rank.
+void unfinished(const std::vector<RankFlight>& ranks, std::vector<std::string>& out) {
+  const FlightRecord* oldest = nullptr;
+  int who = -1;
+  for (const auto& rf : ranks) {
+    for (const auto& r : rf.records) {
+      if (r.finished_ns == 0 && (!oldest || r.issued_ns < oldest->issued_ns)) oldest = &r, who = rf.rank;
+    }
+  }
+  if (!oldest) return;
+  const int64_t age = parallel::monotonic_now_ns() - oldest->issued_ns;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(age) / 1e9);
+  out.push_back("every rank issued the same operations; rank " + std::to_string(who) + " has not finished #" +
+                std::to_string(oldest->seq) + " " + describe(*oldest) + " on " + oldest->group + ", issued " + secs +
+                " s ago");
+}
+
+double ms_since(int64_t t, int64_t now) { return t == 0 ? 0.0 : static_cast<double>(t - now) / 1e6; }
+
+}  // namespace
+
+std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks) {
+  const Rings x = index(ranks);
+  std::vector<std::string> out;
+  mismatches(x, out);
+  collectives_behind(x, out);
+  p2p_behind(x, out);
+  if (out.empty()) unfinished(ranks, out);
+  return out;
+}
+
+nlohmann::json flight_json(const RankFlight& rf, int64_t now_ns) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const auto& r : rf.records) {
+    nlohmann::json o = {{"id", r.id},       {"seq", r.seq},     {"kind", r.kind},   {"group", r.group},
+                        {"bytes", r.bytes}, {"dtype", r.dtype}, {"site", r.site},   {"step", r.step},
+                        {"thread", r.thread == 0 ? "training" : "helper"},
+                        {"issued_ms", ms_since(r.issued_ns, now_ns)}};
+    if (r.peer >= 0) o["peer"] = r.peer;
+    o["started_ms"] = r.started_ns ? nlohmann::json(ms_since(r.started_ns, now_ns)) : nlohmann::json(nullptr);
+    o["finished_ms"] = r.finished_ns ? nlohmann::json(ms_since(r.finished_ns, now_ns)) : nlohmann::json(nullptr);
+    ops.push_back(o);
+  }
+  return {{"rank", rf.rank}, {"step", rf.step}, {"operations", ops}};
+}
+
+std::vector<std::string> report_flights(const std::string& ring_dir, const std::vector<int>& ranks,
+                                        const std::string& dump_dir) {
+  std::vector<RankFlight> rings;
+  for (int r : ranks) {
+    RankFlight rf;
+    int rank = -1;
+    rf.records = parallel::FlightRecorder::read_file(ring_dir + "/flight-" + std::to_string(r) + ".bin", &rank, &rf.step);
+    if (rank < 0) continue;
+    rf.rank = rank;
+    rings.push_back(std::move(rf));
+  }
+  if (rings.empty()) return {};
+  const int64_t now = parallel::monotonic_now_ns();
+  std::error_code ec;
+  if (!dump_dir.empty()) std::filesystem::create_directories(dump_dir, ec);
+  if (!dump_dir.empty() && !ec) {
+    for (const auto& rf : rings) {
+      std::ofstream(dump_dir + "/rank-" + std::to_string(rf.rank) + ".json") << flight_json(rf, now).dump(1) << "\n";
+    }
+  }
+  const std::vector<std::string> findings = flight_findings(rings);
+  std::string text;
+  for (const auto& f : findings) text += "flight recorder: " + f + "\n";
+  if (!findings.empty() && !dump_dir.empty()) {
+    text += "flight recorder: each rank's last operations are in " + dump_dir + "/rank-<r>.json\n";
+  }
+  std::cerr << text << std::flush;
+  return findings;
+}
+
+void dump_flight(const parallel::FlightRecorder& recorder, const std::string& dump_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dump_dir, ec);
+  RankFlight rf;
+  rf.rank = recorder.rank();
+  rf.step = recorder.step();
+  rf.records = recorder.records();
+  std::ofstream(dump_dir + "/rank-" + std::to_string(rf.rank) + ".json")
+      << flight_json(rf, parallel::monotonic_now_ns()).dump(1) << "\n";
+}
+
+}  // namespace composer

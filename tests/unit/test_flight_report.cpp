@@ -1,0 +1,111 @@
+// The flight recorder's report: from rings written as ranks would write them,
+// the findings name the mismatch, the rank behind and its operation; and a
+// ring mapped in a file reads back as it was recorded.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "parallelisms/comm/mesh.h"
+#include "runner/launch/flight_report.h"
+#include "temp_path.h"
+
+namespace composer {
+namespace {
+
+using parallel::FlightRecord;
+
+FlightRecord op(uint64_t id, uint64_t seq, const char* kind, const char* group, int64_t bytes, int peer = -1,
+                const char* site = "") {
+  FlightRecord r;
+  r.id = id;
+  r.seq = seq;
+  r.bytes = bytes;
+  r.peer = peer;
+  r.issued_ns = 1;
+  r.finished_ns = 2;
+  std::strncpy(r.kind, kind, sizeof r.kind - 1);
+  std::strncpy(r.group, group, sizeof r.group - 1);
+  std::strncpy(r.dtype, "float", sizeof r.dtype - 1);
+  std::strncpy(r.site, site, sizeof r.site - 1);
+  return r;
+}
+
+TEST(FlightReport, NamesAMismatchWithBothRanksAndKinds) {
+  // Rank 1 skipped all_reduce #2 on dp: its #2 is the next reduce_scatter.
+  RankFlight r0{0, 2, {op(1, 1, "all_gather", "dp[0,1]", 64), op(2, 2, "all_reduce", "dp[0,1]", 16)}};
+  RankFlight r1{1, 2, {op(1, 1, "all_gather", "dp[0,1]", 64), op(2, 2, "reduce_scatter", "dp[0,1]", 32)}};
+  r0.records[1].finished_ns = 0;  // rank 0 waits in it
+  const auto f = flight_findings({r0, r1});
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].rfind("mismatch on dp[0,1] at collective #2: rank 0 issued all_reduce (16 B float", 0), 0u) << f[0];
+  EXPECT_NE(f[0].find("rank 1 issued reduce_scatter (32 B float"), std::string::npos) << f[0];
+}
+
+TEST(FlightReport, NamesTheRankBehindAndTheCollectiveItHasNotIssued) {
+  RankFlight r0{0, 3, {op(1, 1, "all_reduce", "world[0,1,2]", 8), op(2, 2, "all_reduce", "world[0,1,2]", 8, -1, "grad norm")}};
+  RankFlight r1 = r0;
+  r1.rank = 1;
+  RankFlight r2{2, 3, {op(1, 1, "all_reduce", "world[0,1,2]", 8)}};
+  const auto f = flight_findings({r0, r1, r2});
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0], "rank 2 is behind on world[0,1,2]: it issued 1 collectives there, rank 0 issued 2; the first it has "
+                  "not issued: #2 all_reduce (8 B float, grad norm, step 0)");
+}
+
+TEST(FlightReport, NamesTheSenderAReceiveWaitsFor) {
+  RankFlight r0{0, 1, {op(1, 1, "send", "pp[0,1]", 128, 1, "SEND_F0.0")}};
+  RankFlight r1{1, 1, {op(1, 1, "recv", "pp[0,1]", 128, 0, "RECV_F1.0"), op(2, 2, "recv", "pp[0,1]", 128, 0, "RECV_F1.1")}};
+  const auto f = flight_findings({r0, r1});
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0], "rank 0 is behind on pp[0,1]: rank 1 waits in recv #2 from it recv (128 B float, RECV_F1.1, step 0), "
+                  "which it has not issued; its last send to rank 1 is #1");
+}
+
+TEST(FlightReport, SaysSoWhenEveryRankIssuedTheSame) {
+  RankFlight r0{0, 1, {op(1, 1, "all_reduce", "dp[0,1]", 8)}};
+  RankFlight r1{1, 1, {op(1, 1, "all_reduce", "dp[0,1]", 8)}};
+  EXPECT_TRUE(flight_findings({r0, r1}).empty());
+  r1.records[0].finished_ns = 0;
+  const auto f = flight_findings({r0, r1});
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rfind("every rank issued the same operations; rank 1 has not finished #1 all_reduce", 0), 0u) << f[0];
+}
+
+TEST(FlightRecorder, AMappedRingReadsBackAndWraps) {
+  const std::string path = testing::temp_path("flight.bin");
+  parallel::Group g;
+  g.name = "dp";
+  g.ranks = {0, 1};
+  g.size = 2;
+  {
+    parallel::FlightRecorder rec(1, 3, path);
+    parallel::mark_training_thread();
+    for (int i = 0; i < 4; ++i) {
+      parallel::CommSite site("unit " + std::to_string(i));
+      const uint64_t id = rec.issue(g, i == 3 ? "send" : "all_reduce", i == 3 ? 0 : -1, 100 + i, torch::kFloat);
+      if (i < 3) rec.finished(id);
+    }
+    rec.set_step(7);
+    int rank = -1;
+    int64_t step = -1;
+    const auto back = parallel::FlightRecorder::read_file(path, &rank, &step);  // while it is still mapped
+    EXPECT_EQ(rank, 1);
+    EXPECT_EQ(step, 7);
+    ASSERT_EQ(back.size(), 3u);  // the oldest of 4 was overwritten
+    EXPECT_EQ(back[0].id, 2u);
+    EXPECT_EQ(back[0].seq, 2u);
+    EXPECT_STREQ(back[1].site, "unit 2");
+    EXPECT_STREQ(back[2].kind, "send");
+    EXPECT_EQ(back[2].peer, 0);
+    EXPECT_EQ(back[2].seq, 1u);  // the first send to rank 0
+    EXPECT_EQ(back[2].finished_ns, 0);
+    EXPECT_GT(back[1].finished_ns, 0);
+    EXPECT_STREQ(back[2].group, "dp[0,1]");
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace composer
