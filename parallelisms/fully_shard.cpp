@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/comm/flight_recorder.h"
 #include "parallelisms/comm/trace_span.h"
 #include "parallelisms/fully_shard_units.h"
 #include "parallelisms/per_rank.h"
@@ -107,6 +108,7 @@ void start_gather(FullyShard::Unit& u) {
   if (u.alone) return;  // finish_gather casts each shard in place
   torch::NoGradGuard no_grad;
   Group& g = *u.group;
+  CommSite site("fully_shard " + u.name);  // the flight recorder's code site
   if (u.kept.defined()) {  // resharded to a smaller group: gather the kept rows over it
     Group& sub = *u.owner->post_forward_group();
     u.recv_base = u.owner->take_buffer(FullyShard::kRecv, u.needs[FullyShard::kRecv]);
@@ -249,6 +251,7 @@ std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list&
     return std::vector<torch::Tensor>(u.params.size());
   }
   u.pending = torch::Tensor();
+  CommSite site("fully_shard " + u.name);
   auto mine = reduce_scatter_flat(g, buf.view({-1}), Reduce::kAvg);
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < u.params.size(); ++i) {

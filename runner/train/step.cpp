@@ -91,7 +91,10 @@ GradNorm global_grad_norm(const std::vector<torch::Tensor>& params, parallel::Pa
     if (!spec || spec->counts()) sq += s;
   }
   auto t = torch::tensor({sq, bad, stop_requested() ? 1.0 : 0.0}, torch::dtype(torch::kDouble).device(par.device));
-  parallel::all_reduce(*par.world, t);
+  {
+    parallel::CommSite site("gradient norm");
+    parallel::all_reduce(*par.world, t);
+  }
   sq = value_of(t[0]);
   bad = value_of(t[1]);
   out.stop = value_of(t[2]) > 0;
@@ -331,6 +334,7 @@ void gather_loss(parallel::Parallel& par, double local_loss, StepRecord& r) {
     for (double x : par.pipe->microbatch_losses()) v.push_back(x);
   }
   auto l = torch::tensor(v, torch::dtype(torch::kDouble).device(par.device));
+  parallel::CommSite site("loss");
   if (par.pipe) parallel::all_reduce(par.pipe->group(), l);
   if (par.dp) parallel::all_reduce(*par.dp, l);
   if (par.cp) parallel::all_reduce(par.cp->group(), l, parallel::Reduce::kAvg);
