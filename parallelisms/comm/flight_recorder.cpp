@@ -10,7 +10,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "parallelisms/comm/p2p.h"
+#include "parallelisms/comm/mesh.h"
 
 namespace composer::parallel {
 namespace {

@@ -185,4 +185,10 @@ void CommCounter::reset() {
   by_op_.clear();
 }
 
+std::string comm_key(const Group& g) {
+  std::string s = g.name + "[";
+  for (size_t i = 0; i < g.ranks.size(); ++i) s += (i ? "," : "") + std::to_string(g.ranks[i]);
+  return s + "]";
+}
+
 }  // namespace composer::parallel

@@ -59,6 +59,10 @@ struct Group {
   std::shared_ptr<FlightRecorder> recorder;    // this rank's flight recorder (null: none)
 };
 
+// The communicator's name in a log or a report: `g`'s name and its global
+// ranks, "dp[0,2]".
+std::string comm_key(const Group& g);
+
 struct MeshOptions {
   std::string backend = "gloo";                // gloo or nccl
   std::string host = "127.0.0.1";              // address Gloo binds to; "" = this host's name

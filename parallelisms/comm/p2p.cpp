@@ -32,12 +32,6 @@ bool nccl(const Group& g) { return g.pg && g.pg->getBackendName() == "nccl"; }
 
 }  // namespace
 
-std::string comm_key(const Group& g) {
-  std::string s = g.name + "[";
-  for (size_t i = 0; i < g.ranks.size(); ++i) s += (i ? "," : "") + std::to_string(g.ranks[i]);
-  return s + "]";
-}
-
 Handle issue_group(Group& g, const std::vector<P2POp>& ops) {
   std::function<void()> waited = record_issue(g, ops);
   // Each operation through send()/recv(): their counters, delay points and

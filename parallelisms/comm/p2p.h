@@ -48,8 +48,6 @@ struct P2PEvent {
 };
 using P2PLog = std::vector<P2PEvent>;
 
-// The communicator's name in a log: `g`'s name and its global ranks.
-std::string comm_key(const Group& g);
 
 // While alive, every issue_group on this thread appends its group to the log,
 // and each of its handles' wait() a wait: the sequence the code issued, as

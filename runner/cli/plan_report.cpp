@@ -127,6 +127,12 @@ void print_estimates(std::ostream& os, const std::vector<MemoryEstimate>& estima
       os << "  " << (i ? std::right : std::left) << std::setw(static_cast<int>(w[i])) << r[i];
     os << "\n";
   }
+  for (const auto& [ranks, e] : rows) {
+    if (e->checkpoint_copy) {
+      os << std::left << "  ranks " << ranks_str(ranks) << ": peak includes at most " << format_bytes(e->checkpoint_copy)
+         << " of checkpoint.async's host copy\n";
+    }
+  }
   os << std::left << "communication per rank and step (estimate):\n";
   for (const auto& [ranks, e] : rows) os << "  ranks " << ranks_str(ranks) << ": " << comm_line(e->comm) << "\n";
 }
@@ -162,6 +168,7 @@ nlohmann::json plan_json(const ExperimentConfig& c, const Plan& p) {
                           {"buffers", e.buffers},
                           {"activations", e.activations},
                           {"data", e.data},
+                          {"checkpoint_copy", e.checkpoint_copy},
                           {"peak", e.peak()},
                           {"comm", e.comm}});
   }

@@ -310,7 +310,7 @@ void supervise(std::vector<Child>& kids, int world_size) {
 // cause of a failure or interruption (and what the flight recorders show).
 int report_outcome(const std::vector<Child>& kids, const std::string& error_dir, const std::string& flight_dir) {
   const Cause cause = failure_cause(kids, error_dir, g_interrupted);
-  if (cause.rank >= 0 && !error_dir.empty()) {
+  if (cause.rank >= 0 && cause.exit_code == 3 && !error_dir.empty()) {  // a rank's failure, a hang among them
     std::vector<int> ranks;
     for (const auto& c : kids) ranks.push_back(c.rank);
     report_flights(error_dir, ranks, flight_dir);

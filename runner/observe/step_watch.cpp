@@ -63,13 +63,13 @@ void StepWatch::begin(int64_t step) {
 
 void StepWatch::end(int64_t step, StepRecord& r) {
   measure(r);
-  compare_ranks(r);
   profiler_.end_step(step);  // after the figures: its barrier and the trace's writing are not the step's
   report_trace(step);
   if (run_.ac) r.recomputes = run_.ac->recomputes() - recomputes_before_;
 }
 
-void StepWatch::show(const StepRecord& r) {
+void StepWatch::show(StepRecord& r) {
+  compare_ranks(r);  // after the step's memory peak is taken and its trace closed: not the step's
   if (metrics_) metrics_->record(r);
   if (progress_) progress_->show(r);
   if (rank_tb_) rank_tb_->scalars(r.step, rank_scalars(r));

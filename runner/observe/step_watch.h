@@ -39,8 +39,8 @@ struct WatchedRun {
   std::function<void()> reset_comm;
   std::function<void(StepRecord&)> add_comm;
   // Every rank's figures: this rank's in, all ranks' out (rank-major); unset
-  // on one rank. A collective on the world group each step, after the step's
-  // own figures are taken.
+  // on one rank. A collective on the world group each step, in show(): after
+  // the step's own figures (memory, communication, trace) are taken.
   std::function<std::vector<double>(const std::vector<double>&)> gather_ranks;
 };
 
@@ -59,8 +59,10 @@ class StepWatch {
   // After the step: its time, throughput, memory and communication into `r`,
   // the profiler's step closed (the trace written after the last one).
   void end(int64_t step, StepRecord& r);
-  // The complete record (eval included): metrics, progress line, TensorBoard.
-  void show(const StepRecord& r);
+  // The complete record (eval included), with every rank's step, compute and
+  // communication time gathered into it (a collective on the world group)
+  // and the stragglers named: metrics, progress line, TensorBoard.
+  void show(StepRecord& r);
 
  private:
   void measure(StepRecord& r) const;

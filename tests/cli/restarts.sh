@@ -11,12 +11,11 @@
 set -u
 composer=$1 cfg=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/checkpoint_common.sh"
 sets=(--set checkpoint.interval=2 --set train.steps=4 --set launch.restart_wait_s=0.2)
 kill_rank1=(--set debug.fail_rank=1 --set debug.fail_step=3 --set debug.fail_mode=signal)
 
-"$composer" run --config "$cfg" --out "$work/straight" "${sets[@]}" --set checkpoint.resume=never \
-  >"$work/straight.log" 2>&1 || fail "uninterrupted run: $(tail -3 "$work/straight.log")"
+run "$work/straight" "$cfg" "${sets[@]}" --set checkpoint.resume=never
 start=$SECONDS
 "$composer" run --config "$cfg" --out "$work/restarted" "${sets[@]}" --set launch.max_restarts=2 "${kill_rank1[@]}" \
   --set debug.fail_attempts=2 >"$work/restarted.log" 2>&1 || fail "restarted job failed: $(tail -3 "$work/restarted.log")"
@@ -27,11 +26,7 @@ grep -q "restarting the job (restart 1 of 2)" "$work/restarted.log" || fail "no 
 grep -q "restarting the job (restart 2 of 2)" "$work/restarted.log" || fail "no second restart logged"
 resumes=$(grep -c "resuming from $work/restarted/checkpoints/step-000002 (step 2 of 4)" "$work/restarted.log")
 [ "$resumes" -eq 2 ] || fail "expected 2 resumes from step 2, found $resumes"
-cmp -s "$work/straight/final.safetensors" "$work/restarted/final.safetensors" ||
-  fail "the restarted job's final parameters differ from the uninterrupted run's"
-losses() { /usr/bin/python3 -c 'import json,sys; print(" ".join("%d:%r" % (j["step"], j["loss"]) for j in map(json.loads, open(sys.argv[1]))))' "$1"; }
-[ "$(losses "$work/straight/metrics.jsonl")" = "$(losses "$work/restarted/metrics.jsonl")" ] ||
-  fail "losses differ: $(losses "$work/straight/metrics.jsonl") vs $(losses "$work/restarted/metrics.jsonl")"
+same_run "$work/straight" "$work/restarted" 1
 echo "ok: rank 1 killed on 2 attempts, restarted twice from step 2, final parameters and losses bit for bit (${took} s)"
 
 "$composer" run --config "$cfg" --out "$work/gives_up" "${sets[@]}" --set launch.max_restarts=2 "${kill_rank1[@]}" \
