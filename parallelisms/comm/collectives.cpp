@@ -136,13 +136,17 @@ class Recorded {
   Recorded& operator=(const Recorded&) = delete;
   // Marks the transfer handed to the backend.
   void started() const { op_.started(); }
-  // An asynchronous operation finishes at its handle's wait: `then` marks it.
-  std::function<void()> finish_after(std::function<void()> then) {
+  // An asynchronous operation's handle: the rank waits for it, and it
+  // finishes, at the handle's wait() (`work`'s, then `then`).
+  Handle handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then) {
     finish_ = false;
-    return [op = op_, then = std::move(then)] {
+    op_.waiting(false);
+    return Handle(c10::intrusive_ptr<c10d::Work>(), [op = op_, work = std::move(work), then = std::move(then)] {
+      op.waiting(true);
+      if (work) work->wait();
       if (then) then();
       op.finished();
-    };
+    });
   }
   int64_t bytes() const { return bytes_; }
 
@@ -200,7 +204,7 @@ Handle all_reduce(Group& g, torch::Tensor& t, Reduce op, bool async) {
       if (copy_back) target.copy_(wire);
     };
   }
-  Handle h(work, span.rec.finish_after(std::move(then)));
+  Handle h = span.rec.handle(work, std::move(then));
   if (!async) h.wait();
   return h;
 }
@@ -430,7 +434,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     TraceSpan span(span_name(g, "all_gather", nbytes(flat)));
     delay_at(g.delays, DelayPoint::kBeforeAllGather);
     auto mine = out[g.rank];
-    return Handle(g.pg->_allgather_base(out, mine), rec.finish_after([out] {}));
+    return rec.handle(g.pg->_allgather_base(out, mine), [out] {});
   }
   Group* gp = &g;
   // The caller's thread-local state (the profiler's, among others) goes with the ring.
@@ -441,7 +445,7 @@ Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, b
     delay_at(gp->delays, DelayPoint::kBeforeAllGather);  // on the helper thread: the caller runs on
     ring_all_gather(*gp, out);
   }));
-  return Handle(c10::intrusive_ptr<c10d::Work>(), rec.finish_after([done] { done->get(); }));
+  return rec.handle(c10::intrusive_ptr<c10d::Work>(), [done] { done->get(); });
 }
 
 torch::Tensor reduce_scatter_flat(Group& g, torch::Tensor flat, Reduce op) {
@@ -486,7 +490,7 @@ Handle send(Group& g, const torch::Tensor& t, int dst, int tag, bool async) {
   std::vector<torch::Tensor> ts{c};
   auto work = g.pg ? g.pg->send(ts, dst, tag) : c10::intrusive_ptr<c10d::Work>();
   span.rec.started();
-  Handle h(work, span.rec.finish_after([c] {}));  // the handle keeps the tensor alive until wait()
+  Handle h = span.rec.handle(work, [c] {});  // the handle keeps the tensor alive until wait()
   if (!async) h.wait();
   return h;
 }
@@ -507,7 +511,7 @@ Handle recv(Group& g, torch::Tensor& t, int src, int tag, bool async) {
   std::vector<torch::Tensor> ts{t};
   auto work = g.pg ? g.pg->recv(ts, src, tag) : c10::intrusive_ptr<c10d::Work>();
   span.rec.started();
-  Handle h(work, span.rec.finish_after([t] {}));  // keeps the buffer alive until wait()
+  Handle h = span.rec.handle(work, [t] {});  // keeps the buffer alive until wait()
   if (!async) h.wait();
   return h;
 }

@@ -99,6 +99,7 @@ uint64_t FlightRecorder::issue(const Group& g, const char* kind, int peer, int64
   r.seq = seq;
   r.bytes = bytes;
   r.issued_ns = monotonic_now_ns();
+  r.waited_ns = r.issued_ns;  // a blocking call waits from the start
   r.started_ns = 0;
   r.finished_ns = 0;
   r.step = header_->step;
@@ -116,6 +117,11 @@ uint64_t FlightRecorder::issue(const Group& g, const char* kind, int peer, int64
 void FlightRecorder::started(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (FlightRecord* r = slot_of(id)) r->started_ns = monotonic_now_ns();
+}
+
+void FlightRecorder::waiting(uint64_t id, bool waiting) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FlightRecord* r = slot_of(id)) r->waited_ns = waiting ? monotonic_now_ns() : 0;
 }
 
 void FlightRecorder::finished(uint64_t id) {
@@ -157,7 +163,7 @@ std::vector<FlightRecord> FlightRecorder::read_file(const std::string& path, int
   std::ifstream in(path, std::ios::binary);
   FlightHeader h;
   std::vector<FlightRecord> out;
-  if (!in.read(reinterpret_cast<char*>(&h), sizeof h) || std::memcmp(h.magic, "CFLIGHT1", 8) != 0) return out;
+  if (!in.read(reinterpret_cast<char*>(&h), sizeof h) || std::memcmp(h.magic, "CFLIGHT2", 8) != 0) return out;
   if (rank) *rank = h.rank;
   if (step) *step = h.step;
   for (int32_t i = 0; i < h.capacity; ++i) {

@@ -32,6 +32,8 @@ struct FlightRecord {
   int64_t bytes = 0;         // the payload handed to the operation
   int64_t issued_ns = 0;     // CLOCK_MONOTONIC: the call reached the transport's entry
   int64_t started_ns = 0;    // handed to the backend (0: not yet)
+  int64_t waited_ns = 0;     // the rank began to wait for it: at issue for a blocking one, at its
+                             // handle's wait() for an asynchronous one (0: not yet)
   int64_t finished_ns = 0;   // completed, its wait returned (0: not yet)
   int64_t step = 0;          // the training step it belongs to (0: before the first)
   int32_t peer = -1;         // p2p: the peer's global rank; -1: a collective
@@ -44,7 +46,7 @@ struct FlightRecord {
 
 // The head of the ring's file.
 struct FlightHeader {
-  char magic[8] = {'C', 'F', 'L', 'I', 'G', 'H', 'T', '1'};
+  char magic[8] = {'C', 'F', 'L', 'I', 'G', 'H', 'T', '2'};
   int32_t rank = 0;
   int32_t capacity = 0;
   uint64_t next_id = 1;  // the id the next record gets
@@ -63,6 +65,8 @@ class FlightRecorder {
   // `peer` for a send or receive, -1 for a collective); returns its id.
   uint64_t issue(const Group& g, const char* kind, int peer, int64_t bytes, c10::ScalarType dtype);
   void started(uint64_t id);
+  // An asynchronous operation: not waited for at issue (`waiting`: the wait begins now).
+  void waiting(uint64_t id, bool waiting);
   void finished(uint64_t id);
 
   void set_step(int64_t step);
@@ -109,6 +113,9 @@ class FlightOp {
   }
   void finished() const {
     if (r_) r_->finished(id_);
+  }
+  void waiting(bool w) const {
+    if (r_) r_->waiting(id_, w);
   }
 
  private:

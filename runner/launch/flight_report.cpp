@@ -102,9 +102,20 @@ void mismatches(const Rings& x, std::vector<std::string>& out) {
   }
 }
 
+// A rank behind a peer: `rank` has not issued what `waiter` waits for; `text`
+// says where and on what, after "rank R ".
+struct Behind {
+  int rank = 0;
+  int waiter = 0;
+  bool blocked = false;  // the waiter is inside a wait for it (not only posted ahead)
+  std::string text;
+};
+
+bool blocked_in(const FlightRecord* r) { return r && r->waited_ns != 0 && r->finished_ns == 0; }
+
 // Ranks that issued fewer collectives on a group than a peer did: the first
 // one they have not issued, as the peer recorded it.
-void collectives_behind(const Rings& x, std::vector<std::string>& out) {
+void collectives_behind(const Rings& x, std::vector<Behind>& out) {
   for (const auto& [group, ranks] : x.collectives) {
     uint64_t most = 0;
     int leader = -1;
@@ -119,17 +130,17 @@ void collectives_behind(const Rings& x, std::vector<std::string>& out) {
       const FlightRecord* next = nullptr;
       auto lead = ranks.at(leader).find(issued + 1);
       if (lead != ranks.at(leader).end()) next = lead->second;
-      out.push_back("rank " + std::to_string(member) + " is behind on " + group + ": it issued " +
-                    std::to_string(issued) + " collectives there, rank " + std::to_string(leader) + " issued " +
-                    std::to_string(most) + (next ? "; the first it has not issued: #" + std::to_string(issued + 1) +
-                                                       " " + describe(*next)
-                                                 : std::string()));
+      out.push_back({member, leader, blocked_in(next),
+                     "on " + group + ": it issued " + std::to_string(issued) + " collectives there, rank " +
+                         std::to_string(leader) + " issued " + std::to_string(most) +
+                         (next ? "; the first it has not issued: #" + std::to_string(issued + 1) + " " + describe(*next)
+                               : std::string())});
     }
   }
 }
 
 // A receive with no send issued for it, or a send no receive was posted for.
-void p2p_behind(const Rings& x, std::vector<std::string>& out) {
+void p2p_behind(const Rings& x, std::vector<Behind>& out, std::vector<std::string>& mismatched) {
   for (const auto& [key, chans] : x.p2p) {
     const auto& [group, sender, receiver] = key;
     const Channel& sends = chans.first;
@@ -139,22 +150,23 @@ void p2p_behind(const Rings& x, std::vector<std::string>& out) {
     if (have_sender && received > sent) {
       auto w = recvs.find(sent + 1);
       const FlightRecord& want = w != recvs.end() ? *w->second : *recvs.rbegin()->second;
-      out.push_back("rank " + std::to_string(sender) + " is behind on " + group + ": rank " +
-                    std::to_string(receiver) + " waits in recv #" + std::to_string(sent + 1) + " from it " +
-                    describe(want) + ", which it has not issued; its last send to rank " +
-                    std::to_string(receiver) + " is #" + std::to_string(sent));
+      out.push_back({sender, receiver, blocked_in(&want),
+                     "on " + group + ": rank " + std::to_string(receiver) + " waits in recv #" +
+                         std::to_string(sent + 1) + " from it " + describe(want) +
+                         ", which it has not issued; its last send to rank " + std::to_string(receiver) + " is #" +
+                         std::to_string(sent)});
     } else if (have_receiver && sent > received) {
       auto w = sends.find(received + 1);
       const FlightRecord& want = w != sends.end() ? *w->second : *sends.rbegin()->second;
-      out.push_back("rank " + std::to_string(receiver) + " is behind on " + group + ": rank " +
-                    std::to_string(sender) + " sends #" + std::to_string(received + 1) + " to it " + describe(want) +
-                    ", for which it has posted no receive; its last receive from rank " + std::to_string(sender) +
-                    " is #" + std::to_string(received));
+      out.push_back({receiver, sender, blocked_in(&want),
+                     "on " + group + ": rank " + std::to_string(sender) + " sends #" + std::to_string(received + 1) +
+                         " to it " + describe(want) + ", for which it has posted no receive; its last receive from "
+                         "rank " + std::to_string(sender) + " is #" + std::to_string(received)});
     }
     for (const auto& [seq, s] : sends) {  // the same message with two sizes
       auto r = recvs.find(seq);
       if (r != recvs.end() && s->bytes != r->second->bytes) {
-        out.push_back("mismatch on " + group + " at message #" + std::to_string(seq) + " from rank " +
+        mismatched.push_back("mismatch on " + group + " at message #" + std::to_string(seq) + " from rank " +
                       std::to_string(sender) + " to rank " + std::to_string(receiver) + ": send " + describe(*s) +
                       ", recv " + describe(*r->second));
         break;
@@ -185,12 +197,36 @@ double ms_since(int64_t t, int64_t now) { return t == 0 ? 0.0 : static_cast<doub
 
 }  // namespace
 
+// The ranks behind, those that wait for no one first: a rank behind that is
+// itself inside a wait for a rank behind (a pipeline's stages, each waiting
+// for the one before a frozen rank) is held up, not the cause. A receive
+// posted ahead and not yet waited for holds no one up.
+void order_behind(const std::vector<Behind>& behind, std::vector<std::string>& out) {
+  std::map<int, int> waits_for;  // a waiter -> a rank behind it waits for
+  for (const auto& b : behind) {
+    if (b.blocked) waits_for.emplace(b.waiter, b.rank);
+  }
+  std::vector<std::string> held;
+  for (const auto& b : behind) {
+    auto w = waits_for.find(b.rank);
+    if (w == waits_for.end()) {
+      out.push_back("rank " + std::to_string(b.rank) + " is behind " + b.text);
+    } else {
+      held.push_back("rank " + std::to_string(b.rank) + " is held up (it waits for rank " + std::to_string(w->second) +
+                     ") " + b.text);
+    }
+  }
+  out.insert(out.end(), held.begin(), held.end());
+}
+
 std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks) {
   const Rings x = index(ranks);
   std::vector<std::string> out;
+  std::vector<Behind> behind;
   mismatches(x, out);
-  collectives_behind(x, out);
-  p2p_behind(x, out);
+  collectives_behind(x, behind);
+  p2p_behind(x, behind, out);
+  order_behind(behind, out);
   if (out.empty()) unfinished(ranks, out);
   return out;
 }

@@ -22,6 +22,7 @@ struct RankFlight {
 //   "mismatch on dp[0,1] at collective #7: rank 0 issued all_reduce (4096 B float, ...), rank 1 issued reduce_scatter (...)"
 //   "rank 1 is behind on pp[0,1]: rank 0 waits in recv #3 from it (RECV_F1.0), which it has not issued; its last send to rank 0 is #2"
 //   "rank 0 is behind on dp[0,1]: it issued 6 collectives there, rank 1 issued 7; the first it has not issued: #7 all_reduce (...)"
+//   "rank 2 is held up (it waits for rank 1) on pp[2,3]: ...": behind, but itself inside a wait for a rank behind
 //   "every rank issued the same operations; rank 1 has not finished #9 all_gather on dp[0,1] (...), issued 10.2 s before the failure"
 // Empty when the rings show nothing amiss.
 std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks);

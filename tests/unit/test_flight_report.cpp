@@ -63,6 +63,36 @@ TEST(FlightReport, NamesTheSenderAReceiveWaitsFor) {
                   "which it has not issued; its last send to rank 1 is #1");
 }
 
+// A pipeline of 4 whose rank 0 froze in compute: rank 1 waits in a receive
+// from it, rank 2 in one from rank 1, rank 3 from rank 2. Rank 0 also posted
+// a receive from rank 1 ahead, which it is not waiting in. Only rank 0 is
+// behind; ranks 1 and 2 are held up.
+TEST(FlightReport, NamesTheHeadOfAChainOfWaitsBehindAndTheRestHeldUp) {
+  auto blocked = [](FlightRecord r) {
+    r.waited_ns = 1;
+    r.finished_ns = 0;
+    return r;
+  };
+  FlightRecord ahead = op(2, 1, "recv", "pp[0,1]", 64, 1, "RECV_B0.0");
+  ahead.finished_ns = 0;  // posted, not waited for
+  RankFlight r0{0, 1, {op(1, 1, "send", "pp[0,1]", 64, 1, "SEND_F0.0"), ahead}};
+  RankFlight r1{1, 1, {op(1, 1, "recv", "pp[0,1]", 64, 0, "RECV_F1.0"), op(2, 1, "send", "pp[1,2]", 64, 2),
+                       blocked(op(3, 2, "recv", "pp[0,1]", 64, 0, "RECV_F1.1"))}};
+  RankFlight r2{2, 1, {op(1, 1, "recv", "pp[1,2]", 64, 1), blocked(op(2, 2, "recv", "pp[1,2]", 64, 1, "RECV_F2.1"))}};
+  RankFlight r3{3, 1, {blocked(op(1, 1, "recv", "pp[2,3]", 64, 2, "RECV_F3.0"))}};
+  const auto f = flight_findings({r0, r1, r2, r3});
+  ASSERT_EQ(f.size(), 4u) << ::testing::PrintToString(f);
+  EXPECT_EQ(f[0].rfind("rank 0 is behind on pp[0,1]: rank 1 waits in recv #2 from it", 0), 0u) << f[0];
+  int behind = 0, held = 0;
+  for (const auto& line : f) {
+    behind += line.find(" is behind ") != std::string::npos;
+    held += line.find(" is held up (it waits for rank ") != std::string::npos;
+    EXPECT_NE(line.rfind("rank 3 ", 0), 0u) << line;  // rank 3 only waits
+  }
+  EXPECT_EQ(behind, 1);  // rank 0 alone; rank 1 (twice: for rank 2, and for rank 0's receive posted ahead) and
+  EXPECT_EQ(held, 3);    // rank 2 are held up
+}
+
 TEST(FlightReport, SaysSoWhenEveryRankIssuedTheSame) {
   RankFlight r0{0, 1, {op(1, 1, "all_reduce", "dp[0,1]", 8)}};
   RankFlight r1{1, 1, {op(1, 1, "all_reduce", "dp[0,1]", 8)}};
