@@ -175,6 +175,49 @@ void p2p_behind(const Rings& x, std::vector<Behind>& out, std::vector<std::strin
   }
 }
 
+// Nobody is behind on what the ranks issued, but a rank waits inside an
+// operation its peer issued and has not completed while that peer waits in
+// none (it is stopped, or computing): the peer holds the transfer up.
+void stuck_transfers(const Rings& x, std::vector<std::string>& out) {
+  std::set<int> waiting;
+  for (const auto& [rank, rf] : x.by_rank) {
+    for (const auto& r : rf->records) {
+      if (blocked_in(&r)) waiting.insert(rank);
+    }
+  }
+  std::set<int> named;
+  auto name = [&](int peer, const FlightRecord& theirs, int waiter, const FlightRecord& mine) {
+    if (waiting.count(peer) || named.count(peer) || theirs.finished_ns != 0) return;
+    named.insert(peer);
+    out.push_back("rank " + std::to_string(peer) + " is behind on " + theirs.group + ": it has not completed #" +
+                  std::to_string(theirs.seq) + " " + describe(theirs) + ", in which rank " + std::to_string(waiter) +
+                  " waits (#" + std::to_string(mine.seq) + " " + describe(mine) +
+                  "), and it waits in no operation itself (stopped, or computing)");
+  };
+  for (const auto& [key, chans] : x.p2p) {
+    const auto& [group, sender, receiver] = key;
+    for (const auto& [seq, r] : chans.second) {  // the receiver waits in it
+      auto s = chans.first.find(seq);
+      if (blocked_in(r) && s != chans.first.end()) name(sender, *s->second, receiver, *r);
+    }
+    for (const auto& [seq, snd] : chans.first) {  // the sender waits in it
+      auto r = chans.second.find(seq);
+      if (blocked_in(snd) && r != chans.second.end()) name(receiver, *r->second, sender, *snd);
+    }
+  }
+  for (const auto& [group, ranks] : x.collectives) {
+    for (const auto& [rank, ch] : ranks) {
+      for (const auto& [seq, r] : ch) {
+        if (!blocked_in(r)) continue;
+        for (const auto& [peer, theirs] : ranks) {
+          auto t = theirs.find(seq);
+          if (peer != rank && t != theirs.end()) name(peer, *t->second, rank, *r);
+        }
+      }
+    }
+  }
+}
+
 // Nobody is behind: the oldest operation still unfinished, on any rank.
 void unfinished(const std::vector<RankFlight>& ranks, std::vector<std::string>& out) {
   const FlightRecord* oldest = nullptr;
@@ -208,6 +251,7 @@ void order_behind(const std::vector<Behind>& behind, std::vector<std::string>& o
   }
   std::vector<std::string> held;
   for (const auto& b : behind) {
+    if (!b.blocked) continue;  // only posted ahead: nobody waits for it yet
     auto w = waits_for.find(b.rank);
     if (w == waits_for.end()) {
       out.push_back("rank " + std::to_string(b.rank) + " is behind " + b.text);
@@ -227,6 +271,7 @@ std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks) {
   collectives_behind(x, behind);
   p2p_behind(x, behind, out);
   order_behind(behind, out);
+  if (out.empty()) stuck_transfers(x, out);
   if (out.empty()) unfinished(ranks, out);
   return out;
 }
