@@ -9,7 +9,7 @@ composer=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 cfg=configs/parity/fsdp_mlp_stack_16_dp4.yaml
-sets=(--set checkpoint.resume=never --set train.steps=10 --set metrics.straggler_steps=4)
+sets=(--set checkpoint.resume=never --set train.steps=10 --set metrics.straggler_steps=4 --set metrics.straggler_factor=2)
 
 "$composer" run --config "$cfg" --out "$work/plain" "${sets[@]}" >"$work/plain.log" 2>&1 ||
   fail "plain run: $(tail -3 "$work/plain.log")"
