@@ -7,11 +7,12 @@
 #include <optional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "parallelisms/comm/collectives_detail.h"
 #include "parallelisms/comm/delay.h"
-#include "parallelisms/comm/flight_recorder.h"
-#include "parallelisms/comm/trace_span.h"
 
 namespace composer::parallel {
+
+using namespace detail;  // the helpers collectives_fused.cpp shares
 
 Handle::Handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
     : work_(std::move(work)), then_(std::move(then)) {}
@@ -27,7 +28,7 @@ void Handle::wait() {
   }
 }
 
-namespace {
+namespace detail {
 
 int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
@@ -99,7 +100,7 @@ torch::Tensor ring_reduce_scatter(Group& g, torch::Tensor acc, int64_t chunk) {
   return mine.defined() ? mine : piece(r).clone();  // a dry run allocates the same
 }
 
-}  // namespace
+}  // namespace detail
 
 std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
   const int64_t c = (n + parts - 1) / parts;
@@ -110,52 +111,26 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
 
 // "all_gather dp 1048576 B": a collective's span in the profiler's trace, with
 // the payload its counter adds (tools/trace-overlap and the merged trace read it).
-auto span_name(const Group& g, const char* kind, int64_t bytes) {
+namespace detail {
+
+Handle Recorded::handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then) {
+  finish_ = false;
+  op_.waiting(false);
+  return Handle(c10::intrusive_ptr<c10d::Work>(), [op = op_, work = std::move(work), then = std::move(then)] {
+    op.waiting(true);
+    if (work) work->wait();
+    if (then) then();
+    op.finished();
+  });
+}
+
+std::function<std::string()> span_name(const Group& g, const char* kind, int64_t bytes) {
   return [&g, kind, bytes] { return std::string(kind) + " " + g.name + " " + std::to_string(bytes) + " B"; };
 }
 
-namespace {
+}  // namespace detail
 
-// A collective as this rank runs it: counted in its group's counter,
-// recorded in the flight recorder (finished when this goes, unless handed to
-// the handle of an asynchronous one) and, when `timed`, its time counted as
-// time in communication (the fused forms time only their transfers).
-class Recorded {
- public:
-  Recorded(Group& g, const char* kind, int64_t bytes, int64_t ring_bytes, c10::ScalarType dtype, int peer = -1,
-           bool timed = true)
-      : bytes_(bytes) {
-    if (timed) clock_.emplace();
-    g.counter->add(kind, bytes, ring_bytes);
-    if (g.recorder) op_ = FlightOp(g.recorder, g.recorder->issue(g, kind, peer, bytes, dtype));
-  }
-  ~Recorded() {
-    if (finish_) op_.finished();
-  }
-  Recorded(const Recorded&) = delete;
-  Recorded& operator=(const Recorded&) = delete;
-  // Marks the transfer handed to the backend.
-  void started() const { op_.started(); }
-  // An asynchronous operation's handle: the rank waits for it, and it
-  // finishes, at the handle's wait() (`work`'s, then `then`).
-  Handle handle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then) {
-    finish_ = false;
-    op_.waiting(false);
-    return Handle(c10::intrusive_ptr<c10d::Work>(), [op = op_, work = std::move(work), then = std::move(then)] {
-      op.waiting(true);
-      if (work) work->wait();
-      if (then) then();
-      op.finished();
-    });
-  }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  std::optional<CommClock> clock_;
-  FlightOp op_;
-  int64_t bytes_;
-  bool finish_ = true;
-};
+namespace detail {
 
 // Counts and records a collective and opens its span: they always name the
 // same kind and payload.
@@ -172,7 +147,7 @@ class Counted {
 // debug.inject skip_collective: this rank leaves out the gradient reduction the recorder picks.
 bool skipped(const Group& g) { return g.recorder && g.recorder->skips_reduction(); }
 
-}  // namespace
+}  // namespace detail
 
 int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
   int64_t o = 0;
@@ -220,9 +195,7 @@ void broadcast(Group& g, torch::Tensor& t, int root) {
   if (!wire.is_same(t)) t.copy_(wire);
 }
 
-namespace {
-
-constexpr int kPiecesTag = 2 << 20;  // the blocking rings over pieces of a dim (below)
+namespace detail {
 
 // The bytes of one index of `dim` (of an empty piece too).
 int64_t slice_bytes(const torch::Tensor& t, int64_t dim) {
@@ -238,18 +211,6 @@ std::vector<int64_t> with_size(const torch::Tensor& t, int64_t dim, int64_t size
   shape[dim] = size;
   return shape;
 }
-
-// One step of a ring over send/recv, posted: `out` to the next rank, `in`
-// from the previous one; wait() waits for both. A piece that is empty (the
-// tail of an uneven torch.chunk) is neither sent nor received: every rank
-// knows every size. `out` and `in` must outlive the wait.
-struct RingStep {
-  c10::intrusive_ptr<c10d::Work> sent, received;
-  void wait() {
-    if (received) received->wait();
-    if (sent) sent->wait();
-  }
-};
 
 RingStep ring_post(Group& g, const torch::Tensor& out, const torch::Tensor& in, int tag) {
   RingStep step;
@@ -272,7 +233,7 @@ void ring_step(Group& g, const torch::Tensor& out, const torch::Tensor& in, int 
 // one's size (what the padded paths move); its bytes() are that size, for its
 // spans. `timed`: all of it is time in communication (not a fused form).
 Recorded counted_gather(Group& g, const torch::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes,
-                        bool timed = true) {
+                        bool timed) {
   delay_at(g.delays, DelayPoint::kBeforeAllGather);
   const int64_t piece = *std::max_element(sizes.begin(), sizes.end()) * slice_bytes(t, dim);
   return Recorded(g, "all_gather", piece, (g.size - 1) * piece, t.scalar_type(), -1, timed);
@@ -280,7 +241,7 @@ Recorded counted_gather(Group& g, const torch::Tensor& t, int64_t dim, const std
 
 // A reduce-scatter's delay point, count and record, of a `global`-sized dim
 // whose slices are `t`'s: the padded flat buffer of N equal pieces (bytes()).
-Recorded counted_reduce_scatter(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool timed = true) {
+Recorded counted_reduce_scatter(Group& g, const torch::Tensor& t, int64_t dim, int64_t global, bool timed) {
   delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
   const int64_t flat = g.size * chunk_sizes(global, g.size).front() * slice_bytes(t, dim);
   return Recorded(g, "reduce_scatter", flat, (g.size - 1) * flat / g.size, t.scalar_type(), -1, timed);
@@ -366,7 +327,7 @@ torch::Tensor reduce_scatter_pieces(Group& g, const torch::Tensor& t, int64_t di
   return std::move(sums[r]);
 }
 
-}  // namespace
+}  // namespace detail
 
 torch::Tensor all_gather(Group& g, const torch::Tensor& shard, const std::vector<int64_t>& sizes) {
   TORCH_INTERNAL_ASSERT(static_cast<int>(sizes.size()) == g.size);
@@ -386,7 +347,7 @@ torch::Tensor reduce_scatter(Group& g, const torch::Tensor& full, Reduce op) {
   return mine;
 }
 
-namespace {
+namespace detail {
 
 constexpr int kAllGatherTag = 1 << 20;  // ring reduce-scatter uses tags 0 .. size-2
 
@@ -416,7 +377,7 @@ void ring_all_gather(Group& g, torch::Tensor out) {
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 Handle all_gather_into(Group& g, const torch::Tensor& flat, torch::Tensor out, bool async) {
   TORCH_CHECK(out.dim() == 2 && out.size(0) == g.size && out.size(1) == flat.numel() && out.is_contiguous(),
@@ -531,148 +492,6 @@ torch::Tensor reduce_scatter_dim(Group& g, const torch::Tensor& t, int64_t dim) 
   Recorded rec = counted_reduce_scatter(g, t, dim, t.size(dim));
   TraceSpan span(span_name(g, "reduce_scatter", rec.bytes()));
   return reduce_scatter_pieces(g, t, dim);
-}
-
-std::vector<torch::Tensor> gather_along_each(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
-                                             const std::function<void(int, const torch::Tensor&)>& each) {
-  const int n = g.size, r = g.rank;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  const auto sizes = chunk_sizes(global, n);
-  std::vector<torch::Tensor> pieces(n);
-  if (n == 1) {
-    each(0, t);
-    return {t};
-  }
-  if (nccl(g) || rewired(g, t)) return gather_each_by_root(g, t, dim, global, each);
-  Recorded rec = counted_gather(g, t, dim, sizes, /*timed=*/false);
-  const int64_t piece_bytes = rec.bytes();
-  for (int i = 0; i < n; ++i) pieces[i] = i == r ? t.contiguous() : torch::empty(with_size(t, dim, sizes[i]), t.options());
-  for (int s = 0; s < n - 1; ++s) {
-    const int have = ((r - s) % n + n) % n, coming = ((r - s - 1) % n + n) % n;
-    RingStep step;
-    {
-      CommClock clock;
-      TraceSpan span(span_name(g, "all_gather", piece_bytes));
-      step = ring_post(g, pieces[have], pieces[coming], kPiecesTag + s);
-    }
-    each(have, pieces[have]);  // while pieces[coming] moves
-    CommClock clock;
-    TraceSpan span(span_name(g, "all_gather", piece_bytes));
-    step.wait();
-  }
-  each((r + 1) % n, pieces[(r + 1) % n]);
-  return pieces;
-}
-
-torch::Tensor reduce_scatter_computed(Group& g, int64_t dim, int64_t global,
-                                      const std::function<torch::Tensor(int)>& partial) {
-  const int n = g.size, r = g.rank;
-  const auto sizes = chunk_sizes(global, n);
-  if (n == 1) return partial(0);
-  auto first = partial(((r - 1) % n + n) % n);  // the piece this rank sends first
-  dim = dim < 0 ? dim + first.dim() : dim;
-  if (nccl(g) || rewired(g, first)) {
-    return reduce_scatter_by_root(g, dim, global, [&](int i) { return i == (r - 1 + n) % n ? first : partial(i); });
-  }
-  Recorded rec = counted_reduce_scatter(g, first, dim, global, /*timed=*/false);
-  const int64_t flat_bytes = rec.bytes();
-  std::vector<torch::Tensor> sums(n);  // the running sums this rank holds
-  for (int s = 0; s < n - 1; ++s) {
-    const int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
-    auto out = (s == 0 ? std::move(first) : std::move(sums[send_idx])).contiguous();
-    auto incoming = torch::empty(with_size(out, dim, sizes[recv_idx]), out.options());
-    RingStep step;
-    {
-      CommClock clock;
-      TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
-      step = ring_post(g, out, incoming, kPiecesTag + s);
-    }
-    auto mine = partial(recv_idx);  // while `out` and `incoming` move
-    {
-      CommClock clock;
-      TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
-      step.wait();
-    }
-    sums[recv_idx] = mine + incoming;
-  }
-  return std::move(sums[r]);
-}
-
-std::vector<torch::Tensor> gather_each_by_root(Group& g, const torch::Tensor& t, int64_t dim, int64_t global,
-                                              const std::function<void(int, const torch::Tensor&)>& each) {
-  const int n = g.size, r = g.rank;
-  dim = dim < 0 ? dim + t.dim() : dim;
-  const auto sizes = chunk_sizes(global, n);
-  Recorded rec = counted_gather(g, t, dim, sizes, /*timed=*/false);
-  const int64_t piece_bytes = rec.bytes();
-  const auto wire = t.options().device(wire_device(g, t));
-  std::vector<torch::Tensor> moving(n), pieces(n);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
-  pieces[r] = t.contiguous();
-  {
-    CommClock clock;
-    TraceSpan span(span_name(g, "all_gather", piece_bytes));
-    for (int i = 0; i < n; ++i) {
-      moving[i] = i == r ? pieces[r].to(wire.device()) : torch::empty(with_size(t, dim, sizes[i]), wire);
-      if (!g.pg || sizes[i] == 0) continue;  // every rank knows every size
-      std::vector<torch::Tensor> v{moving[i]};
-      c10d::BroadcastOptions o;
-      o.rootRank = i;
-      works[i] = g.pg->broadcast(v, o);
-    }
-  }
-  each(r, pieces[r]);  // while the others move
-  for (int i = 0; i < n; ++i) {
-    if (i == r) continue;
-    if (works[i]) {
-      CommClock clock;
-      TraceSpan span(span_name(g, "all_gather", piece_bytes));
-      works[i]->wait();
-    }
-    pieces[i] = moving[i].to(t.device());
-    each(i, pieces[i]);
-  }
-  return pieces;
-}
-
-torch::Tensor reduce_scatter_by_root(Group& g, int64_t dim, int64_t global,
-                                     const std::function<torch::Tensor(int)>& partial) {
-  const int n = g.size, r = g.rank;
-  const auto sizes = chunk_sizes(global, n);
-  if (n == 1) return partial(0);
-  std::vector<torch::Tensor> moving(n);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
-  torch::TensorOptions result;  // the partials' dtype and device
-  int64_t flat_bytes = 0;
-  std::optional<Recorded> rec;
-  for (int i = 0; i < n; ++i) {
-    auto p = partial(i);  // while the sums before it move
-    if (i == 0) {
-      result = p.options();
-      dim = dim < 0 ? dim + p.dim() : dim;
-      delay_at(g.delays, DelayPoint::kBeforeReduceScatter);
-      flat_bytes = g.size * chunk_sizes(global, g.size).front() * slice_bytes(p, dim);
-      rec.emplace(g, "reduce_scatter", flat_bytes, (g.size - 1) * flat_bytes / g.size, p.scalar_type(), -1,
-                  /*timed=*/false);
-    }
-    const bool widen = !nccl(g) && sixteen_bit(p);
-    moving[i] = (widen ? p.to(torch::kFloat) : p).to(wire_device(g, p)).contiguous();
-    if (!g.pg || sizes[i] == 0) continue;
-    CommClock clock;
-    TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
-    std::vector<torch::Tensor> v{moving[i]};
-    c10d::ReduceOptions o;
-    o.rootRank = i;
-    works[i] = g.pg->reduce(v, o);
-  }
-  {
-    CommClock clock;
-    TraceSpan span(span_name(g, "reduce_scatter", flat_bytes));
-    for (auto& w : works) {
-      if (w) w->wait();  // the other ranks' too: their buffers live until then
-    }
-  }
-  return moving[r].to(result);
 }
 
 }  // namespace composer::parallel
