@@ -182,10 +182,8 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
     }
     if (!refill) values.push_back(out.view(p.shape));
   }
-  // Resharding to a smaller group of N keeps this rank's share of a full
-  // gather: for its position j in that group, the rows of the shard group's
-  // ranks j * W / N ... (j + 1) * W / N - 1, which the group's re-gather lays
-  // back in order.
+  // Resharding to a smaller group of N keeps this rank's share of a full gather: for its position j in that
+  // group, the rows of the shard group's ranks j * W / N ... (j + 1) * W / N - 1, which its re-gather lays back.
   Group* sub = u.owner->post_forward_group();
   if (sub && u.reshard_after_forward && !u.kept.defined()) {
     const int64_t rows = u.group->size / sub->size;
@@ -197,12 +195,10 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
   return values;
 }
 
-// One reduce-scatter (average) of the unit's gradients, including those held
-// back from earlier microbatches, into shard gradients. Without sync the
-// gradients are only held back, so accumulation reduce-scatters once. The
-// reductions over other dims (HSDP's replicate dim, tp sums, tied pipeline
-// weights) are the gradient synchronisation's, read from the placements. A
-// parameter that got no gradient keeps none.
+// One reduce-scatter (average) of the unit's gradients, including those held back from earlier microbatches,
+// into shard gradients. Without sync the gradients are only held back, so accumulation reduce-scatters once.
+// The reductions over other dims (HSDP's replicate dim, tp sums, tied pipeline weights) are the gradient
+// synchronisation's, read from the placements. A parameter that got no gradient keeps none.
 std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
   Group& g = *u.group;
   const bool sync = *u.sync;

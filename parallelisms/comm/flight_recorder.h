@@ -98,7 +98,7 @@ class FlightRecorder {
   FlightRecord* ring_ = nullptr;
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> seqs_;  // per group (and peer and direction)
-  int64_t skip_step_ = -1;
+  std::atomic<int64_t> skip_step_{-1};  // read on every reduction: no lock when nothing is to be skipped
 };
 
 // A recorded operation while it runs: marks it started and finished, and on
