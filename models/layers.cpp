@@ -327,7 +327,7 @@ GpuKernelShapes::GpuKernelShapes(bool on) : previous_(gpu_kernels) { gpu_kernels
 GpuKernelShapes::~GpuKernelShapes() { gpu_kernels = previous_; }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        bool causal, double dropout_p, bool training) {
+                        bool causal, double dropout_p, bool training, const torch::Tensor& mask) {
   // LibTorch's scaled_dot_product_attention on every device; the PyTorch reference calls the same
   // function, so both sides run the same kernel. It picks a fused kernel that never materialises the
   // scores: on a GPU flash or memory-efficient attention, on the CPU its flash kernel, which the CPU
@@ -337,7 +337,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   // log-sum-exp, or takes them back; on meta, tensors of their shapes.
   SavedOps* ops = SavedOps::active();
   const bool keepable =
-      ops && ops->wants(SavedOps::kAttention) && p == 0.0 &&
+      ops && ops->wants(SavedOps::kAttention) && p == 0.0 && !mask.defined() &&
       (q.is_meta() ? !gpu_kernels
                    : q.device().is_cpu() && at::_fused_sdp_choice(q, k, v, {}, 0.0, causal) ==
                                                 static_cast<int64_t>(at::SDPBackend::flash_attention));
@@ -360,12 +360,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     // The CPU's fallback under dropout, spelled out in ops the meta device has kernels for (LibTorch's
     // math path uses one it lacks): it keeps the scores, probabilities and dropout mask for backward.
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-    if (causal) {
+    if (mask.defined()) {
+      scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    } else if (causal) {
       auto mask = torch::ones({q.size(-2), k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
       scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
     }
     return torch::matmul(torch::dropout(torch::softmax(scores, -1), p, true), v);
   }
+  if (mask.defined()) return at::scaled_dot_product_attention(q, k, v, mask, p, false);
   return at::scaled_dot_product_attention(q, k, v, {}, p, causal);
 }
 }  // namespace composer::nn

@@ -130,8 +130,10 @@ namespace composer::nn {
 // (F.scaled_dot_product_attention). Its fused kernels never materialise the seq x seq scores: flash
 // attention on the CPU when no dropout is active, flash or memory-efficient attention on a GPU. On the
 // meta device of the estimate's dry run, a fused kernel is stood for by its allocations.
+// With `mask` ((batch, 1, q_len, k_len) booleans, true: attend; packed documents) it replaces the causal
+// flag, as F.scaled_dot_product_attention(attn_mask=mask) takes it: the CPU's flash kernel still serves.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        bool causal, double dropout_p, bool training);
+                        bool causal, double dropout_p, bool training, const torch::Tensor& mask = {});
 
 // While one lives on this thread, meta tensors (the estimate's dry run) stand for a GPU's kernels:
 // attention() fused also under dropout, with a float32 query-gradient accumulator in backward, and

@@ -33,13 +33,14 @@ struct LlamaArgs {
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   if (x.is_cuda()) {
     auto xc = torch::view_as_complex(x.to(torch::kFloat).reshape({x.size(0), x.size(1), x.size(2), -1, 2}));
-    auto freqs = torch::complex(cos, sin).view({1, x.size(1), 1, -1});
+    auto freqs = torch::complex(cos, sin).view({cos.dim() == 3 ? x.size(0) : 1, x.size(1), 1, -1});
     return torch::view_as_real(xc * freqs).flatten(3).to(x.scalar_type());
   }
   auto xf = x.to(torch::kFloat);
   auto pairs = xf.reshape({x.size(0), x.size(1), x.size(2), -1, 2});
   auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
-  auto c = cos.view({1, x.size(1), 1, -1}), s = sin.view({1, x.size(1), 1, -1});
+  const int64_t rows = cos.dim() == 3 ? x.size(0) : 1;  // per sample: packed documents' positions
+  auto c = cos.view({rows, x.size(1), 1, -1}), s = sin.view({rows, x.size(1), 1, -1});
   auto out = torch::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(3);
   return out.to(x.scalar_type());
 }
@@ -62,7 +63,12 @@ class Attention : public nn::Module {
     auto q = (*wq)(x).view({b, s, -1, hd_}), k = (*wk)(x).view({b, s, -1, hd_});
     auto v = (*wv)(x).view({b, s, -1, hd_});
     torch::Tensor cos, sin;
-    if (slot_->split) {  // this rank's slice of a longer sequence: the angles of its positions
+    const torch::Tensor& docs = slot_->doc_start();
+    if (docs.defined()) {  // packed documents: each token's position in its document, (b, s)
+      auto pos = nn::positions(slot_.get(), s, docs.device()).to(cos_.device());
+      cos = cos_.index_select(0, pos.flatten()).view({b, s, -1}).to(x.device());
+      sin = sin_.index_select(0, pos.flatten()).view({b, s, -1}).to(x.device());
+    } else if (slot_->split) {  // this rank's slice of a longer sequence: the angles of its positions
       auto pos = slot_->split->positions(s, cos_.device());
       cos = cos_.index_select(0, pos).to(x.device());
       sin = sin_.index_select(0, pos).to(x.device());
@@ -73,7 +79,7 @@ class Attention : public nn::Module {
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
     if (slot_->split) {  // the split repeats the key/value heads itself, after moving them
-      auto out = slot_->split->attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true);
+      auto out = slot_->split->attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, docs);
       return (*wo)(out.transpose(1, 2).contiguous().view({b, s, -1}));
     }
     const int64_t n_rep = q.size(2) / k.size(2);  // grouped-query attention
@@ -81,7 +87,8 @@ class Attention : public nn::Module {
       k = k.repeat_interleave(n_rep, 2);
       v = v.repeat_interleave(n_rep, 2);
     }
-    auto out = nn::attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, 0, false);
+    auto out = nn::attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, 0, false,
+                             docs.defined() ? slot_->document_mask(true) : torch::Tensor());
     return (*wo)(out.transpose(1, 2).contiguous().view({b, s, -1}));
   }
   std::shared_ptr<Linear> wq, wk, wv, wo;

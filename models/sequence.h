@@ -21,19 +21,66 @@ class SequenceSplit {
   // head_dim); k, v: (batch, kv_heads, local_len, head_dim) with kv_heads
   // dividing heads (grouped-query attention: query head h reads kv head
   // h / (heads / kv_heads)).
+  // With `doc_start` defined (packed documents, see SequenceSlot), a query sees
+  // only the keys of its own document.
   virtual torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                  bool causal) const = 0;
+                                  bool causal, const torch::Tensor& doc_start) const = 0;
 };
 
-// Shared by a model and its attention modules; the transform sets `split`.
-struct SequenceSlot {
+// Shared by a model and its attention modules; the transform sets `split`,
+// the training loop `doc_start` before each microbatch's forward and backward.
+class SequenceSlot {
+ public:
   std::shared_ptr<const SequenceSplit> split;
+
+  // Packed documents: (batch, seq) int64 over the whole sequence (every global
+  // position, also under a split), the position where each token's document
+  // begins. A token attends only to tokens of its own document and its
+  // position restarts at its document's start. Undefined: one document per
+  // sequence, as without packing.
+  const torch::Tensor& doc_start() const { return doc_start_; }
+  void set_doc_start(torch::Tensor doc_start) {
+    doc_start_ = std::move(doc_start);
+    mask_ = torch::Tensor();
+  }
+  // The (batch, 1, seq, seq) boolean mask of a whole sequence's attention
+  // (true: attend): the same document and, with `causal`, not in the future.
+  // Built once per microbatch and shared by every layer (their saved tensors
+  // hold one copy).
+  const torch::Tensor& document_mask(bool causal);
+
+ private:
+  torch::Tensor doc_start_, mask_;
+  bool mask_causal_ = false;
 };
 
-// The positions of `local_len` tokens: the split's, or 0 .. local_len-1.
+// Whether query positions `q` meet key positions `k` (1-D int64 global
+// positions) in `doc_start`'s documents: (batch, 1, |q|, |k|) booleans, with
+// `causal` also no key after its query.
+inline torch::Tensor document_mask(const torch::Tensor& doc_start, const torch::Tensor& q, const torch::Tensor& k,
+                                   bool causal) {
+  auto same = doc_start.index_select(1, q).unsqueeze(2) == doc_start.index_select(1, k).unsqueeze(1);
+  if (causal) same = same.logical_and(k.unsqueeze(0) <= q.unsqueeze(1));
+  return same.unsqueeze(1);
+}
+
+inline const torch::Tensor& SequenceSlot::document_mask(bool causal) {
+  if (!mask_.defined() || mask_causal_ != causal) {
+    auto all = torch::arange(doc_start_.size(1), doc_start_.options());
+    mask_ = nn::document_mask(doc_start_, all, all, causal);
+    mask_causal_ = causal;
+  }
+  return mask_;
+}
+
+// The positions of `local_len` tokens: the split's, or 0 .. local_len-1;
+// with packed documents each position counted from its document's start,
+// (batch, local_len).
 inline torch::Tensor positions(const SequenceSlot* slot, int64_t local_len, const c10::Device& device) {
-  if (slot && slot->split) return slot->split->positions(local_len, device);
-  return torch::arange(local_len, torch::dtype(torch::kLong).device(device));
+  auto global = slot && slot->split ? slot->split->positions(local_len, device)
+                                    : torch::arange(local_len, torch::dtype(torch::kLong).device(device));
+  if (!slot || !slot->doc_start().defined()) return global;
+  return global.unsqueeze(0) - slot->doc_start().index_select(1, global.to(slot->doc_start().device()));
 }
 
 }  // namespace composer::nn

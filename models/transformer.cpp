@@ -29,8 +29,10 @@ class Attention : public nn::Module {
     // Under tensor parallelism wq/wk/wv produce a slice of the heads: infer the local count.
     auto split = [&](const torch::Tensor& t) { return t.view({b, s, -1, hd}).transpose(1, 2); };
     auto q = split((*wq)(x)), k = split((*wk)(x)), v = split((*wv)(x));
-    auto out = slot_->split ? slot_->split->attention(q, k, v, args_.use_attn_mask)
-                            : nn::attention(q, k, v, args_.use_attn_mask, args_.dropout_p, is_training());
+    const torch::Tensor& docs = slot_->doc_start();
+    auto out = slot_->split ? slot_->split->attention(q, k, v, args_.use_attn_mask, docs)
+                            : nn::attention(q, k, v, args_.use_attn_mask, args_.dropout_p, is_training(),
+                                            docs.defined() ? slot_->document_mask(args_.use_attn_mask) : torch::Tensor());
     out = out.transpose(1, 2).contiguous().view({b, s, -1});
     return torch::dropout((*wo)(out), args_.dropout_p, is_training());
   }
@@ -92,7 +94,10 @@ class Transformer : public Model {
   // Token plus position embeddings (the positions of this rank's tokens under a sequence split).
   torch::Tensor embed(const torch::Tensor& tokens) {
     auto pos = nn::positions(slot_.get(), tokens.size(1), tokens.device());
-    auto h = (*tok_embeddings)(tokens) + (*pos_embeddings)(pos);
+    // Packed documents' positions are per sample, (b, s): looked up sequence-first, so that a
+    // sequence-parallel plan's split of the lookup's dim 0 is the sequence's, as for (s) positions.
+    auto h = (*tok_embeddings)(tokens) +
+             (pos.dim() == 2 ? (*pos_embeddings)(pos.t().to(tokens.device())).transpose(0, 1) : (*pos_embeddings)(pos));
     return torch::dropout(h, args_.dropout_p, is_training());
   }
   // Every attention's slot, and the positions of the embeddings.

@@ -74,10 +74,27 @@ Pair pair_of(const Tile& q, const Tile& k, bool causal) {
   return k.position > q.position + q.len - 1 ? Pair::kSkip : Pair::kPartial;
 }
 
-// q k^T / sqrt(head_dim) of one tile pair, keys after their query masked.
-torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, const Tile& qt, const Tile& kt, Pair pair) {
+// Under packed documents, which keys of tile `kt` each query of tile `qt`
+// may see ((b, 1, q len, k len) booleans, the causal mask of a partial pair
+// included); a pair that meets no key in any sequence is skipped. Without
+// documents: undefined, and `pair` alone decides.
+torch::Tensor allowed_of(const torch::Tensor& doc_start, const Tile& qt, const Tile& kt, Pair& pair) {
+  if (!doc_start.defined() || pair == Pair::kSkip) return {};
+  const auto o = doc_start.options();
+  auto allowed = nn::document_mask(doc_start, torch::arange(qt.position, qt.position + qt.len, o),
+                                   torch::arange(kt.position, kt.position + kt.len, o), pair == Pair::kPartial);
+  if (!allowed.any().item<bool>()) pair = Pair::kSkip;
+  return allowed;
+}
+
+// q k^T / sqrt(head_dim) of one tile pair, keys after their query masked (or,
+// given `allowed`, every key it forbids).
+torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, const Tile& qt, const Tile& kt, Pair pair,
+                     const torch::Tensor& allowed) {
   auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  if (pair == Pair::kPartial) {  // key j after query i: j - i > q.position - k.position
+  if (allowed.defined()) {
+    s = s.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  } else if (pair == Pair::kPartial) {  // key j after query i: j - i > q.position - k.position
     auto mask = torch::ones({qt.len, kt.len}, q.options().dtype(torch::kBool)).triu(qt.position - kt.position + 1);
     s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
@@ -91,8 +108,20 @@ std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, in
 }
 
 // Adds a partial result (`part` with its log-sum-exp `part_lse`) of some query
-// rows to theirs so far: both rescaled to the larger log-sum-exp.
-void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse) {
+// rows to theirs so far: both rescaled to the larger log-sum-exp. Under
+// documents a row may have met no key yet, nor in this part (log-sum-exp
+// -inf on both sides): it stays empty.
+void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse,
+           bool documents) {
+  if (documents) {
+    auto top = torch::maximum(lse_i, part_lse);
+    top = torch::where(torch::isneginf(top), torch::zeros_like(top), top);
+    auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top), sum = kept + added;
+    out_i.copy_((out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1)) /
+                torch::where(sum > 0, sum, torch::ones_like(sum)).unsqueeze(-1));
+    lse_i.copy_(top + torch::log(sum));
+    return;
+  }
   auto top = torch::maximum(lse_i, part_lse);
   auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
   out_i.copy_(out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1));
@@ -111,9 +140,9 @@ constexpr int64_t kWholeChunk = std::numeric_limits<int64_t>::max();
 // This rank's queries (float32) against the block of rank `src`, merged into
 // `out` and its log-sum-exp `lse` by the partial results' log-sum-exp.
 void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src, bool causal,
-            torch::Tensor& out, torch::Tensor& lse) {
+            const torch::Tensor& docs, torch::Tensor& out, torch::Tensor& lse) {
   auto [k, v] = key_value(block, q.size(1) / block.size(2));
-  const bool flash = cpu_kernel(q);
+  const bool flash = cpu_kernel(q) && !docs.defined();
   const int64_t most = flash ? kWholeChunk : kTile;
   const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2), most), kv_tiles = tiles_of(cp, src, k.size(2), most);
   if (flash) {
@@ -125,7 +154,7 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
         auto [part, part_lse] = at::_scaled_dot_product_flash_attention_for_cpu(
             q.narrow(2, qt.offset, qt.len), k.narrow(2, kt.offset, kt.len), v.narrow(2, kt.offset, kt.len), 0.0,
             /*is_causal=*/pair == Pair::kPartial);
-        merge(out.narrow(2, qt.offset, qt.len), lse.narrow(2, qt.offset, qt.len), part, part_lse);
+        merge(out.narrow(2, qt.offset, qt.len), lse.narrow(2, qt.offset, qt.len), part, part_lse, false);
       }
     }
     return;
@@ -134,17 +163,22 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
     auto qi = q.narrow(2, qt.offset, qt.len), out_i = out.narrow(2, qt.offset, qt.len);
     auto lse_i = lse.narrow(2, qt.offset, qt.len);
     for (const Tile& kt : kv_tiles) {
-      const Pair pair = pair_of(qt, kt, causal);
+      Pair pair = pair_of(qt, kt, causal);
+      const auto allowed = allowed_of(docs, qt, kt, pair);
       if (pair == Pair::kSkip) continue;
       // The pair's softmax by its row maximum (every row of a partial pair
-      // keeps at least one key), then both parts rescaled to the larger
-      // log-sum-exp.
-      auto s = scores(qi, k.narrow(2, kt.offset, kt.len), qt, kt, pair);
+      // keeps at least one key; under documents a row may keep none: its
+      // maximum is taken as 0, its sum is 0 and its part empty), then both
+      // parts rescaled to the larger log-sum-exp.
+      auto s = scores(qi, k.narrow(2, kt.offset, kt.len), qt, kt, pair, allowed);
       auto row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
+      if (allowed.defined()) row_max = torch::where(torch::isneginf(row_max), torch::zeros_like(row_max), row_max);
       auto e = torch::exp(s - row_max);
       auto sum = e.sum(-1, /*keepdim=*/true);
-      auto part = torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
-      merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1));
+      auto part = allowed.defined() ? torch::matmul(e, v.narrow(2, kt.offset, kt.len)) /
+                                          torch::where(sum > 0, sum, torch::ones_like(sum))
+                                    : torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
+      merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1), allowed.defined());
     }
   }
 }
@@ -153,12 +187,12 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
 // `grad` (2, b, kv_heads, s, d), the block's key and value gradients.
 // `delta` is rowsum(dout * out).
 void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& block, int src,
-                     bool causal, const torch::Tensor& dout, const torch::Tensor& out, const torch::Tensor& lse,
-                     const torch::Tensor& delta, torch::Tensor& dq, torch::Tensor& grad) {
+                     bool causal, const torch::Tensor& docs, const torch::Tensor& dout, const torch::Tensor& out,
+                     const torch::Tensor& lse, const torch::Tensor& delta, torch::Tensor& dq, torch::Tensor& grad) {
   const int64_t n_rep = q.size(1) / block.size(2);
   auto [k, v] = key_value(block, n_rep);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const bool flash = cpu_kernel(q);
+  const bool flash = cpu_kernel(q) && !docs.defined();
   const int64_t most = flash ? kWholeChunk : kTile;
   const auto q_tiles = tiles_of(cp, cp.group().rank, q.size(2), most), kv_tiles = tiles_of(cp, src, k.size(2), most);
   if (flash) {
@@ -185,10 +219,11 @@ void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const to
     auto lse_i = lse.narrow(2, qt.offset, qt.len).unsqueeze(-1);
     auto delta_i = delta.narrow(2, qt.offset, qt.len).unsqueeze(-1);
     for (const Tile& kt : kv_tiles) {
-      const Pair pair = pair_of(qt, kt, causal);
+      Pair pair = pair_of(qt, kt, causal);
+      const auto allowed = allowed_of(docs, qt, kt, pair);
       if (pair == Pair::kSkip) continue;
       auto kj = k.narrow(2, kt.offset, kt.len), vj = v.narrow(2, kt.offset, kt.len);
-      auto p = torch::exp(scores(qi, kj, qt, kt, pair) - lse_i);
+      auto p = torch::exp(scores(qi, kj, qt, kt, pair, allowed) - lse_i);
       auto ds = p * (torch::matmul(dout_i, vj.transpose(-2, -1)) - delta_i);
       dq_i.add_(torch::matmul(ds, kj), scale);
       grad[0].narrow(2, kt.offset, kt.len).add_(fold_heads(torch::matmul(ds.transpose(-2, -1), qi), n_rep), scale);
@@ -305,7 +340,7 @@ torch::Tensor heads_to_sequence(Group& g, const torch::Tensor& t, const torch::T
 }
 
 torch::Tensor all_to_all_attention(const ContextParallel& cp, const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, bool causal) {
+                                   const torch::Tensor& v, bool causal, const torch::Tensor& docs) {
   Group& g = cp.group();
   const int n = g.size;
   TORCH_CHECK(q.size(1) % n == 0 && k.size(1) % n == 0, "context_parallel alltoall: ", q.size(1), " query and ",
@@ -321,7 +356,12 @@ torch::Tensor all_to_all_attention(const ContextParallel& cp, const torch::Tenso
     kh = kh.repeat_interleave(n_rep, 1);
     vh = vh.repeat_interleave(n_rep, 1);
   }
-  return heads_to_sequence(g, nn::attention(qh, kh, vh, causal, 0, false), concat);
+  torch::Tensor mask;  // packed documents: the one-device mask of the whole sequence
+  if (docs.defined()) {
+    auto all = torch::arange(docs.size(1), docs.options());
+    mask = nn::document_mask(docs, all, all, causal);
+  }
+  return heads_to_sequence(g, nn::attention(qh, kh, vh, causal, 0, false, mask), concat);
 }
 
 // Group and split pointers travel through the autograd context as integers.
@@ -332,15 +372,18 @@ const ContextParallel& from_id(AutogradContext* ctx) {
 
 struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t cp_id, bool causal) {
+                               const torch::Tensor& v, int64_t docs_id, int64_t cp_id, bool causal) {
     const auto& cp = *reinterpret_cast<const ContextParallel*>(cp_id);
+    // By address, as the group: an undefined tensor is no autograd input.
+    const torch::Tensor docs = *reinterpret_cast<const torch::Tensor*>(docs_id);
     auto qf = q.to(torch::kFloat);
     auto out = torch::zeros(q.sizes(), qf.options());
     auto lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), qf.options());
     each_block(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block) {
-      attend(cp, qf, block, src, causal, out, lse);
+      attend(cp, qf, block, src, causal, docs, out, lse);
     });
     ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["docs"] = docs;
     ctx->saved_data["cp"] = cp_id;
     ctx->saved_data["causal"] = causal;
     return out.to(q.scalar_type());
@@ -352,13 +395,15 @@ struct SplitAttentionFn : torch::autograd::Function<SplitAttentionFn> {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     auto qf = q.to(torch::kFloat), dout = grads[0].to(torch::kFloat);
-    auto delta = cpu_kernel(qf) ? torch::Tensor() : (dout * out).sum(-1);  // the flash kernel takes out itself
+    const auto docs = ctx->saved_data["docs"].toTensor();
+    // The flash kernel takes out itself.
+    auto delta = cpu_kernel(qf) && !docs.defined() ? torch::Tensor() : (dout * out).sum(-1);
     auto dq = torch::zeros(qf.sizes(), qf.options());
     auto dkv = each_block_backward(cp, torch::stack({k, v}), [&](int src, const torch::Tensor& block, torch::Tensor& grad) {
-      attend_backward(cp, qf, block, src, causal, dout, out, lse, delta, dq, grad);
+      attend_backward(cp, qf, block, src, causal, docs, dout, out, lse, delta, dq, grad);
     });
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -391,11 +436,12 @@ torch::Tensor ContextParallel::positions_of(int rank, int64_t local_len, const c
 }
 
 torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                         bool causal) const {
+                                         bool causal, const torch::Tensor& doc_start) const {
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "context_parallel attention: ", k.size(1), " key/value heads do not divide ",
               q.size(1), " query heads");
-  if (options_.rotate == Rotate::kAllToAll) return all_to_all_attention(*this, q, k, v, causal);
-  return SplitAttentionFn::apply(q, k, v, as_id(*this), causal);
+  const auto docs = doc_start.defined() ? doc_start.to(q.device()) : doc_start;
+  if (options_.rotate == Rotate::kAllToAll) return all_to_all_attention(*this, q, k, v, causal, docs);
+  return SplitAttentionFn::apply(q, k, v, reinterpret_cast<int64_t>(&docs), as_id(*this), causal);
 }
 
 torch::Tensor ContextParallel::slice(const torch::Tensor& t, int64_t dim) const {

@@ -16,6 +16,10 @@
 // runs over tiles of at most 256 queries and 256 keys merged by log-sum-exp
 // (tiles wholly in a query's future skipped), so no rank holds more than a
 // tile pair's scores per head at once, as a flash-attention kernel would not.
+// Packed documents (a doc_start, models/sequence.h) mask every tile pair to
+// the keys of each query's document, and a pair that shares no document in
+// any sequence of the batch is skipped as a future one is; alltoall's whole
+// sequences take the one-device mask.
 // Parameters are replicated over cp and their gradients averaged there: each
 // rank's loss is the mean over its tokens, the same number on every rank.
 #pragma once
@@ -75,7 +79,7 @@ class ContextParallel : public nn::SequenceSplit {
   // The global positions of rank `rank`'s `local_len` tokens.
   torch::Tensor positions_of(int rank, int64_t local_len, const c10::Device& device) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                          bool causal) const override;
+                          bool causal, const torch::Tensor& doc_start) const override;
   // This rank's slice of `t`, whose dim `dim` is a whole sequence.
   torch::Tensor slice(const torch::Tensor& t, int64_t dim) const;
   Group& group() const { return group_; }

@@ -216,6 +216,7 @@ struct Pipeline::Run {
   const std::function<torch::Tensor(int)>& input_of;
   const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of;
   double loss_factor;
+  const std::function<void(int)>& enter;  // before each compute action of a microbatch, when given
   std::map<std::pair<int, int>, Slot> slots;
   // The groups issued and not yet waited for: the handle and the receives' buffers.
   struct Posted {
@@ -303,6 +304,7 @@ void Pipeline::deliver(int group, Run& run) {
 void Pipeline::act(const Action& a, Run& run) {
   const int s = a.stage, mb = a.microbatch;
   Slot& slot = run.slots[{s, mb}];
+  if (run.enter) run.enter(mb);
   switch (a.op) {
     case Op::kForward:
       forward(s, mb, run);
@@ -353,13 +355,14 @@ void Pipeline::execute(const P2PProgram& program, Run& run, const std::string& w
 }
 
 double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
-                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale) {
+                     const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale,
+                     const std::function<void(int)>& enter) {
   const double loss_factor = options_.loss_factor * grad_scale;
   TORCH_INTERNAL_ASSERT(static_cast<int>(shapes_.input.size()) == shape_.stages(),
                         "the pipeline's stage shapes were never set");
   timeline_.clear();
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, loss_factor, {}, {}, 0};
+  Run run{input_of, loss_of, loss_factor, enter, {}, {}, 0};
   execute(program_, run, "pipeline ", /*timed=*/true);
   for (const auto& [key, slot] : run.slots) {
     TORCH_INTERNAL_ASSERT(slot.weight_grads.empty(), "stage ", key.first, " microbatch ", key.second,
@@ -369,11 +372,12 @@ double Pipeline::run(const std::function<torch::Tensor(int)>& input_of,
 }
 
 double Pipeline::evaluate(const std::function<torch::Tensor(int)>& input_of,
-                          const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of) {
+                          const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of,
+                          const std::function<void(int)>& enter) {
   TORCH_INTERNAL_ASSERT(!torch::GradMode::is_enabled(), "Pipeline::evaluate runs without gradients");
   const std::vector<double> kept = losses_;
   losses_.assign(shape_.microbatches, 0.0);
-  Run run{input_of, loss_of, 0.0, {}, {}, 0};
+  Run run{input_of, loss_of, 0.0, enter, {}, {}, 0};
   // In one global order (microbatch, then stage): every rank's receive meets
   // a send issued earlier in that order.
   execute(eval_program_, run, "eval pipeline ", /*timed=*/false);

@@ -130,15 +130,20 @@ class Pipeline {
   // stage's rank; backward runs on loss x the config's loss_factor x
   // `grad_scale`. Returns the sum of the microbatch losses (before either
   // factor) on the last stage's rank, 0 elsewhere.
+  // `enter(mb)`, when given, runs before every compute action of microbatch
+  // mb (its forward, backward or weight gradient): what the model reads per
+  // microbatch besides its input (packed documents).
   double run(const std::function<torch::Tensor(int)>& input_of,
-             const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale);
+             const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of, double grad_scale,
+             const std::function<void(int)>& enter = {});
   // Forward only (the caller holds a NoGradGuard), for evaluation: every
   // microbatch through every stage in order, activations sent to the next
   // stage's rank; `loss_of` on the last stage. Returns the sum of the
   // microbatch losses on the last stage's rank, 0 elsewhere. The last run()'s
   // timeline and microbatch losses are kept.
   double evaluate(const std::function<torch::Tensor(int)>& input_of,
-                  const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of);
+                  const std::function<torch::Tensor(int, const torch::Tensor&)>& loss_of,
+                  const std::function<void(int)>& enter = {});
   // Whether this rank computes with `p` (one of its stages holds it).
   bool holds(const torch::Tensor& p) const;
   // This rank's timeline of the last run (compute actions, ms since its start).

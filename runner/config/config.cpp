@@ -33,7 +33,8 @@ const EnumName<Inject> kInjects[] = {
     {Inject::kGradX2, "grad_x2"},
     {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
     {Inject::kNanGrad, "nan_grad"},
-    {Inject::kSkipCollective, "skip_collective"}};
+    {Inject::kSkipCollective, "skip_collective"},
+    {Inject::kNoDocumentMask, "no_document_mask"}};
 const EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
 const EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
 const EnumName<DataSource> kSources[] = {
@@ -251,8 +252,10 @@ DataConfig read_data(YamlMap& root) {
   if (c.source == DataSource::kFile && c.path.empty()) {
     throw ConfigError(m.self_ref(), "data.source file needs data.path (a safetensors file with inputs and targets)");
   }
-  if (c.source == DataSource::kTokens && c.path.empty()) {
-    throw ConfigError(m.self_ref(), "data.source tokens needs data.path (a flat file of uint16 or uint32 token ids)");
+  c.sources = read_token_sources(m, c.source == DataSource::kTokens, "data");
+  if (c.source == DataSource::kTokens && c.path.empty() && c.sources.empty()) {
+    throw ConfigError(m.self_ref(), "data.source tokens needs data.path (a flat file of uint16 or uint32 token ids) "
+                                    "or data.sources (several, blended by weight)");
   }
   if (m.has("token_dtype") && c.source != DataSource::kTokens) {
     throw ConfigError(m.ref("token_dtype"), "data.token_dtype is only read with data.source: tokens; remove it");
@@ -261,6 +264,7 @@ DataConfig read_data(YamlMap& root) {
   if (c.source == DataSource::kSynthetic && !c.path.empty()) {
     throw ConfigError(m.ref("path"), "data.path is only read with data.source: file; set source: file or remove path");
   }
+  c.documents = read_documents(m, c.source == DataSource::kTokens);
   m.finish();
   return c;
 }
@@ -329,7 +333,9 @@ EvalConfig read_eval(YamlMap& root, const DataConfig& train_data) {
     d.get_enum("source", c.data.source, kSources);
     d.get("path", c.data.path);
     if (d.has("path")) c.data.path_ref = d.ref("path");
-    if (c.data.source != DataSource::kSynthetic && c.data.path.empty()) {
+    c.data.sources.clear();
+    c.data.sources = read_token_sources(d, c.data.source == DataSource::kTokens, "eval.data");
+    if (c.data.source != DataSource::kSynthetic && c.data.path.empty() && c.data.sources.empty()) {
       throw ConfigError(d.self_ref(), "eval.data.source " + std::string(name_of(c.data.source)) +
                                           " needs eval.data.path (the held-out file)");
     }
@@ -413,7 +419,7 @@ ProfileConfig read_profile(YamlMap& root, int64_t steps) {
   return c;
 }
 
-DebugConfig read_debug(YamlMap& root, int64_t world_size) {
+DebugConfig read_debug(YamlMap& root, int64_t world_size, bool documents) {
   YamlMap m = section(root, "debug");
   DebugConfig c;
   m.get("fail_rank", c.fail_rank);
@@ -430,6 +436,10 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size) {
     throw ConfigError(m.ref("inject_rank"), "inject_rank " + std::to_string(c.inject_rank) + " is not a rank of the " +
                                                 std::to_string(world_size) + "-rank mesh; use 0 .. " +
                                                 std::to_string(world_size - 1));
+  }
+  if (c.inject == Inject::kNoDocumentMask && !documents) {
+    throw ConfigError(m.ref("inject"), "no_document_mask drops data.documents' mask, and this run packs no "
+                                       "documents; set data.documents: {mask: true} or inject another fault");
   }
   if (c.inject == Inject::kSkipCollective && world_size < 2) {
     throw ConfigError(m.ref("inject"), "skip_collective leaves out a collective, which needs a mesh of at least 2 "
@@ -505,7 +515,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.metrics = read_metrics(root);
   c.profile = read_profile(root, c.train.steps);
   c.launch = read_launch(root);
-  c.debug = read_debug(root, c.mesh.world_size());
+  c.debug = read_debug(root, c.mesh.world_size(), c.data.documents.active());
   root.finish();
   return c;
 }

@@ -12,6 +12,7 @@
 #include "models/model.h"
 #include "parallelisms/comm/delay.h"
 #include "runner/base/errors.h"
+#include "runner/config/config_data.h"
 #include "runner/config/parallelize_config.h"
 
 namespace composer {
@@ -118,6 +119,8 @@ struct DataConfig {
   std::string path;                            // file: safetensors with inputs and targets; tokens: token ids
   TokenDType token_dtype = TokenDType::kUint16;  // tokens: the file's little-endian id width
   SourceRef path_ref;                          // where path was given
+  std::vector<TokenSource> sources;            // tokens: several files blended by weight, instead of path
+  DocumentsConfig documents;                   // tokens: packed documents
 };
 
 struct CheckConfig {
@@ -147,6 +150,7 @@ enum class Inject {
   kMicrobatchOffByOne,  // the last dp rank reads its batch one microbatch late
   kNanGrad,             // rank inject_rank's first gradient turns NaN at every step from inject_step on
   kSkipCollective,      // rank inject_rank leaves out its first all_reduce or reduce_scatter of step inject_step
+  kNoDocumentMask,      // packed documents run together: no document mask, positions run on (data.documents)
 };
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none

@@ -55,6 +55,17 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   j["data"] = {{"source", name_of(c.data.source)}, {"inputs", name_of(c.data.inputs)},
                {"targets", name_of(c.data.targets)}, {"seq_len", c.data.seq_len}, {"path", c.data.path}};
   if (c.data.source == DataSource::kTokens) j["data"]["token_dtype"] = name_of(c.data.token_dtype);
+  // Only when given, so the hash of every config without them stays what it was.
+  auto sources_json = [](const std::vector<TokenSource>& sources) {
+    auto list = nlohmann::json::array();
+    for (const auto& s : sources) list.push_back({{"path", s.path}, {"weight", s.weight}});
+    return list;
+  };
+  if (!c.data.sources.empty()) j["data"]["sources"] = sources_json(c.data.sources);
+  if (c.data.documents.active()) {
+    j["data"]["documents"] = {{"mask", c.data.documents.mask}, {"eos_id", c.data.documents.eos_id},
+                              {"loss_on_boundary", c.data.documents.loss_on_boundary}};
+  }
   j["check"] = {{"golden", golden_path(c)}, {"loss_rtol", c.check.loss_rtol}, {"loss_atol", c.check.loss_atol},
                 {"param_rtol", c.check.param_rtol}, {"param_atol", c.check.param_atol}};
   j["checkpoint"] = {{"enabled", c.checkpoint.enabled}, {"dir", c.checkpoint.dir}, {"interval", c.checkpoint.interval},
@@ -64,6 +75,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
   if (c.eval.has_data) {
     j["eval"]["data"] = {{"source", name_of(c.eval.data.source)}, {"path", c.eval.data.path}};
     if (c.eval.data.source == DataSource::kTokens) j["eval"]["data"]["token_dtype"] = name_of(c.eval.data.token_dtype);
+    if (!c.eval.data.sources.empty()) j["eval"]["data"]["sources"] = sources_json(c.eval.data.sources);
   }
   j["metrics"] = {{"tensorboard", c.metrics.tensorboard},
                   {"straggler_factor", c.metrics.straggler_factor},

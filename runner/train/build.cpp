@@ -13,6 +13,7 @@
 #include "models/registry.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/weight_source.h"
+#include "runner/train/datasets.h"
 #include "runner/plan/plan_fp8.h"
 #include "runner/plan/plan_mesh.h"
 #include "runner/train/materialise.h"

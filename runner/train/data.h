@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/model.h"
@@ -26,6 +27,11 @@ struct DataPlan {
 struct Batch {
   torch::Tensor inputs;   // (n, features) or (n, seq) int64
   torch::Tensor targets;  // undefined when the loss needs none
+  // Packed documents (data.documents): (n, seq) int64, the position in its
+  // window where each input token's document begins (models/sequence.h);
+  // undefined otherwise. Never sliced by context parallelism: attention
+  // needs the whole sequence's.
+  torch::Tensor doc_start;
 };
 
 // Decides inputs/targets for `model` and `loss`; `model` is run on one sample
@@ -40,9 +46,13 @@ class DataSet {
   // Reads every value once before launch and refuses what training would
   // trip over later (a token file's ids against the model's vocabulary).
   virtual void check_all() const {}
+  // A line for the log about what the run will read, "" for nothing: a
+  // blend's samples per source over steps [first, last].
+  virtual std::string describe(int64_t /*first*/, int64_t /*last*/) const { return ""; }
 };
 
-std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan& plan);
+// data.<key> of `c`'s file, for errors about the data section.
+SourceRef data_ref(const ExperimentConfig& c, const std::string& key);
 
 // The per-sample generator seed: splitmix64 over (seed, step, index), 63 bits.
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index);
@@ -50,5 +60,17 @@ uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index);
 // Where sample `global_index` of a token-file run starts, one of `positions`
 // window starts: splitmix64 over (seed ^ "tokens", global_index), modulo.
 uint64_t token_window(uint64_t seed, int64_t global_index, int64_t positions);
+
+// Which of a blend's token files sample `global_index` comes from, given the
+// weights' running sums `cumulative` (w0, w0+w1, ...): the first i with
+// u < cumulative[i] / cumulative.back(), where u in [0, 1) is the top 53 bits
+// of splitmix64(splitmix64(seed ^ "blend") ^ global_index) times 2^-53.
+// docs/configuration.md#blended-sources; tools/reference/blend.py computes
+// the same.
+size_t blend_source(uint64_t seed, int64_t global_index, const std::vector<double>& cumulative);
+
+// Where each of a window's tokens' document begins (a doc_start row):
+// out[0] = 0 and out[k] = k after an end-of-document id at k-1, else out[k-1].
+void doc_start_by_eos(const int64_t* window, int64_t len, int64_t eos_id, int64_t* out);
 
 }  // namespace composer

@@ -189,6 +189,12 @@ Batch local_part(const parallel::Parallel& par, Batch b) {
   return b;
 }
 
+// Packed documents: the model's attention and positions read `doc_start`
+// (undefined: none) until the next call.
+void set_documents(models::Model& model, const torch::Tensor& doc_start) {
+  if (auto* slot = model.sequence_slot()) slot->set_doc_start(doc_start);
+}
+
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 // Pipeline microbatch mb's inputs and its loss (its share of the global-batch
@@ -201,6 +207,8 @@ struct Microbatches {
   const parallel::VocabParallel& vocab;
   std::function<void()> after_loss;
   torch::Tensor input(int mb) const { return b.inputs.narrow(0, mb * k, k); }
+  // Microbatch mb's documents, or undefined.
+  torch::Tensor doc_start(int mb) const { return b.doc_start.defined() ? b.doc_start.narrow(0, mb * k, k) : b.doc_start; }
   torch::Tensor loss_of(int mb, const torch::Tensor& out) const {
     const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
     auto l = compute_loss(loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets, k, global_batch, vocab);
@@ -212,13 +220,18 @@ struct Microbatches {
 // One pipeline step over this rank's batch. Backward runs on each microbatch
 // loss x grad_scale x the pipeline's own factor (its scale_grads, resolved by
 // the planner). Returns the sum of the microbatch shares: the batch loss.
-double pipeline_step(parallel::Pipeline& pipe, const ExperimentConfig& c, const Plan& plan, const Batch& b,
-                     double grad_scale, const parallel::Delays& delays, const parallel::VocabParallel& vocab) {
+double pipeline_step(parallel::Pipeline& pipe, models::Model& model, const ExperimentConfig& c, const Plan& plan,
+                     const Batch& b, double grad_scale, const parallel::Delays& delays,
+                     const parallel::VocabParallel& vocab) {
   const auto& t = c.train;
   const Microbatches m{b, plan.local_microbatch, t.loss, t.global_batch, vocab,
                        [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
-  return pipe.run([&](int mb) { return m.input(mb); }, [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); },
-                  grad_scale);
+  std::function<void(int)> enter;  // every action of microbatch mb sees its documents
+  if (b.doc_start.defined()) enter = [&](int mb) { set_documents(model, m.doc_start(mb)); };
+  const double loss = pipe.run([&](int mb) { return m.input(mb); },
+                               [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, grad_scale, enter);
+  set_documents(model, {});
+  return loss;
 }
 
 // The idle fraction of the last step over the pipeline ranks: 1 - busy time
@@ -291,7 +304,7 @@ double pipelined(StepState& s, StepRecord& r) {
   const auto phase = Clock::now();
   Batch b = local_part(par, s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch));
   par.set_requires_sync(false);
-  const double loss = pipeline_step(*par.pipe, s.c, s.plan, b, s.grad_scale, s.delays, par.vocab);
+  const double loss = pipeline_step(*par.pipe, s.model, s.c, s.plan, b, s.grad_scale, s.delays, par.vocab);
   par.reshard();
   r.backward_ms = ms_since(phase);  // forward and backward interleave
   r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
@@ -310,6 +323,7 @@ double accumulated(StepState& s, StepRecord& r) {
     par.set_requires_sync(m + 1 == t.microbatches);
     const int64_t begin = s.batch_begin + m * mb;
     Batch b = local_part(par, s.batch(r.step, begin, begin + mb));
+    set_documents(s.model, b.doc_start);  // until this microbatch's backward (recomputation) is done
     auto phase = Clock::now();
     auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab);
     r.forward_ms += ms_since(phase);
@@ -320,6 +334,7 @@ double accumulated(StepState& s, StepRecord& r) {
     par.reshard();
     r.backward_ms += ms_since(phase);
   }
+  set_documents(s.model, {});
   return loss_sum;
 }
 
@@ -393,16 +408,20 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
     if (par.pipe) {
       const Batch b = local_part(par, batch(j, begin, begin + s.plan.local_batch));
       const Microbatches m{b, s.plan.local_microbatch, t.loss, t.global_batch, par.vocab, {}};
+      std::function<void(int)> enter;
+      if (b.doc_start.defined()) enter = [&](int mb) { set_documents(s.model, m.doc_start(mb)); };
       share = par.pipe->evaluate([&](int mb) { return m.input(mb); },
-                                 [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); });
+                                 [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, enter);
     } else {
       const int64_t mb = s.plan.local_microbatch;
       for (int64_t m = 0; m < t.microbatches; ++m) {
         const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));
+        set_documents(s.model, b.doc_start);
         share += value_of(compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab));
       }
     }
     par.reshard();
+    set_documents(s.model, {});
     StepRecord r;
     gather_loss(par, share, r);  // the batch loss, as training's
     sum += r.loss;

@@ -22,6 +22,7 @@ Batch on_device(Batch b, c10::Device device) {
   if (device.is_cpu()) return b;
   b.inputs = b.inputs.to(device);
   if (b.targets.defined()) b.targets = b.targets.to(device);
+  if (b.doc_start.defined()) b.doc_start = b.doc_start.to(device);
   return b;
 }
 
@@ -136,8 +137,11 @@ StepState step_state(const Loop& l, const parallel::Delays& delays) {
                                 static_cast<double>(l.c.train.global_batch));
   const c10::Device device = rank.device;
   DataSet* dataset = l.rm.dataset.get();
-  auto batch = [dataset, device](int64_t step, int64_t begin, int64_t end) {
-    return on_device(dataset->batch(step, begin, end), device);
+  const bool drop_documents = l.c.debug.inject == Inject::kNoDocumentMask;
+  auto batch = [dataset, device, drop_documents](int64_t step, int64_t begin, int64_t end) {
+    Batch b = dataset->batch(step, begin, end);
+    if (drop_documents) b.doc_start = torch::Tensor();
+    return on_device(std::move(b), device);
   };
   // The fields in StepState's order, not as a table.
   // clang-format off

@@ -44,7 +44,7 @@ void check_case(const Case& c) {
     ContextParallel cp(g, {{"cp"}, c.load_balance, c.rotate});
     auto lq = cp.slice(in[0], 2).requires_grad_(), lk = cp.slice(in[1], 2).requires_grad_();
     auto lv = cp.slice(in[2], 2).requires_grad_();
-    auto out = cp.attention(lq, lk, lv, c.causal);
+    auto out = cp.attention(lq, lk, lv, c.causal, {});
     out.backward(cp.slice(in[3], 2));
     const double tol = 1e-5;
     EXPECT_TRUE(torch::allclose(out, cp.slice(full.detach(), 2), tol, tol)) << "output, rank " << g.rank;
@@ -91,7 +91,7 @@ TEST(ContextParallel, RingMovesItsTheoreticalBytes) {
     auto lq = cp.slice(in[0], 2).requires_grad_(), lk = cp.slice(in[1], 2).requires_grad_();
     auto lv = cp.slice(in[2], 2).requires_grad_();
     g.counter->reset();
-    auto out = cp.attention(lq, lk, lv, true);
+    auto out = cp.attention(lq, lk, lv, true, {});
     const int64_t block = 2 * lk.numel() * 4;  // k and v, float32
     EXPECT_EQ(g.counter->get("send").bytes, (n - 1) * block);
     out.backward(cp.slice(in[3], 2));

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "runner/config/config.h"
-#include "runner/train/data.h"
+#include "runner/train/datasets.h"
 #include "runner/train/optim.h"
 #include "runner/train/build.h"
 #include "tests/unit/temp_path.h"

@@ -10,6 +10,10 @@ regression.safetensors: 64 samples of 10 features and a fixed linear-plus-tanh
 target, for the file-data parity experiment.
 corpus.u16: a token file (data.source: tokens): the first 16384 bytes of
 docs/scenarios.md as byte-level token ids (vocabulary 256), little-endian uint16.
+documents.u16 and documents_b.u16 (with their indexes .docs): packed documents for data.documents
+and data.sources: 600 and 300 documents of 1 to 20 tokens, each an arithmetic progression mod 62
+(random start, stride 1 to 3; the second file's strides 4 to 6) followed by the end-of-document id 63,
+little-endian uint16; each .docs is the documents' end offsets (uint64), as tools/prepare-data writes.
 shared_params.safetensors: 4 samples for transformer_with_shared_params, each one (src, tgt) input
 of the seed's forward packed as src.view(-1) ++ tgt.view(-1) (src 6 x 2, tgt 4 x 2, vocabulary 23);
 sample 0 is the seed's own get_input (src arange(12), tgt arange(8)), the others random. The
@@ -41,6 +45,20 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def write_documents(path, g, docs, strides, eos=63):
+    ids, ends = [], []
+    for _ in range(docs):
+        n = int(torch.randint(1, 21, (1,), generator=g))
+        start = int(torch.randint(0, 62, (1,), generator=g))
+        stride = int(torch.randint(strides[0], strides[1], (1,), generator=g))
+        ids += [(start + stride * i) % 62 for i in range(n)] + [eos]
+        ends.append(len(ids))
+    with open(path, "wb") as f:
+        f.write(struct.pack("<%dH" % len(ids), *ids))
+    with open(path + ".docs", "wb") as f:
+        f.write(struct.pack("<%dQ" % len(ends), *ends))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     g = torch.Generator().manual_seed(1234)
@@ -59,6 +77,9 @@ def main():
         ids.byteswap()
     with open(os.path.join(OUT, "corpus.u16"), "wb") as f:
         ids.tofile(f)
+    gd = torch.Generator().manual_seed(5678)  # its own: the files above stay as they are
+    for name, docs, strides in (("documents.u16", 600, (1, 4)), ("documents_b.u16", 300, (4, 7))):
+        write_documents(os.path.join(OUT, name), gd, docs, strides)
     src = torch.cat([torch.arange(12).view(1, 6, 2), torch.randint(0, 23, (3, 6, 2), generator=g)])
     tgt = torch.cat([torch.arange(8).view(1, 4, 2), torch.randint(0, 23, (3, 4, 2), generator=g)])
     write_safetensors(os.path.join(OUT, "shared_params.safetensors"),

@@ -107,14 +107,33 @@ class SimpleModelUneven(nn.Module):  # M8
 
 # ---- M4: the DTensor tests' Transformer ------------------------------------
 
-def attention(q, k, v, causal, dropout_p, training):
+def attention(q, k, v, causal, dropout_p, training, mask=None):
     # composer calls LibTorch's scaled_dot_product_attention with the same arguments: the same kernel
-    # (on the CPU flash attention without dropout, else matmul, softmax, dropout, matmul).
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p if training else 0.0, is_causal=causal)
+    # (on the CPU flash attention without dropout, else matmul, softmax, dropout, matmul). A packed
+    # documents' mask replaces the causal flag.
+    p = dropout_p if training else 0.0
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
 
 
-def causal_attention(q, k, v, dropout_p, training):
-    return attention(q, k, v, True, dropout_p, training)
+def causal_attention(q, k, v, dropout_p, training, mask=None):
+    return attention(q, k, v, True, dropout_p, training, mask)
+
+
+def document_mask(doc_start, causal):
+    """Packed documents (doc_start: (batch, seq), where each token's document begins): a token attends
+    to the tokens of its own document (and, causal, not after it). (batch, 1, seq, seq) booleans."""
+    same = doc_start[:, :, None] == doc_start[:, None, :]
+    if causal:
+        n = doc_start.size(1)
+        same = same & torch.ones(n, n, dtype=torch.bool).tril()
+    return same[:, None]
+
+
+def set_documents(model, doc_start):
+    """The packed documents of the next forward (None: one document per sequence)."""
+    model.doc_start = doc_start
 
 
 class Attention(nn.Module):
@@ -124,6 +143,7 @@ class Attention(nn.Module):
         self.n_heads = a["n_heads"]
         self.dropout_p = a["dropout_p"]
         self.use_attn_mask = a["use_attn_mask"]
+        self.mask = None
         self.resid_dropout = nn.Dropout(a["dropout_p"])
         self.wq = nn.Linear(a["dim"], a["dim"], bias=False)
         self.wk = nn.Linear(a["dim"], a["dim"], bias=False)
@@ -135,7 +155,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        out = attention(q, k, v, self.use_attn_mask, self.dropout_p, self.training)
+        out = attention(q, k, v, self.use_attn_mask, self.dropout_p, self.training, self.mask)
         out = out.transpose(1, 2).contiguous().view(bsz, seq_len, -1)
         return self.resid_dropout(self.wo(out))
 
@@ -179,10 +199,13 @@ class Transformer(nn.Module):
 
     def forward(self, tokens):
         _bsz, seq_len = tokens.size()
+        doc = getattr(self, "doc_start", None)
         h = self.tok_embeddings(tokens)
-        h = h + self.pos_embeddings(torch.arange(0, seq_len))
+        # Packed documents: positions restart at each document's start.
+        h = h + self.pos_embeddings(torch.arange(0, seq_len) if doc is None else torch.arange(0, seq_len) - doc)
         h = self.dropout(h)
         for layer in self.layers:
+            layer.attention.mask = None if doc is None else document_mask(doc, layer.attention.use_attn_mask)
             h = layer(h)
         return self.output(self.norm(h)).float()
 
@@ -199,7 +222,8 @@ def precompute_freqs_cis(dim, end, theta):
 def apply_rotary_emb(xq, xk, freqs_cis):
     xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
     xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
-    freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    # Packed documents give each sample its own positions: (batch, seq, head_dim / 2).
+    freqs_cis = freqs_cis.view(freqs_cis.shape[0] if freqs_cis.dim() == 3 else 1, xq_.shape[1], 1, xq_.shape[-1])
     xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
     xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
     return xq_out.type_as(xq), xk_out.type_as(xk)
@@ -227,6 +251,7 @@ class LlamaAttention(nn.Module):
         self.wk = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, a["dim"], bias=False)
+        self.mask = None  # packed documents' (document_mask)
 
     def forward(self, x, freqs_cis):
         bs, seqlen, _ = x.shape
@@ -240,7 +265,7 @@ class LlamaAttention(nn.Module):
             xk = xk.reshape(bs, seqlen, self.n_heads, self.head_dim)
             xv = xv[:, :, :, None, :].expand(bs, seqlen, self.n_kv_heads, n_rep, self.head_dim)
             xv = xv.reshape(bs, seqlen, self.n_heads, self.head_dim)
-        out = causal_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), 0.0, False)
+        out = causal_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), 0.0, False, self.mask)
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
 
@@ -396,8 +421,12 @@ class Llama(nn.Module):
 
     def forward(self, tokens):
         h = self.tok_embeddings(tokens)
-        freqs_cis = self.freqs_cis[0:tokens.size(1)]
+        doc = getattr(self, "doc_start", None)
+        seq = tokens.size(1)
+        # Packed documents: each token's angles by its position in its document.
+        freqs_cis = self.freqs_cis[0:seq] if doc is None else self.freqs_cis[torch.arange(seq) - doc]
         for layer in self.layers.values():
+            layer.attention.mask = None if doc is None else document_mask(doc, True)
             h = layer(h, freqs_cis)
         return self.output(self.norm(h)).float()
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import blend  # noqa: E402
 import float8  # noqa: E402
 import models  # noqa: E402
 
@@ -82,11 +83,22 @@ class Data:
         self.global_batch = cfg["train"]["global_batch"]
         self.file = None
         self.tokens = None
+        self.documents = d.get("documents")  # packed documents: {mask, eos_id, loss_on_boundary}
         if d["source"] == "file":
             self.file = read_safetensors(d["path"])
         elif d["source"] == "tokens":
-            self.tokens = torch.from_file(d["path"], dtype={"uint16": torch.uint16, "uint32": torch.uint32}[
-                d["token_dtype"]], size=os.path.getsize(d["path"]) // (2 if d["token_dtype"] == "uint16" else 4))
+            sources = d.get("sources") or [{"path": d["path"], "weight": 1.0}]
+            width = 2 if d["token_dtype"] == "uint16" else 4
+            kind = {"uint16": torch.uint16, "uint32": torch.uint32}[d["token_dtype"]]
+            self.sources = [torch.from_file(s["path"], dtype=kind, size=os.path.getsize(s["path"]) // width)
+                            for s in sources]
+            self.weights = [s["weight"] for s in sources]
+            self.ends = None
+            if self.documents and self.documents["eos_id"] < 0:
+                self.ends = [[int(e) for e in torch.from_file(s["path"] + ".docs", dtype=torch.int64,
+                                                              size=os.path.getsize(s["path"] + ".docs") // 8)]
+                             for s in sources]
+            self.tokens = self.sources[0]
 
     def sample(self, step, index):
         g = torch.Generator()
@@ -109,13 +121,36 @@ class Data:
             y = torch.randint(0, self.out_shape[-1], tuple(self.out_shape[:-1]), generator=g)
         return x, y
 
+    def windows(self, step, begin, end):
+        """Samples begin..end-1 of `step`: their token windows (seq_len + 1 ids) and, with packed
+        documents, each window's doc_start row (tools/reference/blend.py)."""
+        span = self.seq_len + 1
+        rows, starts = [], []
+        for i in range(begin, end):
+            g = (step - 1) * self.global_batch + i
+            src = blend.blend_source(self.seed, g, self.weights) if len(self.sources) > 1 else 0
+            tokens = self.sources[src]
+            at = blend.token_window(self.seed, g, len(tokens) - span + 1)
+            w = tokens[at:at + span].to(torch.int64)
+            rows.append(w)
+            if self.documents:
+                starts.append(blend.doc_start_index(self.ends[src], at, span) if self.ends is not None
+                              else blend.doc_start_eos(w.tolist(), self.documents["eos_id"]))
+        return torch.stack(rows), (torch.tensor(starts, dtype=torch.int64) if self.documents else None)
+
+    def doc_start(self, step, begin, end):
+        """The inputs' doc_start rows (packed documents), else None."""
+        if self.tokens is None or not self.documents:
+            return None
+        return self.windows(step, begin, end)[1][:, :-1]
+
     def batch(self, step, begin, end):
         if self.tokens is not None:
-            span = self.seq_len + 1
-            starts = [token_window(self.seed, (step - 1) * self.global_batch + i, len(self.tokens) - span + 1)
-                      for i in range(begin, end)]
-            w = torch.stack([self.tokens[s:s + span].to(torch.int64) for s in starts])
-            return w[:, :-1], (w[:, 1:] if self.targets == "next_tokens" else None)
+            w, starts = self.windows(step, begin, end)
+            y = w[:, 1:] if self.targets == "next_tokens" else None
+            if y is not None and starts is not None and not self.documents["loss_on_boundary"]:
+                y = y.masked_fill(starts[:, 1:] == torch.arange(1, w.size(1)), -100)
+            return w[:, :-1], y
         if self.file is not None:
             n = self.file["inputs"].shape[0]
             idx = (torch.arange(begin, end) + (step - 1) * self.global_batch) % n
@@ -172,6 +207,7 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
             for j in range(1, ev["batches"] + 1):
                 for m in range(M):
                     x, y = data.batch(j, m * mb, (m + 1) * mb)
+                    models.set_documents(model, data.doc_start(j, m * mb, (m + 1) * mb))
                     total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B).item()
         model.train()
         return total / ev["batches"]
@@ -383,6 +419,7 @@ def main():
             mixed.cast_parameters()
         for m in range(M):
             x, y = data.batch(step, m * mb, (m + 1) * mb)
+            models.set_documents(model, data.doc_start(step, m * mb, (m + 1) * mb))
             out = mixed.forward(x) if mixed else model(x)
             loss = loss_fn(t["loss"], out, y, mb, B)
             # Mixture-of-experts load-balancing losses (per sequence, summed) weigh as samples of the loss
