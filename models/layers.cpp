@@ -361,7 +361,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     // math path uses one it lacks): it keeps the scores, probabilities and dropout mask for backward.
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
     if (mask.defined()) {
-      scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+      scores = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
     } else if (causal) {
       auto mask = torch::ones({q.size(-2), k.size(-2)}, q.options().dtype(torch::kBool)).triu(1);
       scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());

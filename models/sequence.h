@@ -60,7 +60,7 @@ class SequenceSlot {
 inline torch::Tensor document_mask(const torch::Tensor& doc_start, const torch::Tensor& q, const torch::Tensor& k,
                                    bool causal) {
   auto same = doc_start.index_select(1, q).unsqueeze(2) == doc_start.index_select(1, k).unsqueeze(1);
-  if (causal) same = same.logical_and(k.unsqueeze(0) <= q.unsqueeze(1));
+  if (causal) same = same.bitwise_and(k.unsqueeze(0) <= q.unsqueeze(1));  // logical_and has no meta kernel
   return same.unsqueeze(1);
 }
 

@@ -83,7 +83,7 @@ torch::Tensor allowed_of(const torch::Tensor& doc_start, const Tile& qt, const T
   const auto o = doc_start.options();
   auto allowed = nn::document_mask(doc_start, torch::arange(qt.position, qt.position + qt.len, o),
                                    torch::arange(kt.position, kt.position + kt.len, o), pair == Pair::kPartial);
-  if (!allowed.any().item<bool>()) pair = Pair::kSkip;
+  if (!allowed.is_meta() && !allowed.any().item<bool>()) pair = Pair::kSkip;  // a dry run keeps every pair
   return allowed;
 }
 
@@ -93,7 +93,7 @@ torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, const Tile&
                      const torch::Tensor& allowed) {
   auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   if (allowed.defined()) {
-    s = s.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+    s = s.masked_fill(allowed.bitwise_not(), -std::numeric_limits<double>::infinity());
   } else if (pair == Pair::kPartial) {  // key j after query i: j - i > q.position - k.position
     auto mask = torch::ones({qt.len, kt.len}, q.options().dtype(torch::kBool)).triu(qt.position - kt.position + 1);
     s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
@@ -114,11 +114,12 @@ std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, in
 void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse,
            bool documents) {
   if (documents) {
+    // masked_fill rather than where: the dry run's meta tensors have kernels for it.
+    const double inf = std::numeric_limits<double>::infinity();
     auto top = torch::maximum(lse_i, part_lse);
-    top = torch::where(torch::isneginf(top), torch::zeros_like(top), top);
+    top = top.masked_fill(top == -inf, 0);
     auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top), sum = kept + added;
-    out_i.copy_((out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1)) /
-                torch::where(sum > 0, sum, torch::ones_like(sum)).unsqueeze(-1));
+    out_i.copy_((out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1)) / sum.masked_fill(sum == 0, 1).unsqueeze(-1));
     lse_i.copy_(top + torch::log(sum));
     return;
   }
@@ -172,11 +173,10 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
       // parts rescaled to the larger log-sum-exp.
       auto s = scores(qi, k.narrow(2, kt.offset, kt.len), qt, kt, pair, allowed);
       auto row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
-      if (allowed.defined()) row_max = torch::where(torch::isneginf(row_max), torch::zeros_like(row_max), row_max);
+      if (allowed.defined()) row_max = row_max.masked_fill(row_max == -std::numeric_limits<double>::infinity(), 0);
       auto e = torch::exp(s - row_max);
       auto sum = e.sum(-1, /*keepdim=*/true);
-      auto part = allowed.defined() ? torch::matmul(e, v.narrow(2, kt.offset, kt.len)) /
-                                          torch::where(sum > 0, sum, torch::ones_like(sum))
+      auto part = allowed.defined() ? torch::matmul(e, v.narrow(2, kt.offset, kt.len)) / sum.masked_fill(sum == 0, 1)
                                     : torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
       merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1), allowed.defined());
     }

@@ -14,6 +14,7 @@
 #include "runner/verify/golden.h"
 #include "runner/cli/plan_report.h"
 #include "runner/suggest/suggest.h"
+#include "runner/train/build.h"
 #include "runner/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -130,6 +131,8 @@ void add_cli_options(po::options_description& desc, CliOptions& o) {
       "master-addr", po::value<std::string>(&o.node.master_addr), "address of node 0 (default 127.0.0.1)")(
       "master-port", po::value<int>(&o.node.master_port), "rendezvous port on node 0 (default: a free port)")(
       "json", po::bool_switch(&o.json), "plan: print the resolved config and the plan's figures as one JSON object")(
+      "samples", po::value<int64_t>(&o.samples),
+      "plan: where the first N global samples come from (token files: source, window, documents)")(
       "ranks-per-node", po::value<int64_t>(&o.ranks_per_node), "suggest: ranks (devices) per node")(
       "nodes", po::value<int64_t>(&o.nodes), "suggest: nodes (default 1)")(
       "device-memory", po::value<std::string>(&o.device_memory), "suggest: memory per rank (80GB, 512MiB)")(
@@ -162,6 +165,8 @@ void check_combinations(const CliOptions& o) {
                     ": use pt (a safetensors file) or hf (a Hugging Face Llama or Mixtral folder)");
   }
   if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
+  if (o.samples && o.command != Command::kPlan) throw UserError("--samples belongs to composer plan; see composer --help");
+  if (o.samples < 0) throw UserError("--samples " + std::to_string(o.samples) + ": give a count of samples (at least 1)");
   const bool suggesting = o.command == Command::kSuggest;
   if (suggesting && o.ranks_per_node < 1) {
     throw UserError("composer suggest needs --ranks-per-node N (the ranks, or devices, of one node); see composer --help");
@@ -218,9 +223,12 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
   switch (o.command) {
     case Command::kPlan:
       if (o.json) {
-        std::cout << plan_json(c, p).dump(2) << "\n";
+        nlohmann::json j = plan_json(c, p);
+        if (o.samples > 0) j["samples"] = preview_samples(c, o.samples);
+        std::cout << j.dump(2) << "\n";
       } else {
         print_plan(std::cout, c, p);
+        if (o.samples > 0) print_samples(std::cout, preview_samples(c, o.samples));
       }
       return 0;
     case Command::kRun: {

@@ -28,6 +28,7 @@ struct CliOptions {
   std::vector<std::string> argv;  // the invocation, to start ranks with
   std::string command_line;       // the whole invocation, for golden headers
   bool json = false;              // --json (plan): one JSON object for tools
+  int64_t samples = 0;            // --samples N (plan): where the first N global samples come from
   // suggest: the world searched and the rates it is priced at (0: the defaults, see composer --help)
   int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
   std::string device_memory;

@@ -175,4 +175,15 @@ nlohmann::json plan_json(const ExperimentConfig& c, const Plan& p) {
   return j;
 }
 
+void print_samples(std::ostream& os, const nlohmann::json& samples) {
+  os << "samples (global index: step, source, window start, documents the inputs meet):\n";
+  for (const auto& w : samples) {
+    os << "  " << w["index"].get<int64_t>() << ": step " << w["step"].get<int64_t>() << ", source "
+       << w["source"].get<int64_t>() << " (" << w["path"].get<std::string>() << "), tokens from "
+       << w["start"].get<int64_t>();
+    if (w.contains("documents")) os << ", " << w["documents"].get<int64_t>() << " document(s)";
+    os << "\n";
+  }
+}
+
 }  // namespace composer

@@ -13,6 +13,9 @@ namespace composer {
 
 void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p);
 
+// composer plan --samples: one line per sample of preview_samples' list.
+void print_samples(std::ostream& os, const nlohmann::json& samples);
+
 // {"config": the resolved config, "config_hash", "summary", "warnings",
 //  "placements": [{name, shape, placement, gradient}], "ranks": [{rank,
 //  params, grads, optimizer, buffers, activations, data, peak, comm}]}.

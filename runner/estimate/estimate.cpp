@@ -27,6 +27,7 @@ Batch meta_batch(const DataPlan& p, int64_t n) {
   Batch b;
   if (p.targets == TargetKind::kNextTokens || p.inputs == InputKind::kTokens) {
     b.inputs = torch::empty({n, p.seq_len}, meta.dtype(torch::kLong));
+    if (p.documents) b.doc_start = torch::empty({n, p.seq_len}, meta.dtype(torch::kLong));
   } else {
     b.inputs = torch::empty({n, p.input.features}, meta.dtype(p.dtype));
   }

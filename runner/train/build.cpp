@@ -108,20 +108,37 @@ void check_folders(const ExperimentConfig& c, const std::string& out_dir) {
   if (!why.empty()) throw UserError("--out " + out_dir + " " + why + "; give --out a folder composer can create or write into");
 }
 
+// The data plan from a shape-only build: names and shapes, no values, no random draws.
+DataPlan shape_data_plan(const ExperimentConfig& c) {
+  nn::ShapeOnly shapes;
+  models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+  naming_config_key(weights_ref(c.model), [&] {
+    if (auto source = WeightSource::open(c.model)) source->match(*model);
+  });
+  model->to(scalar_type_of(c.train.dtype));
+  return plan_data(c, *model);
+}
+
 }  // namespace
+
+nlohmann::json preview_samples(const ExperimentConfig& c, int64_t n) {
+  const auto data = make_dataset(c, shape_data_plan(c));
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t g = 0; g < n; ++g) {
+    nlohmann::json w = data->where(g);
+    if (w.is_null()) {
+      throw UserError("--samples shows where token-file samples come from; data.source " +
+                      std::string(name_of(c.data.source)) + " draws each sample from (seed, step, index)");
+    }
+    w["step"] = g / c.train.global_batch + 1;
+    out.push_back(std::move(w));
+  }
+  return out;
+}
 
 void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume) {
   check_folders(c, out_dir);
-  DataPlan data;
-  {
-    nn::ShapeOnly shapes;  // names and shapes: no values, no random draws
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-    naming_config_key(weights_ref(c.model), [&] {
-      if (auto source = WeightSource::open(c.model)) source->match(*model);
-    });
-    model->to(scalar_type_of(c.train.dtype));
-    data = plan_data(c, *model);
-  }
+  const DataPlan data = shape_data_plan(c);
   make_dataset(c, data)->check_all();  // opens the data files, checks their sizes, dtypes and values
   if (c.eval.every > 0) make_dataset(eval_data_config(c), data)->check_all();
   if (!resume) return;
@@ -196,6 +213,10 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
   out.dataset = make_dataset(c, out.data);
   if (c.eval.every > 0) out.eval_dataset = make_dataset(eval_data_config(c), out.data);
+  if (rank.is_main()) {  // a blend: how many samples each source gives this run
+    const std::string blend = out.dataset->describe(1, c.train.steps);
+    if (!blend.empty()) std::cout << rank.log_prefix << blend << std::endl;
+  }
   DataSet* data = out.dataset.get();
   const int64_t mb = plan.local_microbatch;
   out.par = apply_plan(model, c, plan, rank, [data, mb] { return data->batch(1, 0, mb).inputs; });

@@ -27,6 +27,12 @@ models::ModelPtr build_model(const ExperimentConfig& c);
 // errors training would.
 void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume);
 
+// Where the run's first `n` global samples come from (composer plan --samples):
+// each one's step, index, source, path, window start and, with packed
+// documents, how many documents its inputs meet. UserError for data drawn
+// from the seed.
+nlohmann::json preview_samples(const ExperimentConfig& c, int64_t n);
+
 // The intra-op threads of each rank: train.threads, or the cores shared
 // equally by the machine's local ranks.
 int rank_threads(const TrainConfig& t, int64_t local_ranks);

@@ -91,6 +91,7 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
                                                   " exceeds the model's max_seq_len " +
                                                   std::to_string(p.input.max_seq_len));
   }
+  p.documents = c.data.documents.active();
   p.targets = c.data.targets == TargetKind::kAuto ? default_targets(c.train.loss.name, p.input.tokens)
                                                   : c.data.targets;
   check_targets(c, p);

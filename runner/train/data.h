@@ -22,6 +22,7 @@ struct DataPlan {
   models::InputSpec input;             // what the model consumes
   std::vector<int64_t> output_shape;   // per-sample model output shape
   torch::ScalarType dtype = torch::kFloat;
+  bool documents = false;              // packed documents: batches carry doc_start
 };
 
 struct Batch {
@@ -49,6 +50,10 @@ class DataSet {
   // A line for the log about what the run will read, "" for nothing: a
   // blend's samples per source over steps [first, last].
   virtual std::string describe(int64_t /*first*/, int64_t /*last*/) const { return ""; }
+  // Where global sample `global_index` comes from, for `composer plan
+  // --samples`: a token file's {source, path, start, documents}; null for
+  // data drawn from the seed.
+  virtual nlohmann::json where(int64_t /*global_index*/) const { return nullptr; }
 };
 
 // data.<key> of `c`'s file, for errors about the data section.

@@ -272,6 +272,26 @@ class TokenFileData : public DataSet {
     return out.str();
   }
 
+  nlohmann::json where(int64_t g) const override {
+    const size_t i = source_of(g);
+    const TokenFile& f = *files_[i];
+    const int64_t span = seq_len_ + 1, start = static_cast<int64_t>(token_window(seed_, g, f.size() - span + 1));
+    nlohmann::json out = {{"index", g}, {"source", i}, {"path", f.path()}, {"start", start}};
+    if (docs_.active()) {  // the documents the inputs meet
+      std::vector<int64_t> window(span), starts(span);
+      for (int64_t k = 0; k < span; ++k) window[k] = f.token(start + k);
+      if (docs_.eos_id >= 0) {
+        doc_start_by_eos(window.data(), span, docs_.eos_id, starts.data());
+      } else {
+        f.doc_start(start, span, starts.data());
+      }
+      int64_t documents = 0;
+      for (int64_t k = 0; k < seq_len_; ++k) documents += starts[k] == k ? 1 : 0;
+      out["documents"] = documents;
+    }
+    return out;
+  }
+
   Batch batch(int64_t step, int64_t begin, int64_t end) const override {
     const int64_t n = end - begin, span = seq_len_ + 1;
     auto window = torch::empty({n, span}, torch::kLong);
