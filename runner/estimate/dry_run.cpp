@@ -87,6 +87,7 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
                   *optimizer,
                   [&](int64_t, int64_t begin, int64_t end) { return meta_batch(data, end - begin); },
                   (par.dp ? par.dp->rank : 0) * plan.local_batch,
+                  {},
                   static_cast<double>(plan.dp_size),
                   kNoDelays};
   const int64_t before = count.live(), buffers_before = par.buffer_bytes();

@@ -154,6 +154,7 @@ nlohmann::json metrics_line(const StepRecord& r) {
                       {"forward_ms", r.forward_ms},
                       {"backward_ms", r.backward_ms},
                       {"optimizer_ms", r.optimizer_ms},
+                      {"data_wait_ms", r.data_wait_ms},
                       {"samples_per_s", r.samples_per_s},
                       {"peak_rss_mb", r.peak_rss_mb}};
   add_optional(j, r);

@@ -24,6 +24,7 @@ struct StepRecord {
   double forward_ms = 0;                  // of step_ms: forward and loss (all microbatches)
   double backward_ms = 0;                 // backward, gradient communication included
   double optimizer_ms = 0;                // gradient norm, clipping and the optimizer step
+  double data_wait_ms = 0;                // of step_ms: waiting for the step's samples (read ahead in the background)
   double pipeline_bubble = -1;            // idle fraction over the pipeline ranks this step; -1 without a pipeline
   double pipeline_bubble_formula = -1;    // the schedule's bubble with unit-cost actions
   std::vector<double> microbatch_losses;  // pipeline: each microbatch's loss (summed over dp ranks)

@@ -1,5 +1,8 @@
 #include "runner/train/data.h"
 
+#include <chrono>
+#include <future>
+
 namespace composer {
 
 SourceRef data_ref(const ExperimentConfig& c, const std::string& key) {
@@ -108,6 +111,57 @@ DataPlan plan_data(const ExperimentConfig& c, models::Model& model) {
   model.train(training);
   p.output_shape = out.sizes().slice(1).vec();
   return p;
+}
+
+// The read in flight: its step and result.
+struct Prefetcher::Ahead {
+  int64_t step = 0;
+  std::future<Batch> batch;
+};
+
+Prefetcher::Prefetcher(const DataSet& data, int64_t begin, int64_t end, int64_t last_step)
+    : data_(data), begin_(begin), end_(end), last_step_(last_step) {}
+
+Prefetcher::~Prefetcher() {
+  if (ahead_ && ahead_->batch.valid()) ahead_->batch.wait();  // its error, if any, dies with it
+}
+
+Batch Prefetcher::batch(int64_t step, int64_t begin, int64_t end) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Batch out;
+  if (begin < begin_ || end > end_) {
+    out = data_.batch(step, begin, end);
+  } else {
+    if (current_step_ != step) {
+      if (ahead_ && ahead_->step == step) {
+        current_ = ahead_->batch.get();  // rethrows the read's error here
+      } else {
+        if (ahead_ && ahead_->batch.valid()) ahead_->batch.wait();
+        current_ = data_.batch(step, begin_, end_);
+      }
+      ahead_.reset();
+      current_step_ = step;
+      if (step < last_step_) {
+        ahead_ = std::make_unique<Ahead>();
+        ahead_->step = step + 1;
+        const DataSet* data = &data_;
+        const int64_t b = begin_, e = end_;
+        ahead_->batch = std::async(std::launch::async, [data, step, b, e] { return data->batch(step + 1, b, e); });
+      }
+    }
+    auto part = [&](const torch::Tensor& t) {
+      return t.defined() && t.dim() > 0 ? t.narrow(0, begin - begin_, end - begin) : t;
+    };
+    out = {part(current_.inputs), part(current_.targets), part(current_.doc_start)};
+  }
+  wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+double Prefetcher::take_wait_ms() {
+  const double w = wait_ms_;
+  wait_ms_ = 0;
+  return w;
 }
 
 }  // namespace composer

@@ -59,6 +59,33 @@ class DataSet {
 // data.<key> of `c`'s file, for errors about the data section.
 SourceRef data_ref(const ExperimentConfig& c, const std::string& key);
 
+// Reads a rank's samples of the next step on a background thread while this
+// step trains: each rank reads the same range [begin, end) of every global
+// batch (its data-parallel share; its microbatches are slices of it). A
+// request outside the range, or for a step not read ahead, is read on the
+// calling thread. Slices equal what the data set gives for them, bit for bit.
+class Prefetcher {
+ public:
+  Prefetcher(const DataSet& data, int64_t begin, int64_t end, int64_t last_step);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  // Samples [begin, end) of `step`; the first request of a step starts the
+  // next step's read.
+  Batch batch(int64_t step, int64_t begin, int64_t end);
+  // The time batch() spent since the last call, in ms: the step's data wait.
+  double take_wait_ms();
+
+ private:
+  struct Ahead;
+  const DataSet& data_;
+  int64_t begin_, end_, last_step_;
+  std::unique_ptr<Ahead> ahead_;
+  Batch current_;
+  int64_t current_step_ = 0;
+  double wait_ms_ = 0;
+};
+
 // The per-sample generator seed: splitmix64 over (seed, step, index), 63 bits.
 uint64_t sample_seed(uint64_t seed, int64_t step, int64_t index);
 

@@ -363,6 +363,7 @@ void run_step(StepState& s, StepRecord& r) {
   parallel::Parallel& par = s.par;
   for (auto& p : s.params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none=True)
   const double local_loss = par.pipe ? pipelined(s, r) : accumulated(s, r);
+  if (s.data_wait_ms) r.data_wait_ms = s.data_wait_ms();
   auto phase = Clock::now();
   par.finish_grad_sync();
   r.backward_ms += ms_since(phase);

@@ -44,6 +44,7 @@ struct StepState {
   torch::optim::Optimizer& optimizer;
   std::function<Batch(int64_t step, int64_t begin, int64_t end)> batch;
   int64_t batch_begin = 0;
+  std::function<double()> data_wait_ms;  // the time the step waited for its batches (the loader's)
   double grad_scale = 1.0;
   const parallel::Delays& delays;
   int64_t skipped_in_a_row = 0;  // steps whose update train.on_nonfinite: skip left out, up to the last

@@ -138,15 +138,18 @@ StepState step_state(const Loop& l, const parallel::Delays& delays) {
   const c10::Device device = rank.device;
   DataSet* dataset = l.rm.dataset.get();
   const bool drop_documents = l.c.debug.inject == Inject::kNoDocumentMask;
-  auto batch = [dataset, device, drop_documents](int64_t step, int64_t begin, int64_t end) {
-    Batch b = dataset->batch(step, begin, end);
+  // This rank's share of every global batch, read a step ahead.
+  const int64_t begin = dp_rank * l.plan.local_batch + inject.data_shift;
+  auto ahead = std::make_shared<Prefetcher>(*dataset, begin, begin + l.plan.local_batch, l.c.train.steps);
+  auto batch = [ahead, device, drop_documents](int64_t step, int64_t first, int64_t end) {
+    Batch b = ahead->batch(step, first, end);
     if (drop_documents) b.doc_start = torch::Tensor();
     return on_device(std::move(b), device);
   };
   // The fields in StepState's order, not as a table.
   // clang-format off
-  return StepState{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer, batch,
-                   dp_rank * l.plan.local_batch + inject.data_shift, grad_scale, delays};
+  return StepState{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer, batch, begin,
+                   [ahead] { return ahead->take_wait_ms(); }, grad_scale, delays};
   // clang-format on
 }
 
