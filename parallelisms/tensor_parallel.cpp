@@ -309,7 +309,7 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
 
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor logits, torch::Tensor targets, int64_t group,
-                               int64_t vocab) {
+                               int64_t vocab, bool sum_kept) {
     Group& g = *reinterpret_cast<Group*>(group);
     const auto sizes = chunk_sizes(vocab, g.size);
     const int64_t start = offset_of(sizes, g.rank);
@@ -329,6 +329,11 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     all_reduce(g, both);
     sum = both[0];
     picked = both[1];
+    if (sum_kept) {  // the sum over the rows whose target is not -100 (ignored)
+      auto keep = (targets != -100).to(logits.scalar_type());
+      ctx->save_for_backward({exp / sum.unsqueeze(1), local, mine, keep});
+      return ((sum.log() - picked) * keep).sum();
+    }
     ctx->save_for_backward({exp / sum.unsqueeze(1), local, mine});
     return (sum.log() - picked).mean();
   }
@@ -339,16 +344,20 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     if (grad.size(1)) {
       grad.scatter_add_(1, local.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
     }
-    grad.mul_(grads[0] / static_cast<double>(std::max<int64_t>(1, grad.size(0))));
-    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (saved.size() == 4) {
+      grad.mul_(saved[3].unsqueeze(1) * grads[0]);
+    } else {
+      grad.mul_(grads[0] / static_cast<double>(std::max<int64_t>(1, grad.size(0))));
+    }
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
-                                           const torch::Tensor& targets) {
-  return VocabParallelCrossEntropyFn::apply(logits, targets, reinterpret_cast<int64_t>(v.group), v.vocab);
+                                           const torch::Tensor& targets, bool sum_kept) {
+  return VocabParallelCrossEntropyFn::apply(logits, targets, reinterpret_cast<int64_t>(v.group), v.vocab, sum_kept);
 }
 
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {

@@ -115,8 +115,10 @@ class TensorParallel {
 // and the sum of exponentials are all-reduced over the group, and the target's
 // logit comes from the rank that holds it, so no rank holds whole logits. Its
 // gradient is the local softmax minus the one-hot, with no communication.
+// With `sum_kept`, the sum over the rows whose target is not -100 (ignored)
+// instead of the mean over all rows.
 torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
-                                           const torch::Tensor& targets);
+                                           const torch::Tensor& targets, bool sum_kept = false);
 
 // Shards the modules of `roots` (the model, or this rank's pipeline stages)
 // that the plan's rules select.

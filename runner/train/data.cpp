@@ -152,7 +152,7 @@ Batch Prefetcher::batch(int64_t step, int64_t begin, int64_t end) {
     auto part = [&](const torch::Tensor& t) {
       return t.defined() && t.dim() > 0 ? t.narrow(0, begin - begin_, end - begin) : t;
     };
-    out = {part(current_.inputs), part(current_.targets), part(current_.doc_start)};
+    out = {part(current_.inputs), part(current_.targets), part(current_.doc_start), current_.loss_tokens};
   }
   wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;

@@ -33,6 +33,10 @@ struct Batch {
   // undefined otherwise. Never sliced by context parallelism: attention
   // needs the whole sequence's.
   torch::Tensor doc_start;
+  // Packed documents without loss_on_boundary: targets that begin a document
+  // are -100 (ignored), and this is the count of the others in the step's
+  // whole global batch, the loss's divisor on every rank. 0 otherwise.
+  double loss_tokens = 0;
 };
 
 // Decides inputs/targets for `model` and `loss`; `model` is run on one sample

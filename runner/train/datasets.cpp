@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
 
 #include "runner/base/safetensors.h"
@@ -272,19 +273,45 @@ class TokenFileData : public DataSet {
     return out.str();
   }
 
+  // Sample g's window start in its file and (packed documents) its doc_start row over the whole span.
+  int64_t window_of(int64_t g, std::vector<int64_t>* starts) const {
+    const TokenFile& f = *files_[source_of(g)];
+    const int64_t span = seq_len_ + 1, start = static_cast<int64_t>(token_window(seed_, g, f.size() - span + 1));
+    if (!starts) return start;
+    starts->resize(span);
+    if (docs_.eos_id >= 0) {
+      std::vector<int64_t> window(span);
+      for (int64_t k = 0; k < span; ++k) window[k] = f.token(start + k);
+      doc_start_by_eos(window.data(), span, docs_.eos_id, starts->data());
+    } else {
+      f.doc_start(start, span, starts->data());
+    }
+    return start;
+  }
+
+  // The targets of `step`'s global batch that begin no document: the loss's divisor without
+  // loss_on_boundary. Kept for the last step asked (the loader's thread and this one ask).
+  double loss_tokens(int64_t step) const {
+    std::lock_guard<std::mutex> lock(counted_mutex_);
+    if (counted_step_ == step) return counted_;
+    int64_t n = 0;
+    std::vector<int64_t> starts;
+    for (int64_t g = (step - 1) * global_batch_; g < step * global_batch_; ++g) {
+      window_of(g, &starts);
+      for (int64_t k = 1; k <= seq_len_; ++k) n += starts[k] == k ? 0 : 1;
+    }
+    counted_step_ = step;
+    counted_ = static_cast<double>(n);
+    return counted_;
+  }
+
   nlohmann::json where(int64_t g) const override {
     const size_t i = source_of(g);
     const TokenFile& f = *files_[i];
-    const int64_t span = seq_len_ + 1, start = static_cast<int64_t>(token_window(seed_, g, f.size() - span + 1));
+    std::vector<int64_t> starts;
+    const int64_t start = window_of(g, docs_.active() ? &starts : nullptr);
     nlohmann::json out = {{"index", g}, {"source", i}, {"path", f.path()}, {"start", start}};
     if (docs_.active()) {  // the documents the inputs meet
-      std::vector<int64_t> window(span), starts(span);
-      for (int64_t k = 0; k < span; ++k) window[k] = f.token(start + k);
-      if (docs_.eos_id >= 0) {
-        doc_start_by_eos(window.data(), span, docs_.eos_id, starts.data());
-      } else {
-        f.doc_start(start, span, starts.data());
-      }
       int64_t documents = 0;
       for (int64_t k = 0; k < seq_len_; ++k) documents += starts[k] == k ? 1 : 0;
       out["documents"] = documents;
@@ -328,6 +355,7 @@ class TokenFileData : public DataSet {
         auto next = starts.slice(1, 1, span);
         auto begins = next == torch::arange(1, span, torch::kLong).unsqueeze(0);
         b.targets.masked_fill_(begins, -100);
+        b.loss_tokens = loss_tokens(step);
       }
     }
     return b;
@@ -343,6 +371,9 @@ class TokenFileData : public DataSet {
   bool next_tokens_ = true;
   std::vector<std::unique_ptr<TokenFile>> files_;
   std::vector<double> weights_, cumulative_;
+  mutable std::mutex counted_mutex_;
+  mutable int64_t counted_step_ = 0;
+  mutable double counted_ = 0;
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 namespace composer {
 
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
-                           int64_t n, int64_t global, const parallel::VocabParallel& vocab) {
+                           int64_t n, int64_t global, const parallel::VocabParallel& vocab, double loss_tokens) {
   // Reduced-precision outputs are promoted so the loss itself is float32.
   const bool reduced = output.scalar_type() == torch::kBFloat16 || output.scalar_type() == torch::kHalf;
   auto y = reduced ? output.to(torch::kFloat) : output;
@@ -23,6 +23,16 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
     case LossKind::kMean: l = y.mean(); break;
     case LossKind::kMse: l = torch::mse_loss(y, targets.to(y.scalar_type())); break;
     case LossKind::kCrossEntropy:
+      if (loss_tokens > 0) {
+        const auto logits = y.reshape({-1, y.size(-1)});
+        l = (vocab.group ? parallel::vocab_parallel_cross_entropy(vocab, logits, targets.reshape({-1}), true)
+                         : torch::nn::functional::cross_entropy(
+                               logits, targets.reshape({-1}),
+                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100))) /
+            loss_tokens;
+        mean_type = false;
+        break;
+      }
       l = vocab.group ? parallel::vocab_parallel_cross_entropy(vocab, y.reshape({-1, y.size(-1)}), targets.reshape({-1}))
                       : torch::cross_entropy_loss(y.reshape({-1, y.size(-1)}), targets.reshape({-1}));
       break;

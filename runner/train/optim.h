@@ -18,8 +18,12 @@ namespace composer {
 // samples, weighted so that the microbatch losses add up to the global-batch
 // loss: mean-type losses by n/global, sum-type losses by 1; times loss.scale.
 // With `vocab` (loss parallel), cross entropy takes logits sharded over it.
+// With `loss_tokens` > 0 (packed documents without loss_on_boundary), cross
+// entropy is the sum over the targets that are not -100 divided by
+// loss_tokens, the global batch's count of them.
 torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, const torch::Tensor& targets,
-                           int64_t n, int64_t global, const parallel::VocabParallel& vocab = {});
+                           int64_t n, int64_t global, const parallel::VocabParallel& vocab = {},
+                           double loss_tokens = 0);
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params);
 

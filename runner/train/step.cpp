@@ -180,12 +180,16 @@ void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
 }
 
 // This rank's part of a batch: under context parallelism, its slice of every
-// sequence in the token ids and in targets given per token.
+// sequence in the token ids and in targets given per token. A loss divided by
+// the global batch's token count (loss_tokens) is then divided by 1/cp of it:
+// averaged over the cp ranks (their gradients and the logged loss), the
+// slices' sums add up.
 Batch local_part(const parallel::Parallel& par, Batch b) {
   if (!par.cp) return b;
   const bool per_token = b.targets.defined() && b.targets.dim() >= 2 && b.targets.size(1) == b.inputs.size(1);
   b.inputs = par.sequence_slice(b.inputs);
   if (per_token) b.targets = par.sequence_slice(b.targets);
+  b.loss_tokens /= par.cp->group().size;
   return b;
 }
 
@@ -211,7 +215,8 @@ struct Microbatches {
   torch::Tensor doc_start(int mb) const { return b.doc_start.defined() ? b.doc_start.narrow(0, mb * k, k) : b.doc_start; }
   torch::Tensor loss_of(int mb, const torch::Tensor& out) const {
     const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
-    auto l = compute_loss(loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets, k, global_batch, vocab);
+    auto l = compute_loss(loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets, k, global_batch, vocab,
+                          b.loss_tokens);
     if (after_loss) after_loss();
     return l;
   }
@@ -325,7 +330,7 @@ double accumulated(StepState& s, StepRecord& r) {
     Batch b = local_part(par, s.batch(r.step, begin, begin + mb));
     set_documents(s.model, b.doc_start);  // until this microbatch's backward (recomputation) is done
     auto phase = Clock::now();
-    auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab);
+    auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab, b.loss_tokens);
     r.forward_ms += ms_since(phase);
     s.delays.at(parallel::DelayPoint::kAfterLoss);
     phase = Clock::now();
@@ -418,7 +423,8 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
       for (int64_t m = 0; m < t.microbatches; ++m) {
         const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));
         set_documents(s.model, b.doc_start);
-        share += value_of(compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab));
+        share += value_of(
+            compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab, b.loss_tokens));
       }
     }
     par.reshard();

@@ -144,6 +144,14 @@ class Data:
             return None
         return self.windows(step, begin, end)[1][:, :-1]
 
+    def loss_tokens(self, step):
+        """Packed documents without loss_on_boundary: the count of `step`'s global batch's targets that
+        begin no document (the loss's divisor), else None."""
+        if self.tokens is None or not self.documents or self.documents["loss_on_boundary"]:
+            return None
+        y = self.batch(step, 0, self.global_batch)[1]
+        return float((y != -100).sum())
+
     def batch(self, step, begin, end):
         if self.tokens is not None:
             w, starts = self.windows(step, begin, end)
@@ -167,9 +175,14 @@ class Data:
         return torch.stack(xs), (None if ys[0] is None else torch.stack(ys))
 
 
-def loss_fn(cfg, out, target, n, global_batch):
+def loss_fn(cfg, out, target, n, global_batch, tokens=None):
+    """The microbatch's share of the global-batch loss; with `tokens` (packed documents without
+    loss_on_boundary) cross entropy summed over the targets that are not -100, divided by `tokens`, the
+    global batch's count of them."""
     name, scale = cfg["name"], cfg["scale"]
     y = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+    if tokens is not None and name == "cross_entropy":
+        return F.cross_entropy(y.reshape(-1, y.size(-1)), target.reshape(-1), reduction="sum") / tokens * scale
     if name == "sum":
         return y.sum() * scale
     if name == "mean":
@@ -208,7 +221,7 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
                 for m in range(M):
                     x, y = data.batch(j, m * mb, (m + 1) * mb)
                     models.set_documents(model, data.doc_start(j, m * mb, (m + 1) * mb))
-                    total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B).item()
+                    total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B, data.loss_tokens(j)).item()
         model.train()
         return total / ev["batches"]
     return evaluate
@@ -421,7 +434,7 @@ def main():
             x, y = data.batch(step, m * mb, (m + 1) * mb)
             models.set_documents(model, data.doc_start(step, m * mb, (m + 1) * mb))
             out = mixed.forward(x) if mixed else model(x)
-            loss = loss_fn(t["loss"], out, y, mb, B)
+            loss = loss_fn(t["loss"], out, y, mb, B, data.loss_tokens(step))
             # Mixture-of-experts load-balancing losses (per sequence, summed) weigh as samples of the loss
             # do; they join backward only, as composer's do (the logged loss is the model's).
             aux = sum(m.take_aux() for m in model.modules() if isinstance(m, models.LlamaMoE))
