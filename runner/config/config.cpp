@@ -323,6 +323,18 @@ EvalConfig read_eval(YamlMap& root, const DataConfig& train_data) {
   require_non_negative(m.ref("every"), static_cast<double>(c.every), "every");
   m.get("batches", c.batches);
   require_positive(m.ref("batches"), static_cast<double>(c.batches), "batches");
+  m.get("global_batch", c.global_batch);
+  m.get("seq_len", c.seq_len);
+  for (const char* key : {"global_batch", "seq_len"}) {
+    if (!m.has(key)) continue;
+    require_positive(m.ref(key), static_cast<double>(std::string(key) == "seq_len" ? c.seq_len : c.global_batch), key);
+    if (c.every == 0) {
+      throw ConfigError(m.ref(key), std::string("eval.") + key + " is read only when eval.every is set; set "
+                                                                 "eval.every: N");
+    }
+  }
+  c.global_batch_ref = m.has("global_batch") ? m.ref("global_batch") : c.ref;
+  c.seq_len_ref = m.has("seq_len") ? m.ref("seq_len") : c.ref;
   c.data = train_data;
   if (m.has("data")) {
     YamlMap d(m.node("data"), "eval.data", root.context());
@@ -346,11 +358,14 @@ EvalConfig read_eval(YamlMap& root, const DataConfig& train_data) {
       throw ConfigError(d.ref("token_dtype"), "eval.data.token_dtype is only read with source: tokens; remove it");
     }
     d.get_enum("token_dtype", c.data.token_dtype, kTokenDTypes);
-    for (const auto* key : {"inputs", "targets", "seq_len"}) {
+    for (const auto* key : {"inputs", "targets"}) {
       if (d.has(key)) {
         throw ConfigError(d.ref(key), std::string("eval.data.") + key + " is the training data's (data." + key +
-                                          "): the plan's shapes are fixed by it; remove it");
+                                          "): the model's loss is computed on them; remove it");
       }
+    }
+    if (d.has("seq_len")) {
+      throw ConfigError(d.ref("seq_len"), "eval's tokens per sample is eval.seq_len, beside eval.every; move it there");
     }
     d.finish();
     if (c.every == 0) {
@@ -523,6 +538,8 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
 ExperimentConfig eval_data_config(const ExperimentConfig& c) {
   ExperimentConfig e = c;
   e.data = c.eval.data;
+  if (c.eval.seq_len) e.data.seq_len = c.eval.seq_len;
+  if (c.eval.global_batch) e.train.global_batch = c.eval.global_batch;  // a sample's global index counts in eval batches
   e.seed = c.seed ^ 0x6576616c2d736565ull;  // eval's own samples and windows, not training's
   return e;
 }

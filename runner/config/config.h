@@ -195,7 +195,12 @@ struct EvalConfig {
   // run's seed xor a constant), so they are not training's.
   DataConfig data;
   bool has_data = false;
-  SourceRef ref;
+  // Eval's own batch geometry (0: the training's): samples per eval batch and
+  // tokens per sample. The planner checks them as it checks training's; a
+  // pipeline's stage shapes are fixed by training's, so it refuses both.
+  int64_t global_batch = 0;
+  int64_t seq_len = 0;
+  SourceRef ref, global_batch_ref, seq_len_ref;
 };
 
 // What a run records beyond metrics.jsonl.

@@ -72,6 +72,8 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                      {"keep_latest_k", c.checkpoint.keep_latest_k}, {"resume", c.checkpoint.resume},
                      {"async", c.checkpoint.async_save}};
   j["eval"] = {{"every", c.eval.every}, {"batches", c.eval.batches}};
+  if (c.eval.global_batch) j["eval"]["global_batch"] = c.eval.global_batch;
+  if (c.eval.seq_len) j["eval"]["seq_len"] = c.eval.seq_len;
   if (c.eval.has_data) {
     j["eval"]["data"] = {{"source", name_of(c.eval.data.source)}, {"path", c.eval.data.path}};
     if (c.eval.data.source == DataSource::kTokens) j["eval"]["data"]["token_dtype"] = name_of(c.eval.data.token_dtype);

@@ -508,6 +508,45 @@ std::vector<int> stage_first_ranks(const ExperimentConfig& c, const Plan& plan) 
   return ranks;
 }
 
+namespace {
+
+// Eval's own batch and sequence: the same plan must take them, which planning
+// the training with them tells (the divisibility of the batch over dp ranks
+// and microbatches, the sequence's over context and sequence parallelism).
+void plan_eval(const ExperimentConfig& c, Plan& p, int64_t world_size, const models::InputSpec& input) {
+  p.eval_local_batch = p.local_batch;
+  p.eval_local_microbatch = p.local_microbatch;
+  if (c.eval.every == 0 || (!c.eval.global_batch && !c.eval.seq_len)) return;
+  const SourceRef& ref = c.eval.global_batch ? c.eval.global_batch_ref : c.eval.seq_len_ref;
+  if (p.find<PipelineConfig>()) {
+    throw PlanError(ref, "a pipeline's stage shapes (the receives each stage allocates) are fixed by the training "
+                         "microbatch, so eval runs with training's batch and seq_len; remove eval.global_batch and "
+                         "eval.seq_len");
+  }
+  ExperimentConfig e = c;
+  e.eval = EvalConfig();
+  if (c.eval.global_batch) e.train.global_batch = c.eval.global_batch;
+  if (c.eval.seq_len) e.data.seq_len = c.eval.seq_len;
+  if (c.eval.seq_len && input.tokens && c.eval.seq_len > input.max_seq_len) {
+    throw PlanError(c.eval.seq_len_ref, "eval.seq_len " + std::to_string(c.eval.seq_len) + " exceeds the model's "
+                                        "max_seq_len " + std::to_string(input.max_seq_len));
+  }
+  if (c.eval.seq_len && !input.tokens) {
+    throw PlanError(c.eval.seq_len_ref, "eval.seq_len sets the tokens of a sample; model " + c.model.name +
+                                        " takes float features; remove it");
+  }
+  try {
+    const Plan q = make_plan(e, world_size);
+    p.eval_local_batch = q.local_batch;
+    p.eval_local_microbatch = q.local_microbatch;
+  } catch (const UserError& err) {
+    throw PlanError(ref, std::string("eval.global_batch ") + std::to_string(e.train.global_batch) + " and seq_len " +
+                             std::to_string(e.data.seq_len) + " do not fit this plan: " + err.what());
+  }
+}
+
+}  // namespace
+
 Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   check_mesh(c, world_size);
   check_order_and_dims(c);
@@ -550,6 +589,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
     }
   }
   p.summary.insert(p.summary.end(), s.summary.begin(), s.summary.end());
+  plan_eval(c, p, world_size, model->input_spec());
   return p;
 }
 

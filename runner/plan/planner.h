@@ -20,6 +20,9 @@ struct Plan {
   int64_t local_batch = 0;
   int64_t microbatches = 1;
   int64_t local_microbatch = 0;
+  // Eval's batch geometry (eval.global_batch, eval.seq_len; training's without them).
+  int64_t eval_local_batch = 0;
+  int64_t eval_local_microbatch = 0;
   // Validated, in application order, each with what the planner resolved (a
   // tensor-parallel plan's rules, a pipeline's microbatches).
   std::vector<TransformConfig> transforms;

@@ -140,7 +140,7 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
   check_folders(c, out_dir);
   const DataPlan data = shape_data_plan(c);
   make_dataset(c, data)->check_all();  // opens the data files, checks their sizes, dtypes and values
-  if (c.eval.every > 0) make_dataset(eval_data_config(c), data)->check_all();
+  if (c.eval.every > 0) make_dataset(eval_data_config(c), shape_data_plan(eval_data_config(c)))->check_all();
   if (!resume) return;
   const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
   if (!from.empty()) check_resumable(c, from);
@@ -212,7 +212,10 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   out.data = plan_data(c, model);
   if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
   out.dataset = make_dataset(c, out.data);
-  if (c.eval.every > 0) out.eval_dataset = make_dataset(eval_data_config(c), out.data);
+  if (c.eval.every > 0) {  // eval's own seq_len, when eval.seq_len gives one
+    const ExperimentConfig e = eval_data_config(c);
+    out.eval_dataset = make_dataset(e, plan_data(e, model));
+  }
   if (rank.is_main()) {  // a blend: how many samples each source gives this run
     const std::string blend = out.dataset->describe(1, c.train.steps);
     if (!blend.empty()) std::cout << rank.log_prefix << blend << std::endl;

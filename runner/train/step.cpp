@@ -407,24 +407,26 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
   const bool training = s.model.is_training();
   s.model.eval();
   if (par.fsdp) par.fsdp->set_forward_only(true);
-  const int64_t begin = (par.dp ? par.dp->rank : 0) * s.plan.local_batch;
+  // Eval's geometry (eval.global_batch and seq_len, checked by the planner; a pipeline's is training's).
+  const int64_t local_batch = s.plan.eval_local_batch, mb = s.plan.eval_local_microbatch;
+  const int64_t global_batch = s.c.eval.global_batch ? s.c.eval.global_batch : t.global_batch;
+  const int64_t begin = (par.dp ? par.dp->rank : 0) * local_batch;
   double sum = 0;
   for (int64_t j = 1; j <= batches; ++j) {
     double share = 0;
     if (par.pipe) {
-      const Batch b = local_part(par, batch(j, begin, begin + s.plan.local_batch));
-      const Microbatches m{b, s.plan.local_microbatch, t.loss, t.global_batch, par.vocab, {}};
+      const Batch b = local_part(par, batch(j, begin, begin + local_batch));
+      const Microbatches m{b, mb, t.loss, global_batch, par.vocab, {}};
       std::function<void(int)> enter;
-      if (b.doc_start.defined()) enter = [&](int mb) { set_documents(s.model, m.doc_start(mb)); };
-      share = par.pipe->evaluate([&](int mb) { return m.input(mb); },
-                                 [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, enter);
+      if (b.doc_start.defined()) enter = [&](int i) { set_documents(s.model, m.doc_start(i)); };
+      share = par.pipe->evaluate([&](int i) { return m.input(i); },
+                                 [&](int i, const torch::Tensor& out) { return m.loss_of(i, out); }, enter);
     } else {
-      const int64_t mb = s.plan.local_microbatch;
       for (int64_t m = 0; m < t.microbatches; ++m) {
         const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));
         set_documents(s.model, b.doc_start);
         share += value_of(
-            compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab, b.loss_tokens));
+            compute_loss(t.loss, s.model(b.inputs), b.targets, mb, global_batch, par.vocab, b.loss_tokens));
       }
     }
     par.reshard();

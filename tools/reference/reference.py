@@ -209,7 +209,15 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
         sys.exit("reference: eval with --param-dtype or --all-gather is not supported; drop eval from the config")
     ecfg = dict(cfg)
     ecfg["data"] = dict(cfg["data"])
-    ecfg["data"].update({k: v for k, v in ev.get("data", {}).items() if k in ("source", "path", "token_dtype")})
+    ecfg["data"].update({k: v for k, v in ev.get("data", {}).items()
+                         if k in ("source", "path", "token_dtype", "sources")})
+    if "path" in ev.get("data", {}):
+        ecfg["data"].pop("sources", None)
+    # eval.global_batch and eval.seq_len: eval's own geometry (a sample's index counts in eval batches)
+    B = ev.get("global_batch", B)
+    ecfg["train"] = dict(cfg["train"], global_batch=B)
+    if ev.get("seq_len"):
+        ecfg["data"]["seq_len"] = ev["seq_len"]
     ecfg["seed"] = cfg["seed"] ^ 0x6576616C2D736565
     data, mb = Data(ecfg, dtype), B // M
 
