@@ -27,7 +27,6 @@ import models  # noqa: E402
 GOLDEN_FORMAT = 1
 FULL_LIMIT = 1 << 20
 SAMPLES = 512
-MASK64 = (1 << 64) - 1
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ST_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16,
              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -51,23 +50,11 @@ def read_safetensors(path):
     return out
 
 
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
 def sample_seed(seed, step, index):
-    h = splitmix64(seed)
-    h = splitmix64(h ^ step)
-    h = splitmix64(h ^ index)
+    h = blend.splitmix64(seed)
+    h = blend.splitmix64(h ^ step)
+    h = blend.splitmix64(h ^ index)
     return h & 0x7FFFFFFFFFFFFFFF
-
-
-def token_window(seed, global_index, positions):
-    """Where sample `global_index` of a token-file run starts (composer's token_window)."""
-    return splitmix64(splitmix64(seed ^ 0x746F6B656E73) ^ global_index) % positions
 
 
 class Data:
