@@ -250,12 +250,10 @@ def pieces(text):
 _worker = None  # (tokenizer, eos id, numpy dtype, cut long documents), set once per process by init_worker
 
 
-def init_worker(tokenizer, eos, dtype, cut, in_pool=True):
+def init_worker(tokenizer, eos, dtype, cut):
     global _worker
-    if in_pool:  # the main process handles Ctrl-C and SIGTERM, and ends the pool
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker = (Tokenizer.from_file(tokenizer), eos, np.dtype(dtype), cut)
+
 
 
 def encode_pieces(batch, lengths, held):
@@ -362,9 +360,18 @@ def prepare(a):
     start = time.monotonic()
     pool = None
     if a.workers > 1:  # started before any input is opened, so the workers fork from a plain process
-        pool = multiprocessing.Pool(a.workers, init_worker, (a.tokenizer, eos, dtype.str, cut))
+        # The workers start with Ctrl-C ignored and SIGTERM fatal, as the kernel handles them: a
+        # Python handler could miss a SIGTERM that comes before the new process has set up (Python
+        # drops signals pending at a fork), and Pool.terminate would then wait for it forever.
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sigterm = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            pool = multiprocessing.Pool(a.workers, init_worker, (a.tokenizer, eos, dtype.str, cut))
+        finally:
+            signal.signal(signal.SIGINT, sigint)
+            signal.signal(signal.SIGTERM, sigterm)
     else:
-        init_worker(a.tokenizer, eos, dtype.str, cut, in_pool=False)
+        init_worker(a.tokenizer, eos, dtype.str, cut)
     tmp, index_tmp = out + ".tmp", index + ".tmp"
     docs = tokens = nbytes = inner = 0
     progress = Progress(start)
@@ -380,6 +387,8 @@ def prepare(a):
                 nbytes += size
                 inner += n_inner
                 progress.update(docs, tokens, nbytes)
+        if not docs:
+            raise InputError("the inputs hold no documents (only blank .jsonl lines or empty .parquet files)")
         if pool is not None:
             pool.close()
             pool.join()
@@ -430,7 +439,7 @@ def main():
     a = ap.parse_args()
     if a.workers < 1 or a.chunk_docs < 1:
         ap.error("--workers and --chunk-docs must be at least 1")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the .tmp files are removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # exits through the clean-up: no .tmp files left
     try:
         prepare(a)
     except InputError as e:
@@ -439,6 +448,10 @@ def main():
     except KeyboardInterrupt:
         print(f"{CLEAR if sys.stderr.isatty() else ''}prepare-data: interrupted; nothing written", file=sys.stderr)
         sys.exit(130)
+    except OSError as e:  # writing the outputs (a full disk, a folder without write permission)
+        print(f"{CLEAR if sys.stderr.isatty() else ''}prepare-data: {e.filename or a.out}: {e.strerror or e}; "
+              "nothing written", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
