@@ -383,8 +383,7 @@ std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan&
     return naming_config_key(c.data.path_ref, [&] { return std::make_unique<FileData>(c, plan); });
   }
   if (c.data.source == DataSource::kTokens) {
-    return naming_config_key(c.data.path_ref,
-                             [&]() -> std::unique_ptr<DataSet> { return std::make_unique<TokenFileData>(c, plan); });
+    return std::make_unique<TokenFileData>(c, plan);  // names each file's key itself
   }
   return std::make_unique<SyntheticData>(c.seed, plan);
 }
