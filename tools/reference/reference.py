@@ -198,7 +198,7 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
     ecfg["data"] = dict(cfg["data"])
     ecfg["data"].update({k: v for k, v in ev.get("data", {}).items()
                          if k in ("source", "path", "token_dtype", "sources")})
-    if "path" in ev.get("data", {}):
+    if ev.get("data", {}).get("path"):  # one held-out file: the training blend does not apply
         ecfg["data"].pop("sources", None)
     # eval.global_batch and eval.seq_len: eval's own geometry (a sample's index counts in eval batches)
     B = ev.get("global_batch", B)
