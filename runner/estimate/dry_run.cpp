@@ -66,6 +66,12 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   model->to(scalar_type_of(c.train.dtype));
   model->train();
   const DataPlan data = plan_data(c, *model);
+  if (c.data.source == DataSource::kTokens) {  // token files are read a step ahead (Prefetcher)
+    const Batch whole = meta_batch(data, plan.local_batch);
+    for (const auto* t : {&whole.inputs, &whole.targets, &whole.doc_start}) {
+      if (t->defined()) out.batch_bytes += t->numel() * static_cast<int64_t>(t->element_size());
+    }
+  }
   const int64_t mb = plan.local_microbatch;
   parallel::Parallel par = apply_plan(*model, c, plan, ctx, [&] { return meta_batch(data, mb).inputs; });
   par.derive_grad_sync();

@@ -21,6 +21,9 @@ struct DryRun {
   // Every parameter's placement on this rank, in the model's order (their groups left out): from
   // them, any rank's pieces (ShardSpec::box_at).
   std::vector<parallel::ShardSpec> specs;
+  // Token files: the bytes of the rank's share of one global batch (inputs, targets, document
+  // starts), which the loader reads a step ahead while a step runs.
+  int64_t batch_bytes = 0;
 };
 
 // A batch of `n` samples with the data plan's shapes, on the meta device.

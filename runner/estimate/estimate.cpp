@@ -197,7 +197,8 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     e.buffers = run.terms.buffers;
     e.step_peak = *std::max_element(run.step_peaks.begin(), run.step_peaks.end());
     e.activations = std::max<int64_t>(0, e.step_peak - e.params - e.optimizer - e.buffers);
-    e.data = data;
+    // The data set's tensors, and the next step's share the loader reads ahead (Prefetcher).
+    e.data = data + run.batch_bytes;
     // checkpoint.async: the host copy of the pieces a save writes lives into
     // the next steps: at most every parameter and optimizer state this rank
     // holds (a piece replicated over ranks is written, and copied, by one).

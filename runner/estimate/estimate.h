@@ -27,7 +27,7 @@ struct MemoryEstimate {
                             // (send, receive, unsharded, gradient), gradient buckets
   int64_t activations = 0;  // the rest of the step's peak: activations of the microbatches in
                             // flight, gradients as they form, collective staging, temporaries
-  int64_t data = 0;         // dataset tensors held in memory
+  int64_t data = 0;         // dataset tensors held in memory, and the next step's batch read ahead
   int64_t step_peak = 0;    // the most tensor bytes alive at once in a step (data aside)
   int64_t checkpoint_copy = 0;  // checkpoint.async: the host copy a save keeps while it writes (at most)
   CommBytes comm;           // the bytes one step's collectives move, per group and kind

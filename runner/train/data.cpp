@@ -129,7 +129,7 @@ Prefetcher::~Prefetcher() {
 Batch Prefetcher::batch(int64_t step, int64_t begin, int64_t end) {
   const auto t0 = std::chrono::steady_clock::now();
   Batch out;
-  if (begin < begin_ || end > end_) {
+  if (begin < begin_ || end > end_ || !data_.reads_ahead()) {
     out = data_.batch(step, begin, end);
   } else {
     if (current_step_ != step) {

@@ -58,16 +58,21 @@ class DataSet {
   // --samples`: a token file's {source, path, start, documents}; null for
   // data drawn from the seed.
   virtual nlohmann::json where(int64_t /*global_index*/) const { return nullptr; }
+  // Whether reading ahead on a thread pays: files to read (token files). Data
+  // drawn from the seed or held in memory is made when asked.
+  virtual bool reads_ahead() const { return false; }
 };
 
 // data.<key> of `c`'s file, for errors about the data section.
 SourceRef data_ref(const ExperimentConfig& c, const std::string& key);
 
 // Reads a rank's samples of the next step on a background thread while this
-// step trains: each rank reads the same range [begin, end) of every global
-// batch (its data-parallel share; its microbatches are slices of it). A
-// request outside the range, or for a step not read ahead, is read on the
-// calling thread. Slices equal what the data set gives for them, bit for bit.
+// step trains (for data sets that read files: DataSet::reads_ahead): each
+// rank reads the same range [begin, end) of every global batch (its
+// data-parallel share; its microbatches are slices of it). A request outside
+// the range, for a step not read ahead, or of a data set made when asked, is
+// read on the calling thread. Slices equal what the data set gives for them,
+// bit for bit.
 class Prefetcher {
  public:
   Prefetcher(const DataSet& data, int64_t begin, int64_t end, int64_t last_step);

@@ -305,6 +305,8 @@ class TokenFileData : public DataSet {
     return counted_;
   }
 
+  bool reads_ahead() const override { return true; }
+
   nlohmann::json where(int64_t g) const override {
     const size_t i = source_of(g);
     const TokenFile& f = *files_[i];
