@@ -114,16 +114,21 @@ class TokenFile {
  public:
   TokenFile(const std::string& path, int width, int64_t min_tokens, bool index) : path_(path), width_(width) {
     map_ = map(path_, bytes_);
-    if (bytes_ % width_ != 0) {
-      throw FileError(path_, "is " + std::to_string(bytes_) + " bytes, not a whole number of " +
-                                 (width_ == 2 ? "uint16" : "uint32") + " ids; check data.token_dtype");
+    try {  // a constructor that throws runs no destructor: the mapping is released here
+      if (bytes_ % width_ != 0) {
+        throw FileError(path_, "is " + std::to_string(bytes_) + " bytes, not a whole number of " +
+                                   (width_ == 2 ? "uint16" : "uint32") + " ids; check data.token_dtype");
+      }
+      tokens_ = static_cast<int64_t>(bytes_ / width_);
+      if (tokens_ < min_tokens) {
+        throw FileError(path_, "holds " + std::to_string(tokens_) + " tokens, fewer than one sample's seq_len + 1 = " +
+                                   std::to_string(min_tokens));
+      }
+      if (index) read_index();
+    } catch (...) {
+      if (map_) munmap(map_, bytes_);
+      throw;
     }
-    tokens_ = static_cast<int64_t>(bytes_ / width_);
-    if (tokens_ < min_tokens) {
-      throw FileError(path_, "holds " + std::to_string(tokens_) + " tokens, fewer than one sample's seq_len + 1 = " +
-                                 std::to_string(min_tokens));
-    }
-    if (index) read_index();
   }
   ~TokenFile() {
     if (map_) munmap(map_, bytes_);
