@@ -64,14 +64,13 @@ class Attention : public nn::Module {
     auto v = (*wv)(x).view({b, s, -1, hd_});
     torch::Tensor cos, sin;
     const torch::Tensor& docs = slot_->doc_start();
-    if (docs.defined()) {  // packed documents: each token's position in its document, (b, s)
-      auto pos = nn::positions(slot_.get(), s, docs.device()).to(cos_.device());
-      cos = cos_.index_select(0, pos.flatten()).view({b, s, -1}).to(x.device());
-      sin = sin_.index_select(0, pos.flatten()).view({b, s, -1}).to(x.device());
-    } else if (slot_->split) {  // this rank's slice of a longer sequence: the angles of its positions
-      auto pos = slot_->split->positions(s, cos_.device());
-      cos = cos_.index_select(0, pos).to(x.device());
-      sin = sin_.index_select(0, pos).to(x.device());
+    if (slot_->split || docs.defined()) {
+      // The angles of this rank's positions in a longer sequence, or of each token's position in its
+      // document ((b, s) positions: angles per sample).
+      auto pos = nn::positions(slot_.get(), s, cos_.device());
+      const std::vector<int64_t> shape = pos.dim() == 2 ? std::vector<int64_t>{b, s, -1} : std::vector<int64_t>{s, -1};
+      cos = cos_.index_select(0, pos.flatten()).view(shape).to(x.device());
+      sin = sin_.index_select(0, pos.flatten()).view(shape).to(x.device());
     } else {
       cos = cos_.slice(0, 0, s).to(x.device());
       sin = sin_.slice(0, 0, s).to(x.device());

@@ -64,10 +64,15 @@ inline torch::Tensor document_mask(const torch::Tensor& doc_start, const torch::
   return same.unsqueeze(1);
 }
 
+// The mask of whole sequences: every position against every position.
+inline torch::Tensor whole_document_mask(const torch::Tensor& doc_start, bool causal) {
+  auto all = torch::arange(doc_start.size(1), doc_start.options());
+  return document_mask(doc_start, all, all, causal);
+}
+
 inline const torch::Tensor& SequenceSlot::document_mask(bool causal) {
   if (!mask_.defined() || mask_causal_ != causal) {
-    auto all = torch::arange(doc_start_.size(1), doc_start_.options());
-    mask_ = nn::document_mask(doc_start_, all, all, causal);
+    mask_ = whole_document_mask(doc_start_, causal);
     mask_causal_ = causal;
   }
   return mask_;
@@ -80,7 +85,9 @@ inline torch::Tensor positions(const SequenceSlot* slot, int64_t local_len, cons
   auto global = slot && slot->split ? slot->split->positions(local_len, device)
                                     : torch::arange(local_len, torch::dtype(torch::kLong).device(device));
   if (!slot || !slot->doc_start().defined()) return global;
-  return global.unsqueeze(0) - slot->doc_start().index_select(1, global.to(slot->doc_start().device()));
+  const torch::Tensor& docs = slot->doc_start();
+  auto at = global.to(docs.device());
+  return (at.unsqueeze(0) - docs.index_select(1, at)).to(device);
 }
 
 }  // namespace composer::nn

@@ -97,7 +97,7 @@ class Transformer : public Model {
     // Packed documents' positions are per sample, (b, s): looked up sequence-first, so that a
     // sequence-parallel plan's split of the lookup's dim 0 is the sequence's, as for (s) positions.
     auto h = (*tok_embeddings)(tokens) +
-             (pos.dim() == 2 ? (*pos_embeddings)(pos.t().to(tokens.device())).transpose(0, 1) : (*pos_embeddings)(pos));
+             (pos.dim() == 2 ? (*pos_embeddings)(pos.t()).transpose(0, 1) : (*pos_embeddings)(pos));
     return torch::dropout(h, args_.dropout_p, is_training());
   }
   // Every attention's slot, and the positions of the embeddings.

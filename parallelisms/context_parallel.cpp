@@ -109,25 +109,16 @@ std::pair<torch::Tensor, torch::Tensor> key_value(const torch::Tensor& block, in
 
 // Adds a partial result (`part` with its log-sum-exp `part_lse`) of some query
 // rows to theirs so far: both rescaled to the larger log-sum-exp. Under
-// documents a row may have met no key yet, nor in this part (log-sum-exp
-// -inf on both sides): it stays empty.
-void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse,
-           bool documents) {
-  if (documents) {
-    // masked_fill rather than where: the dry run's meta tensors have kernels for it.
-    const double inf = std::numeric_limits<double>::infinity();
-    auto top = torch::maximum(lse_i, part_lse);
-    top = top.masked_fill(top == -inf, 0);
-    auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top), sum = kept + added;
-    out_i.copy_((out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1)) / sum.masked_fill(sum == 0, 1).unsqueeze(-1));
-    lse_i.copy_(top + torch::log(sum));
-    return;
-  }
+// packed documents a row may have met no key yet, nor in this part
+// (log-sum-exp -inf on both sides): it stays empty. (masked_fill rather than
+// where: the dry run's meta tensors have kernels for it; it changes no finite value.)
+void merge(torch::Tensor out_i, torch::Tensor lse_i, const torch::Tensor& part, const torch::Tensor& part_lse) {
   auto top = torch::maximum(lse_i, part_lse);
-  auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top);
+  top = top.masked_fill(top == -std::numeric_limits<double>::infinity(), 0);
+  auto kept = torch::exp(lse_i - top), added = torch::exp(part_lse - top), sum = kept + added;
   out_i.copy_(out_i * kept.unsqueeze(-1) + part * added.unsqueeze(-1));
-  out_i.div_((kept + added).unsqueeze(-1));
-  lse_i.copy_(top + torch::log(kept + added));
+  out_i.div_(sum.masked_fill(sum == 0, 1).unsqueeze(-1));
+  lse_i.copy_(top + torch::log(sum));
 }
 
 // On the CPU each pair of chunks goes through LibTorch's flash attention kernel
@@ -155,7 +146,7 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
         auto [part, part_lse] = at::_scaled_dot_product_flash_attention_for_cpu(
             q.narrow(2, qt.offset, qt.len), k.narrow(2, kt.offset, kt.len), v.narrow(2, kt.offset, kt.len), 0.0,
             /*is_causal=*/pair == Pair::kPartial);
-        merge(out.narrow(2, qt.offset, qt.len), lse.narrow(2, qt.offset, qt.len), part, part_lse, false);
+        merge(out.narrow(2, qt.offset, qt.len), lse.narrow(2, qt.offset, qt.len), part, part_lse);
       }
     }
     return;
@@ -173,12 +164,11 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
       // parts rescaled to the larger log-sum-exp.
       auto s = scores(qi, k.narrow(2, kt.offset, kt.len), qt, kt, pair, allowed);
       auto row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
-      if (allowed.defined()) row_max = row_max.masked_fill(row_max == -std::numeric_limits<double>::infinity(), 0);
+      row_max = row_max.masked_fill(row_max == -std::numeric_limits<double>::infinity(), 0);
       auto e = torch::exp(s - row_max);
       auto sum = e.sum(-1, /*keepdim=*/true);
-      auto part = allowed.defined() ? torch::matmul(e, v.narrow(2, kt.offset, kt.len)) / sum.masked_fill(sum == 0, 1)
-                                    : torch::matmul(e / sum, v.narrow(2, kt.offset, kt.len));
-      merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1), allowed.defined());
+      auto part = torch::matmul(e / sum.masked_fill(sum == 0, 1), v.narrow(2, kt.offset, kt.len));
+      merge(out_i, lse_i, part, (row_max + torch::log(sum)).squeeze(-1));
     }
   }
 }
@@ -356,11 +346,8 @@ torch::Tensor all_to_all_attention(const ContextParallel& cp, const torch::Tenso
     kh = kh.repeat_interleave(n_rep, 1);
     vh = vh.repeat_interleave(n_rep, 1);
   }
-  torch::Tensor mask;  // packed documents: the one-device mask of the whole sequence
-  if (docs.defined()) {
-    auto all = torch::arange(docs.size(1), docs.options());
-    mask = nn::document_mask(docs, all, all, causal);
-  }
+  // Packed documents: the one-device mask of the whole sequence.
+  const auto mask = docs.defined() ? nn::whole_document_mask(docs, causal) : torch::Tensor();
   return heads_to_sequence(g, nn::attention(qh, kh, vh, causal, 0, false, mask), concat);
 }
 

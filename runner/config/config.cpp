@@ -345,7 +345,6 @@ EvalConfig read_eval(YamlMap& root, const DataConfig& train_data) {
     d.get_enum("source", c.data.source, kSources);
     d.get("path", c.data.path);
     if (d.has("path")) c.data.path_ref = d.ref("path");
-    c.data.sources.clear();
     c.data.sources = read_token_sources(d, c.data.source == DataSource::kTokens, "eval.data");
     if (c.data.source != DataSource::kSynthetic && c.data.path.empty() && c.data.sources.empty()) {
       throw ConfigError(d.self_ref(), "eval.data.source " + std::string(name_of(c.data.source)) +

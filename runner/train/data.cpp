@@ -18,7 +18,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-
 TargetKind default_targets(LossKind loss, bool tokens) {
   switch (loss) {
     case LossKind::kSum:

@@ -278,19 +278,25 @@ class TokenFileData : public DataSet {
     return out.str();
   }
 
+  // The doc_start row of the span of `f` from `start` whose ids are `window`:
+  // by the end-of-document id, or by the file's index.
+  void starts_of(const TokenFile& f, int64_t start, const int64_t* window, int64_t* row) const {
+    if (docs_.eos_id >= 0) {
+      doc_start_by_eos(window, seq_len_ + 1, docs_.eos_id, row);
+    } else {
+      f.doc_start(start, seq_len_ + 1, row);
+    }
+  }
+
   // Sample g's window start in its file and (packed documents) its doc_start row over the whole span.
   int64_t window_of(int64_t g, std::vector<int64_t>* starts) const {
     const TokenFile& f = *files_[source_of(g)];
     const int64_t span = seq_len_ + 1, start = static_cast<int64_t>(token_window(seed_, g, f.size() - span + 1));
     if (!starts) return start;
     starts->resize(span);
-    if (docs_.eos_id >= 0) {
-      std::vector<int64_t> window(span);
-      for (int64_t k = 0; k < span; ++k) window[k] = f.token(start + k);
-      doc_start_by_eos(window.data(), span, docs_.eos_id, starts->data());
-    } else {
-      f.doc_start(start, span, starts->data());
-    }
+    std::vector<int64_t> window(span);
+    for (int64_t k = 0; k < span && docs_.eos_id >= 0; ++k) window[k] = f.token(start + k);
+    starts_of(f, start, window.data(), starts->data());
     return start;
   }
 
@@ -344,13 +350,7 @@ class TokenFileData : public DataSet {
         }
         out[i * span + k] = id;
       }
-      if (!starts.defined()) continue;
-      int64_t* row = starts.data_ptr<int64_t>() + i * span;
-      if (docs_.eos_id >= 0) {
-        doc_start_by_eos(out + i * span, span, docs_.eos_id, row);
-      } else {
-        f.doc_start(start, span, row);
-      }
+      if (starts.defined()) starts_of(f, start, out + i * span, starts.data_ptr<int64_t>() + i * span);
     }
     Batch b;
     b.inputs = window.slice(1, 0, seq_len_).contiguous();

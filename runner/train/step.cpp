@@ -211,8 +211,12 @@ struct Microbatches {
   const parallel::VocabParallel& vocab;
   std::function<void()> after_loss;
   torch::Tensor input(int mb) const { return b.inputs.narrow(0, mb * k, k); }
-  // Microbatch mb's documents, or undefined.
-  torch::Tensor doc_start(int mb) const { return b.doc_start.defined() ? b.doc_start.narrow(0, mb * k, k) : b.doc_start; }
+  // What the pipeline runs before each action of microbatch mb: `model` reads
+  // its documents (nothing without packed documents).
+  std::function<void(int)> enter(models::Model& model) const {
+    if (!b.doc_start.defined()) return {};
+    return [this, &model](int mb) { set_documents(model, b.doc_start.narrow(0, mb * k, k)); };
+  }
   torch::Tensor loss_of(int mb, const torch::Tensor& out) const {
     const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
     auto l = compute_loss(loss, out, per_sample ? b.targets.narrow(0, mb * k, k) : b.targets, k, global_batch, vocab,
@@ -231,10 +235,9 @@ double pipeline_step(parallel::Pipeline& pipe, models::Model& model, const Exper
   const auto& t = c.train;
   const Microbatches m{b, plan.local_microbatch, t.loss, t.global_batch, vocab,
                        [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
-  std::function<void(int)> enter;  // every action of microbatch mb sees its documents
-  if (b.doc_start.defined()) enter = [&](int mb) { set_documents(model, m.doc_start(mb)); };
   const double loss = pipe.run([&](int mb) { return m.input(mb); },
-                               [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, grad_scale, enter);
+                               [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, grad_scale,
+                               m.enter(model));
   set_documents(model, {});
   return loss;
 }
@@ -417,10 +420,8 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
     if (par.pipe) {
       const Batch b = local_part(par, batch(j, begin, begin + local_batch));
       const Microbatches m{b, mb, t.loss, global_batch, par.vocab, {}};
-      std::function<void(int)> enter;
-      if (b.doc_start.defined()) enter = [&](int i) { set_documents(s.model, m.doc_start(i)); };
       share = par.pipe->evaluate([&](int i) { return m.input(i); },
-                                 [&](int i, const torch::Tensor& out) { return m.loss_of(i, out); }, enter);
+                                 [&](int i, const torch::Tensor& out) { return m.loss_of(i, out); }, m.enter(s.model));
     } else {
       for (int64_t m = 0; m < t.microbatches; ++m) {
         const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));

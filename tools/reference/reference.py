@@ -213,10 +213,11 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
         total = 0.0
         with torch.no_grad():
             for j in range(1, ev["batches"] + 1):
+                tokens = data.loss_tokens(j)
                 for m in range(M):
                     x, y = data.batch(j, m * mb, (m + 1) * mb)
                     models.set_documents(model, data.doc_start(j, m * mb, (m + 1) * mb))
-                    total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B, data.loss_tokens(j)).item()
+                    total += loss_fn(cfg["train"]["loss"], model(x), y, mb, B, tokens).item()
         model.train()
         return total / ev["batches"]
     return evaluate
@@ -425,11 +426,12 @@ def main():
         total = 0.0
         if mixed:
             mixed.cast_parameters()
+        tokens = data.loss_tokens(step)  # the step's divisor without loss_on_boundary (else None)
         for m in range(M):
             x, y = data.batch(step, m * mb, (m + 1) * mb)
             models.set_documents(model, data.doc_start(step, m * mb, (m + 1) * mb))
             out = mixed.forward(x) if mixed else model(x)
-            loss = loss_fn(t["loss"], out, y, mb, B, data.loss_tokens(step))
+            loss = loss_fn(t["loss"], out, y, mb, B, tokens)
             # Mixture-of-experts load-balancing losses (per sequence, summed) weigh as samples of the loss
             # do; they join backward only, as composer's do (the logged loss is the model's).
             aux = sum(m.take_aux() for m in model.modules() if isinstance(m, models.LlamaMoE))
