@@ -56,6 +56,11 @@ int Module::add_pre_hook(PreHook hook) {
   return next_handle_++;
 }
 
+int Module::add_pre_hook_first(PreHook hook) {
+  pre_hooks_.emplace(pre_hooks_.begin(), next_handle_, std::move(hook));
+  return next_handle_++;
+}
+
 int Module::add_post_hook(PostHook hook) {
   post_hooks_.emplace_back(next_handle_, std::move(hook));
   return next_handle_++;

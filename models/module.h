@@ -38,6 +38,9 @@ class Module : public torch::nn::Module {
   bool has_forward_wrapper() const { return static_cast<bool>(wrapper_); }
 
   int add_pre_hook(PreHook hook);
+  // Runs before every pre-hook added so far (sees the input as the caller
+  // gave it, before any transform's hook changes it).
+  int add_pre_hook_first(PreHook hook);
   int add_post_hook(PostHook hook);
   void remove_hook(int handle);
 

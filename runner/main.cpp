@@ -50,7 +50,9 @@ int run(int argc, char** argv) {
                 << "holds for every plan of this config)\n";
     }
   }
+  if (options.command == Command::kDiff && !options.record_side.empty()) config = diff_side_config(options, config);
   Plan plan = make_plan(config, config.mesh.world_size());
+  if (options.command == Command::kDiff && options.record_side.empty()) return run_diff(options, config);
   std::optional<RankEnv> env = rank_env_from_environment();
   const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
   // `composer plan` of a cuda job needs no GPU here when mesh.memory_per_rank_mb gives the memory of

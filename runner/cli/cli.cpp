@@ -24,6 +24,7 @@ namespace {
 
 const char kUsage[] =
     "usage: composer [run|check|golden|plan] --config FILE [--set PATH=VALUE ...] [--out DIR] [--json]\n"
+    "       composer diff --config FILE [--step N] [--set PATH=VALUE ...] [--out DIR] [--json]\n"
     "       composer suggest --config FILE --ranks-per-node N [--nodes N] [--device-memory 80GB]\n"
     "                        [--matmul-tflops X] [--intra-gbs X] [--inter-gbs X] [--top N] [--out FILE]\n"
     "       composer export --config FILE (--checkpoint DIR | --weights FILE) --out PATH [--format pt|hf]\n"
@@ -34,6 +35,10 @@ const char kUsage[] =
     "  check   train and compare with the golden file; exit 1 on mismatch\n"
     "  golden  train on one device (a plan's config: the same experiment without parallelize and\n"
     "          mesh) and write the golden file (check.golden)\n"
+    "  diff    train the plan and the same experiment on one device to step N (default: the first step\n"
+    "          check fails, else 1), recording every module's output and input gradient and every\n"
+    "          parameter's gradient, and name the first module, microbatch and direction where they part;\n"
+    "          exit 1 on a divergence\n"
     "  plan    validate the config and summarise the plan: placements, memory and communication\n"
     "          per rank (--json: the resolved config and every figure, for tools)\n"
     "  export  write a checkpoint's or a weights file's weights as one safetensors file for PyTorch (in\n"
@@ -50,7 +55,7 @@ const char kUsage[] =
 
 const std::pair<const char*, Command> kCommands[] = {
     {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan},
-    {"export", Command::kExport}, {"suggest", Command::kSuggest}};
+    {"export", Command::kExport}, {"suggest", Command::kSuggest}, {"diff", Command::kDiff}};
 
 std::string prepare_out_dir(const CliOptions& o, const ExperimentConfig& c) {
   std::string dir = out_dir_of(o, c);
@@ -84,6 +89,13 @@ ExperimentConfig single_device_twin(const ExperimentConfig& c) {
 
 namespace {
 
+// The composer diff command for the same config and overrides.
+std::string diff_command(const CliOptions& o) {
+  std::string cmd = "composer diff --config " + o.config;
+  for (const auto& s : o.sets) cmd += " --set " + s;
+  return cmd;
+}
+
 int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
   // Fail before training when it is missing or made for another experiment.
   Golden g = read_checked_golden(c);
@@ -102,7 +114,8 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Rank
     throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es) (" +
                       std::to_string(rep.step_failures) + " in per-step losses and gradient norms, " +
                       std::to_string(rep.param_failures) +
-                      " in final parameters); first divergence: " + rep.first_failure);
+                      " in final parameters); first divergence: " + rep.first_failure +
+                      ". To see which module, microbatch and direction part first: " + diff_command(o));
   }
   std::cout << rank.log_prefix << "check passed\n";
   return 0;
@@ -141,7 +154,10 @@ void add_cli_options(po::options_description& desc, CliOptions& o) {
       "inter-gbs", po::value<double>(&o.inter_gbs), "suggest: a rank's bandwidth across nodes, GB/s")(
       "top", po::value<int64_t>(&o.top), "suggest: plans that must fit before the search stops (default 3)")(
       "max-estimates", po::value<int64_t>(&o.max_estimates), "suggest: most plans run dry (default 40)")(
-      "command", po::value<std::string>(), "run, check, golden, plan, export or suggest");
+      "step", po::value<int64_t>(&o.step), "diff: the step to compare (default: the first step check fails, else 1)")(
+      "record-side", po::value<std::string>(&o.record_side), "diff: internal (the runs diff starts)")(
+      "record-step", po::value<int64_t>(&o.record_step), "diff: internal (the runs diff starts)")(
+      "command", po::value<std::string>(), "run, check, golden, plan, diff, export or suggest");
 }
 
 // The command named by the positional argument.
@@ -149,7 +165,7 @@ Command command_named(const std::string& name) {
   for (const auto& [n, cmd] : kCommands) {
     if (name == n) return cmd;
   }
-  throw UserError("unknown command '" + name + "'; use run, check, golden, plan, export or suggest (composer --help)");
+  throw UserError("unknown command '" + name + "'; use run, check, golden, plan, diff, export or suggest (composer --help)");
 }
 
 // Options that belong together, or to one command only.
@@ -164,7 +180,17 @@ void check_combinations(const CliOptions& o) {
     throw UserError("--format " + o.format +
                     ": use pt (a safetensors file) or hf (a Hugging Face Llama or Mixtral folder)");
   }
-  if (o.json && o.command != Command::kPlan) throw UserError("--json belongs to composer plan; see composer --help");
+  const bool diffing = o.command == Command::kDiff;
+  if (o.json && o.command != Command::kPlan && !diffing) {
+    throw UserError("--json belongs to composer plan and diff; see composer --help");
+  }
+  if ((o.step || !o.record_side.empty() || o.record_step) && !diffing) {
+    throw UserError("--step belongs to composer diff; see composer --help");
+  }
+  if (o.step < 0) throw UserError("--step " + std::to_string(o.step) + ": give a step of training (1 or more)");
+  if (!o.record_side.empty() && o.record_side != "single" && o.record_side != "plan") {
+    throw UserError("--record-side " + o.record_side + ": composer diff sets it to single or plan");
+  }
   if (o.samples && o.command != Command::kPlan) throw UserError("--samples belongs to composer plan; see composer --help");
   if (o.samples < 0) throw UserError("--samples " + std::to_string(o.samples) + ": give a count of samples (at least 1)");
   const bool suggesting = o.command == Command::kSuggest;
@@ -250,6 +276,15 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
       return 0;
     }
     case Command::kCheck: return do_check(o, c, p, rank);
+    case Command::kDiff: {  // one side of a diff: train to the step, recording it
+      std::string dir = prepare_out_dir(o, c);
+      TrainResult r = train(c, p, rank, dir, /*checkpoints=*/false, RecordOptions{o.record_step, dir + "/record"});
+      if (rank.is_main()) {
+        write_golden(dir + "/golden.json",
+                     make_golden(c, r.steps, read_safetensors(dir + "/final.safetensors"), o.command_line));
+      }
+      return 0;
+    }
     case Command::kSuggest: return run_suggest(o);
     case Command::kExport: {
       ExportOptions e;

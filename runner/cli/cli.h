@@ -13,7 +13,7 @@
 
 namespace composer {
 
-enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest };
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest, kDiff };
 
 struct CliOptions {
   Command command = Command::kRun;
@@ -33,6 +33,12 @@ struct CliOptions {
   int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
   std::string device_memory;
   double matmul_tflops = 0, intra_gbs = 0, inter_gbs = 0;
+  // diff: the step to compare (0: the first step composer check fails, else
+  // 1); record_side and record_step: internal, for the runs diff starts
+  // (single: the single-device twin; plan: the plan).
+  int64_t step = 0;
+  std::string record_side;
+  int64_t record_step = 0;
   bool exit_now = false;          // --help or --version was printed
 };
 
@@ -42,6 +48,14 @@ CliOptions parse_cli(int argc, char** argv);
 // composer suggest: searches, prints the ranking and writes the best plan's
 // config (--out, default runs/<name>/suggested.yaml); runs in this process.
 int run_suggest(const CliOptions& o);
+
+// composer diff (runner/cli/diff_command.cpp): trains the plan and its
+// single-device twin to the step, each recording it, and reports where they
+// part; exit 0 on a match, 1 on a divergence. Starts its own jobs.
+int run_diff(const CliOptions& o, const ExperimentConfig& c);
+// The config a diff run trains: the single-device twin without debug's
+// faults, or the plan as given.
+ExperimentConfig diff_side_config(const CliOptions& o, const ExperimentConfig& c);
 
 // Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
 int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);

@@ -34,7 +34,9 @@ const EnumName<Inject> kInjects[] = {
     {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
     {Inject::kNanGrad, "nan_grad"},
     {Inject::kSkipCollective, "skip_collective"},
-    {Inject::kNoDocumentMask, "no_document_mask"}};
+    {Inject::kNoDocumentMask, "no_document_mask"},
+    {Inject::kModuleOutput, "module_output"},
+    {Inject::kModuleGrad, "module_grad"}};
 const EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
 const EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
 const EnumName<DataSource> kSources[] = {
@@ -458,6 +460,18 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size, bool documents) {
   if (c.inject == Inject::kSkipCollective && world_size < 2) {
     throw ConfigError(m.ref("inject"), "skip_collective leaves out a collective, which needs a mesh of at least 2 "
                                        "ranks; give mesh.shape more ranks or remove it");
+  }
+  const bool by_module = c.inject == Inject::kModuleOutput || c.inject == Inject::kModuleGrad;
+  if (m.has("inject_module")) {
+    m.get("inject_module", c.inject_module);
+    c.inject_module_ref = m.ref("inject_module");
+    if (!by_module) {
+      throw ConfigError(c.inject_module_ref, "inject_module names the module that inject: module_output or "
+                                             "module_grad perturbs; set one of them or remove inject_module");
+    }
+  } else if (by_module) {
+    throw ConfigError(m.ref("inject"), std::string(name_of(c.inject)) + " perturbs one module: name it with "
+                                           "inject_module (its FQN, e.g. layers.0.attention.wo; composer plan lists them)");
   }
   if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");

@@ -151,6 +151,8 @@ enum class Inject {
   kNanGrad,             // rank inject_rank's first gradient turns NaN at every step from inject_step on
   kSkipCollective,      // rank inject_rank leaves out its first all_reduce or reduce_scatter of step inject_step
   kNoDocumentMask,      // packed documents run together: no document mask, positions run on (data.documents)
+  kModuleOutput,        // rank inject_rank's module inject_module returns its output x 1.01 in step inject_step
+  kModuleGrad,          // ... the gradient flowing back into its input is x 1.01 in step inject_step
 };
 struct DebugConfig {
   int64_t fail_rank = -1;  // the rank that fails; -1 = none
@@ -160,7 +162,9 @@ struct DebugConfig {
   FailAt fail_at = FailAt::kStep;  // where in step fail_step it fails
   Inject inject = Inject::kNone;  // a deliberate training error; the run is wrong on purpose
   int64_t inject_step = 1;        // nan_grad: the first step it poisons; skip_collective: the step (1-based)
-  int64_t inject_rank = 0;        // nan_grad, skip_collective: the rank it happens on
+  int64_t inject_rank = 0;        // nan_grad, skip_collective, module_*: the rank it happens on
+  std::string inject_module;      // module_output, module_grad: the module's FQN ("layers.0.attention.wo")
+  SourceRef inject_module_ref;
   std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
 };
 const char* name_of(FailMode v);

@@ -93,6 +93,7 @@ nlohmann::json to_json(const ExperimentConfig& c) {
                 {"inject", name_of(c.debug.inject)},
                 {"inject_step", c.debug.inject_step},
                 {"inject_rank", c.debug.inject_rank},
+                {"inject_module", c.debug.inject_module},
                 {"delay", nlohmann::json::array()}};
   for (const auto& d : c.debug.delay) {
     j["debug"]["delay"].push_back({{"point", parallel::name_of(d.point)}, {"ms", d.ms}, {"ranks", d.ranks}});

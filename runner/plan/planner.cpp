@@ -16,6 +16,7 @@
 #include "parallelisms/parallelize.h"
 #include "parallelisms/tensor_parallel.h"
 #include "models/select.h"
+#include "runner/plan/plan_debug.h"
 #include "runner/plan/plan_fp8.h"
 #include "runner/plan/plan_mesh.h"
 
@@ -559,6 +560,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
     nn::ShapeOnly shapes;  // planning needs names and shapes, no values (and no random draws)
     model = models::find_model(c.model.name)->build(c.model.args);
   }
+  check_inject_module(c, *model);
   Planning s{c, p, *model};
   for (auto& t : p.transforms) {
     std::visit([&](auto& o) { plan_one(s, t, o); }, t.options);

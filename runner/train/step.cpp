@@ -213,9 +213,13 @@ struct Microbatches {
   torch::Tensor input(int mb) const { return b.inputs.narrow(0, mb * k, k); }
   // What the pipeline runs before each action of microbatch mb: `model` reads
   // its documents (nothing without packed documents).
-  std::function<void(int)> enter(models::Model& model) const {
-    if (!b.doc_start.defined()) return {};
-    return [this, &model](int mb) { set_documents(model, b.doc_start.narrow(0, mb * k, k)); };
+  // `on_microbatch` (composer diff's recorder) hears of each too.
+  std::function<void(int)> enter(models::Model& model, const std::function<void(int64_t)>& on_microbatch) const {
+    if (!b.doc_start.defined() && !on_microbatch) return {};
+    return [this, &model, on_microbatch](int mb) {
+      if (b.doc_start.defined()) set_documents(model, b.doc_start.narrow(0, mb * k, k));
+      if (on_microbatch) on_microbatch(mb);
+    };
   }
   torch::Tensor loss_of(int mb, const torch::Tensor& out) const {
     const bool per_sample = b.targets.defined() && b.targets.dim() > 0 && b.targets.size(0) == b.inputs.size(0);
@@ -231,13 +235,13 @@ struct Microbatches {
 // the planner). Returns the sum of the microbatch shares: the batch loss.
 double pipeline_step(parallel::Pipeline& pipe, models::Model& model, const ExperimentConfig& c, const Plan& plan,
                      const Batch& b, double grad_scale, const parallel::Delays& delays,
-                     const parallel::VocabParallel& vocab) {
+                     const parallel::VocabParallel& vocab, const std::function<void(int64_t)>& on_microbatch) {
   const auto& t = c.train;
   const Microbatches m{b, plan.local_microbatch, t.loss, t.global_batch, vocab,
                        [&delays] { delays.at(parallel::DelayPoint::kAfterLoss); }};
   const double loss = pipe.run([&](int mb) { return m.input(mb); },
                                [&](int mb, const torch::Tensor& out) { return m.loss_of(mb, out); }, grad_scale,
-                               m.enter(model));
+                               m.enter(model, on_microbatch));
   set_documents(model, {});
   return loss;
 }
@@ -312,7 +316,8 @@ double pipelined(StepState& s, StepRecord& r) {
   const auto phase = Clock::now();
   Batch b = local_part(par, s.batch(r.step, s.batch_begin, s.batch_begin + s.plan.local_batch));
   par.set_requires_sync(false);
-  const double loss = pipeline_step(*par.pipe, s.model, s.c, s.plan, b, s.grad_scale, s.delays, par.vocab);
+  const double loss = pipeline_step(*par.pipe, s.model, s.c, s.plan, b, s.grad_scale, s.delays, par.vocab,
+                                    s.on_microbatch);
   par.reshard();
   r.backward_ms = ms_since(phase);  // forward and backward interleave
   r.pipeline_bubble = pipeline_bubble(*par.pipe, par.device);
@@ -332,6 +337,7 @@ double accumulated(StepState& s, StepRecord& r) {
     const int64_t begin = s.batch_begin + m * mb;
     Batch b = local_part(par, s.batch(r.step, begin, begin + mb));
     set_documents(s.model, b.doc_start);  // until this microbatch's backward (recomputation) is done
+    if (s.on_microbatch) s.on_microbatch(m);
     auto phase = Clock::now();
     auto loss = compute_loss(t.loss, s.model(b.inputs), b.targets, mb, t.global_batch, par.vocab, b.loss_tokens);
     r.forward_ms += ms_since(phase);
@@ -375,6 +381,7 @@ void run_step(StepState& s, StepRecord& r) {
   auto phase = Clock::now();
   par.finish_grad_sync();
   r.backward_ms += ms_since(phase);
+  if (s.after_grad_sync) s.after_grad_sync();
   gather_loss(par, local_loss, r);
   s.delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
   phase = Clock::now();
@@ -421,7 +428,8 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
       const Batch b = local_part(par, batch(j, begin, begin + local_batch));
       const Microbatches m{b, mb, t.loss, global_batch, par.vocab, {}};
       share = par.pipe->evaluate([&](int i) { return m.input(i); },
-                                 [&](int i, const torch::Tensor& out) { return m.loss_of(i, out); }, m.enter(s.model));
+                                 [&](int i, const torch::Tensor& out) { return m.loss_of(i, out); },
+                                 m.enter(s.model, {}));
     } else {
       for (int64_t m = 0; m < t.microbatches; ++m) {
         const Batch b = local_part(par, batch(j, begin + m * mb, begin + (m + 1) * mb));

@@ -48,6 +48,10 @@ struct StepState {
   double grad_scale = 1.0;
   const parallel::Delays& delays;
   int64_t skipped_in_a_row = 0;  // steps whose update train.on_nonfinite: skip left out, up to the last
+  // composer diff's recorder (empty otherwise): the microbatch each forward
+  // and backward action belongs to, and the gradients once synchronised.
+  std::function<void(int64_t)> on_microbatch;
+  std::function<void()> after_grad_sync;
 };
 
 // Zeroes every group's collective counters (a step's start).

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "parallelisms/context_parallel.h"
 #include "runner/base/memory.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/export.h"
@@ -12,6 +13,7 @@
 #include "runner/train/build.h"
 #include "runner/train/experts.h"
 #include "runner/train/optim.h"
+#include "runner/train/record.h"
 #include "runner/train/step.h"
 
 namespace composer {
@@ -60,6 +62,21 @@ std::string delay_summary(const std::vector<parallel::Delay>& delays, int rank) 
   return out;
 }
 
+// Where this rank's activations lie in the step (record.h): its samples as
+// the plan means them (debug.inject's shift left out) and the factor its
+// backward runs with.
+RecordLayout record_layout(const ExperimentConfig& c, const Plan& plan, const RankModel& rm) {
+  RecordLayout out;
+  out.batch_begin = (rm.par.dp ? rm.par.dp->rank : 0) * plan.local_batch;
+  out.microbatch = plan.local_microbatch;
+  out.global_batch = c.train.global_batch;
+  out.seq_len = rm.data.inputs == InputKind::kTokens ? rm.data.seq_len : 0;
+  const auto* pipeline = plan.find<PipelineConfig>();
+  out.grad_divisor = static_cast<double>(plan.dp_size) * (pipeline ? pipeline->loss_factor : 1.0) *
+                     (rm.par.cp ? rm.par.cp->group().size : 1);
+  return out;
+}
+
 // What the loop measured, for the reports after it.
 struct LoopResult {
   std::vector<StepRecord> steps;
@@ -81,7 +98,10 @@ struct Loop {
   const std::vector<HeldParam>& held;
   std::string out_dir;
   bool checkpoints = false;
+  StepRecorder* recorder = nullptr;  // composer diff: records one step, the last one run
   int64_t first_step = 1;
+  int64_t last_step = 0;
+  std::shared_ptr<int64_t> step = std::make_shared<int64_t>(0);  // the step running (debug.inject's module faults)
   int64_t setup_live_bytes = 0;  // counted tensor bytes before the first step
 };
 
@@ -148,9 +168,48 @@ StepState step_state(const Loop& l, const parallel::Delays& delays) {
   };
   // The fields in StepState's order, not as a table.
   // clang-format off
-  return StepState{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer, batch, begin,
-                   [ahead] { return ahead->take_wait_ms(); }, grad_scale, delays};
+  StepState s{l.c, l.plan, *l.rm.model, par, l.params, l.optimizer, batch, begin,
+              [ahead] { return ahead->take_wait_ms(); }, grad_scale, delays};
   // clang-format on
+  if (StepRecorder* rec = l.recorder) {
+    s.on_microbatch = [rec](int64_t mb) { rec->set_microbatch(mb); };
+    s.after_grad_sync = [rec] { rec->after_grad_sync(); };
+  }
+  return s;
+}
+
+// debug.inject: module_output and module_grad: on rank inject_rank, in step
+// inject_step, module inject_module's output (or the gradient flowing back into
+// its input) is 1.01 times what it computed, in every microbatch.
+void install_module_fault(const Loop& l) {
+  const DebugConfig& d = l.c.debug;
+  if ((d.inject != Inject::kModuleOutput && d.inject != Inject::kModuleGrad) || l.rank.rank != d.inject_rank) return;
+  nn::Module* target = nullptr;
+  auto roots = l.rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*l.rm.model)} : l.rm.par.roots;
+  for (const auto& root : roots) {
+    for (const auto& [name, m] : root.modules) {
+      if (name == d.inject_module) target = m;
+    }
+  }
+  if (!target) {
+    throw UserError(d.inject_module_ref.where() + ": debug.inject_module: rank " + std::to_string(d.inject_rank) +
+                    " holds no module " + d.inject_module + " (a pipeline stage of another rank holds it); set "
+                    "inject_rank to a rank of that stage");
+  }
+  const auto step = l.step;
+  const int64_t at = d.inject_step;
+  if (d.inject == Inject::kModuleOutput) {
+    target->add_post_hook([step, at](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+      return *step == at && y.is_floating_point() ? y * 1.01 : y;
+    });
+  } else {
+    target->add_pre_hook_first([step, at](nn::Module&, torch::Tensor x) {
+      if (*step != at || !x.is_floating_point() || !x.requires_grad() || !torch::GradMode::is_enabled()) return x;
+      auto v = x.view_as(x);
+      v.register_hook([](torch::Tensor g) { return g * 1.01; });
+      return v;
+    });
+  }
 }
 
 // debug.fail_at: step: this rank fails on purpose as debug.fail_step begins.
@@ -193,7 +252,9 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
   StepState state = step_state(l, delays);
   const int64_t buffers_before = l.rm.par.buffer_bytes();
   LoopResult out;
-  for (int64_t step = l.first_step; step <= t.steps; ++step) {
+  const int64_t last = l.last_step ? l.last_step : t.steps;
+  for (int64_t step = l.first_step; step <= last; ++step) {
+    *l.step = step;
     if (l.rank.flight) l.rank.flight->set_step(step);
     watch.begin(step);
     fail_if_asked(l, step);
@@ -201,7 +262,10 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     r.step = step;
     r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
     set_lr(l.optimizer, r.lr);
+    const bool recording = l.recorder && l.recorder->records(step);
+    if (recording) l.recorder->begin();
     run_step(state, r);
+    if (recording) l.recorder->end();
     if (step == l.first_step) {
       out.terms = memory_terms(l.rm.par, l.params, buffers_before, l.setup_live_bytes, memory::live_bytes());
     }
@@ -267,7 +331,7 @@ void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_byte
 }  // namespace
 
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
-                  bool checkpoints) {
+                  bool checkpoints, const RecordOptions& record) {
   torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
   parallel::mark_training_thread();
   RankModel rm = build_rank_model(c, plan, rank, out_dir);
@@ -282,6 +346,15 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix,
                             rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
+  std::unique_ptr<StepRecorder> recorder;
+  if (record.step > 0) {
+    recorder = std::make_unique<StepRecorder>(
+        record, rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*rm.model)} : rm.par.roots, rm.par,
+        held, rank.rank, record_layout(c, plan, rm));
+    loop.recorder = recorder.get();
+    loop.last_step = std::min(record.step, c.train.steps);
+  }
+  install_module_fault(loop);
   if (checkpoints) {
     const std::string from = checkpointer.resume_path();
     if (!from.empty()) {

@@ -10,6 +10,7 @@
 #include "runner/launch/rank.h"
 #include "runner/plan/planner.h"
 #include "runner/observe/metrics.h"
+#include "runner/train/record.h"
 
 namespace composer {
 
@@ -22,7 +23,9 @@ struct TrainResult {
 // streamed to it from their owners) into `out_dir`. With
 // `checkpoints`, it resumes per checkpoint.resume and saves per
 // checkpoint.interval (composer run; check and golden always train afresh).
+// With `record.step` (composer diff), the rank records that step's tensors
+// (record.h) into record.dir and stops after it.
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
-                  bool checkpoints = false);
+                  bool checkpoints = false, const RecordOptions& record = {});
 
 }  // namespace composer

@@ -87,6 +87,7 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
       } else {
         r.max_grad_norm_rel_err = std::max(r.max_grad_norm_rel_err, err.rel);
       }
+      if (!err.ok && r.ok) r.first_failure_step = e.step;
       if (!err.ok) fail(r, describe("step " + std::to_string(e.step) + " " + what, ev, av, err, rtol, atol));
     }
     if (e.has_eval && a.has_eval) {  // a golden made with eval checks a run with it; eval does not change training
@@ -94,6 +95,7 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
       r.max_eval_rel_err = std::max(r.max_eval_rel_err, err.rel);
       ++r.eval_losses;
       if (!err.ok) {
+        if (r.ok) r.first_failure_step = e.step;
         fail(r, describe("step " + std::to_string(e.step) + " eval_loss", e.eval_loss, a.eval_loss, err, rtol, atol));
       }
     }

@@ -49,6 +49,7 @@ Golden parse_golden(const std::string& text, const std::string& path);  // FileE
 struct CompareReport {
   bool ok = true;
   std::string first_failure;  // "step 3 loss: expected ..., actual ..., abs err ..., rel err ..."
+  int64_t first_failure_step = 0;  // the step of the first per-step mismatch (0: none, or only final parameters)
   int failures = 0;
   int step_failures = 0;   // of them, in the per-step losses and gradient norms
   int param_failures = 0;  // in the final parameters

@@ -1,0 +1,172 @@
+// composer diff: the plan and its single-device twin trained to one step, each
+// recording it (runner/train/record.h), then compared module by module
+// (runner/verify/diff.h). Each side is a job of its own, started as
+// `composer diff --record-side single|plan --record-step N` with its output in
+// a log beside the records.
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "runner/cli/cli.h"
+#include "runner/verify/diff.h"
+
+extern char** environ;
+
+namespace composer {
+namespace {
+
+struct SideRun {
+  double seconds = 0;
+  double max_rss_mb = 0;  // the largest process of the job (a rank)
+};
+
+// The last `lines` lines of a file.
+std::string tail(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(in, l);) all.push_back(l);
+  std::string out;
+  for (size_t i = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "  " + all[i] + "\n";
+  }
+  return out;
+}
+
+// Runs one side to `step` (0: every step, recording none) into `dir`.
+SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> args{"/proc/self/exe", "diff", "--config", o.config};
+  for (const auto& s : o.sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  for (const std::string& a : {std::string("--out"), dir, std::string("--record-side"), side,
+                               std::string("--record-step"), std::to_string(step)}) {
+    args.push_back(a);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log = dir + ".log";
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&files, 1, 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  const int err = posix_spawn(&pid, "/proc/self/exe", &files, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  if (err != 0) throw RuntimeFailure("composer diff: cannot start the " + side + " run: " + std::strerror(err));
+  int status = 0;
+  rusage usage{};
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
+  SideRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.max_rss_mb = usage.ru_maxrss / 1024.0;
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code != 0) {
+    const std::string what = "composer diff: the " + std::string(side == "single" ? "single-device" : "plan") +
+                             " run failed (exit " + std::to_string(code) + "); the end of " + log + ":\n" +
+                             tail(log, 12);
+    if (code == 2) throw UserError(what);
+    throw RuntimeFailure(what);
+  }
+  return r;
+}
+
+// The step `composer check` first fails at, comparing the plan with the twin over every step (1 when it passes).
+int64_t first_failing_step(const CliOptions& o, const ExperimentConfig& c, const std::string& dir, bool quiet) {
+  if (!quiet) {
+    std::cout << "diff: no --step given: training both through " << c.train.steps
+              << " steps to find the first step composer check fails" << std::endl;
+  }
+  run_side(o, "single", 0, dir + "/find/single");
+  run_side(o, "plan", 0, dir + "/find/plan");
+  const Golden g = read_golden(dir + "/find/single/golden.json");
+  const Golden mine = read_golden(dir + "/find/plan/golden.json");
+  const CompareReport rep = compare(g, c, mine.steps, read_safetensors(dir + "/find/plan/final.safetensors"));
+  const int64_t step = rep.ok ? 1 : rep.first_failure_step ? rep.first_failure_step : c.train.steps;
+  if (!quiet) {
+    std::cout << "diff: "
+              << (rep.ok ? "the plan matches one device over every step (check passes); comparing step 1"
+                         : "check's first mismatch: " + rep.first_failure + "; comparing step " + std::to_string(step))
+              << std::endl;
+  }
+  return step;
+}
+
+int64_t bytes_under(const std::string& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (f.is_regular_file()) n += static_cast<int64_t>(f.file_size());
+  }
+  return n;
+}
+
+}  // namespace
+
+ExperimentConfig diff_side_config(const CliOptions& o, const ExperimentConfig& c) {
+  if (o.record_side != "single") return c;
+  ExperimentConfig twin = single_device_twin(c);
+  twin.debug = DebugConfig{};  // the twin is the reference: no injected fault
+  return twin;
+}
+
+int run_diff(const CliOptions& o, const ExperimentConfig& c) {
+  if (c.parallelize.empty() && c.mesh.world_size() == 1) {
+    throw UserError(o.config + ": composer diff compares a plan with one device, and this experiment has no plan "
+                               "(parallelize is empty); give it a mesh and transforms");
+  }
+  if (rank_env_from_environment()) {
+    throw UserError("composer diff starts its own local jobs (the plan and one device); run it directly, not under "
+                    "torchrun or SLURM");
+  }
+  const std::string dir = out_dir_of(o, c) + "/diff";
+  const bool quiet = o.json;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t step = o.step ? o.step : first_failing_step(o, c, dir, quiet);
+  if (step > c.train.steps) {
+    throw UserError("--step " + std::to_string(step) + ": the experiment trains " + std::to_string(c.train.steps) +
+                    " steps (train.steps)");
+  }
+  const double find_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!quiet) std::cout << "diff: training " << c.name << " on one device to step " << step << ", recording it" << std::endl;
+  const SideRun one = run_side(o, "single", step, dir + "/single");
+  if (!quiet) std::cout << "diff: training the plan to step " << step << ", recording it" << std::endl;
+  const SideRun plan = run_side(o, "plan", step, dir + "/plan");
+  const auto t1 = std::chrono::steady_clock::now();
+  const DiffReport rep = diff_records(dir + "/single/record", dir + "/plan/record", c.check.param_rtol, c.check.param_atol);
+  const double compare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  nlohmann::json j = rep.to_json();
+  j["config"] = o.config;
+  j["cost"] = {{"find_step_s", find_s},
+               {"single_s", one.seconds},
+               {"plan_s", plan.seconds},
+               {"compare_s", compare_s},
+               {"single_max_rss_mb", one.max_rss_mb},
+               {"plan_max_rss_mb", plan.max_rss_mb},
+               {"record_bytes", bytes_under(dir + "/single/record") + bytes_under(dir + "/plan/record")}};
+  std::ofstream(dir + "/report.json") << j.dump(2) << "\n";
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+  } else {
+    print_diff(std::cout, rep, c.name + " (" + std::to_string(c.mesh.world_size()) + " ranks) against one device");
+    std::cout.precision(3);
+    std::cout << "cost: recording runs " << one.seconds << " s (one device) and " << plan.seconds << " s (plan)"
+              << (o.step ? "" : ", finding the step " + std::to_string(find_s).substr(0, 5) + " s") << ", comparing "
+              << compare_s << " s; records " << j["cost"]["record_bytes"].get<int64_t>() / 1024 << " KiB; report in "
+              << dir << "/report.json\n";
+  }
+  return rep.first() ? 1 : 0;
+}
+
+}  // namespace composer

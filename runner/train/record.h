@@ -1,0 +1,76 @@
+// What `composer diff` compares: one training step's tensors, recorded on
+// each rank as that rank holds them. For every module of the rank (by FQN) the
+// output of its first forward in each microbatch and, in backward, the
+// gradient flowing into its input; for every parameter piece the rank holds,
+// its value before the step, its gradient after the synchronisation and its
+// value after the update. Each piece carries where it lies in the whole
+// tensor (its samples, its context-parallel positions, its tensor-parallel
+// rank, a parameter's box), which runner/verify/diff.h reads to compare it
+// with the single-device run's tensor.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/select.h"
+#include "parallelisms/parallel.h"
+#include "runner/base/safetensors.h"
+#include "runner/checkpoint/checkpoint.h"
+
+namespace composer {
+
+struct RecordOptions {
+  int64_t step = 0;  // the step to record (1-based); 0 records nothing
+  std::string dir;   // rank<r>.json and rank<r>.safetensors go here
+};
+
+// Where a rank's pieces of a step's activations lie in the whole step.
+struct RecordLayout {
+  int64_t batch_begin = 0;  // the rank's first sample in the global batch (as the plan means it)
+  int64_t microbatch = 0;   // samples per microbatch on this rank
+  int64_t global_batch = 0, seq_len = 0;  // seq_len 0: inputs without a sequence
+  // Backward on this rank runs on its loss share times this (data-parallel
+  // size, context-parallel size, the pipeline's loss factor): the recorded
+  // input gradients are divided by it.
+  double grad_divisor = 1;
+};
+
+class StepRecorder {
+ public:
+  StepRecorder(RecordOptions options, const std::vector<models::Root>& roots, const parallel::Parallel& par,
+               const std::vector<HeldParam>& held, int rank, RecordLayout layout);
+  ~StepRecorder();
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  bool records(int64_t step) const { return step == options_.step; }
+  // At the start of the recorded step: the parameters, then the hooks.
+  void begin();
+  // The microbatch the next forward or backward action belongs to.
+  void set_microbatch(int64_t mb) { microbatch_ = mb; }
+  // After the gradient synchronisation, before the update: the gradients.
+  void after_grad_sync();
+  // After the update: the parameters; removes the hooks and writes the files.
+  void end();
+
+ private:
+  struct State;
+  void add(const std::string& kind, const std::string& name, const std::string& type, int64_t mb,
+           const torch::Tensor& t, nlohmann::json where);
+  void add_params(const std::string& kind, bool grads);
+  nlohmann::json activation_where(const torch::Tensor& t) const;
+
+  RecordOptions options_;
+  std::vector<std::pair<std::string, nn::Module*>> modules_;
+  const parallel::Parallel& par_;
+  const std::vector<HeldParam>& held_;
+  int rank_;
+  RecordLayout layout_;
+  int64_t microbatch_ = 0;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace composer
