@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "runner/cli/cli.h"
+#include "parallelisms/fully_shard.h"
+#include "parallelisms/replicate.h"
 #include "runner/verify/diff.h"
 
 extern char** environ;
@@ -126,6 +128,21 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
     throw UserError(o.config + ": composer diff compares a plan with one device, and this experiment has no plan "
                                "(parallelize is empty); give it a mesh and transforms");
   }
+  for (const auto& entry : c.parallelize) {
+    const parallel::PerRankFields* f = nullptr;
+    if (const auto* fs = std::get_if<FullyShardConfig>(&entry.options)) f = fs;
+    if (const auto* rp = std::get_if<ReplicateConfig>(&entry.options)) f = rp;
+    if (f && !f->per_rank.empty()) {
+      throw UserError(o.config + ": " + entry.name() + ".per_rank gives each data-parallel rank parameters of its own, "
+                      "which one device does not have; composer diff compares a plan with one device, so leave "
+                      "per_rank out to diff this plan");
+    }
+  }
+  if (!plan_policy(c).empty()) {
+    throw UserError(o.config + ": this plan computes with " + plan_policy(c) + " (fully_shard's mixed precision) and "
+                    "its single-device twin in " + name_of(c.train.dtype) + ", so every module would differ by "
+                    "rounding; diff the plan without param_dtype, reduce_dtype and a rounding all_gather");
+  }
   if (rank_env_from_environment()) {
     throw UserError("composer diff starts its own local jobs (the plan and one device); run it directly, not under "
                     "torchrun or SLURM");
@@ -144,7 +161,12 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
   if (!quiet) std::cout << "diff: training the plan to step " << step << ", recording it" << std::endl;
   const SideRun plan = run_side(o, "plan", step, dir + "/plan");
   const auto t1 = std::chrono::steady_clock::now();
-  const DiffReport rep = diff_records(dir + "/single/record", dir + "/plan/record", c.check.param_rtol, c.check.param_atol);
+  // Activations and gradients are judged against their own scale, with the
+  // larger of the check's relative tolerances (its loss and gradient-norm
+  // one is a whole-tensor figure too); parameters as the check judges them.
+  const double rtol = std::max(c.check.loss_rtol, c.check.param_rtol);
+  const DiffReport rep =
+      diff_records(dir + "/single/record", dir + "/plan/record", rtol, c.check.param_rtol, c.check.param_atol);
   const double compare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   nlohmann::json j = rep.to_json();
   j["config"] = o.config;

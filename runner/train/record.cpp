@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "parallelisms/context_parallel.h"
@@ -14,6 +15,7 @@ struct StepRecorder::State {
   nlohmann::json entries = nlohmann::json::array();
   NamedTensors tensors;
   std::set<std::string> seen;                       // keys recorded or hooked
+  std::map<std::string, int64_t> calls;             // forward calls per output key
   std::vector<std::pair<nn::Module*, int>> hooks;  // to remove at the end
   int64_t order = 0;                               // this rank's execution order
   bool on = false;
@@ -27,6 +29,8 @@ StepRecorder::StepRecorder(RecordOptions options, const std::vector<models::Root
   std::set<nn::Module*> taken;
   for (const auto& root : roots) {
     for (const auto& [name, m] : root.modules) {
+      // A pipeline stage's root stands for no module of the model.
+      if (name.empty() && !root.name.empty()) continue;
       if (taken.insert(m).second) modules_.emplace_back(name, m);
     }
   }
@@ -113,6 +117,7 @@ void StepRecorder::begin() {
                                                                            torch::Tensor y) {
       if (!y.defined() || !y.is_floating_point()) return y;
       const std::string key = "output/" + std::to_string(microbatch_) + "/" + name;
+      ++state->calls[key];
       if (!state->seen.count(key)) add("output", name, type, microbatch_, y, activation_where(y));
       return y;
     }));
@@ -130,6 +135,9 @@ void StepRecorder::end() {
   for (auto& [m, h] : state_->hooks) m->remove_hook(h);
   state_->hooks.clear();
   state_->on = false;
+  for (auto& e : state_->entries) {  // one device's counts tell a module called more than once (recomputation aside)
+    if (e["kind"] == "output") e["calls"] = state_->calls[e["key"].get<std::string>()];
+  }
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);
   const std::string base = options_.dir + "/rank" + std::to_string(rank_);

@@ -102,8 +102,11 @@ Region place_param(const nlohmann::json& w, const torch::Tensor& whole, at::IntA
   return r;
 }
 
+// `batch_dim`: the dim that holds the samples (0, or 1 for a sequence-first
+// layout), or -1 for a tensor without one (position embeddings), the same for
+// every sample.
 Region place_activation(const nlohmann::json& w, const torch::Tensor& whole, at::IntArrayRef shape,
-                        int64_t global_batch, int64_t seq) {
+                        int64_t global_batch, int64_t seq, int64_t batch_dim) {
   Region r;
   const int64_t b0 = w["samples"][0], n = w["samples"][1];
   std::vector<int64_t> pos;
@@ -111,28 +114,43 @@ Region place_activation(const nlohmann::json& w, const torch::Tensor& whole, at:
   int tp_rank = 0, tp = 1;
   if (w.contains("tp")) tp_rank = w["tp"][0], tp = w["tp"][1];
   std::ostringstream os;
-  os << "samples " << b0 << ".." << b0 + n - 1;
-  if (shape.size() != static_cast<size_t>(whole.dim()) || whole.dim() == 0 || global_batch <= 0 ||
-      whole.size(0) % global_batch != 0) {
+  if (shape.size() != static_cast<size_t>(whole.dim()) || whole.dim() == 0) {
     r.why = "its shape does not fit the whole tensor's";
     return r;
   }
-  const int64_t per_sample = whole.size(0) / global_batch;  // rows per sample: 1, or tokens when flattened
-  auto samples = torch::arange(b0, b0 + n, torch::kLong);
+  os << (batch_dim < 0 ? "every sample" : "samples " + std::to_string(b0) + ".." + std::to_string(b0 + n - 1));
+  const int64_t seq_dim = batch_dim == 0 ? 1 : 0;
   bool tokens_in_rows = false;
-  if (shape[0] == n * per_sample) {
-    r.index.push_back((samples.unsqueeze(1) * per_sample + torch::arange(per_sample, torch::kLong)).flatten());
-  } else if (!pos.empty() && per_sample == seq && shape[0] == n * static_cast<int64_t>(pos.size())) {
-    r.index.push_back((samples.unsqueeze(1) * seq + torch::tensor(pos, torch::kLong).unsqueeze(0)).flatten());
-    os << " (rows: their tokens at positions " << runs(pos) << ")";
-    tokens_in_rows = true;
-  } else {
-    r.why = "dim 0 holds " + std::to_string(shape[0]) + " rows, not its " + std::to_string(n) + " samples'";
-    return r;
-  }
-  for (int64_t d = 1; d < whole.dim(); ++d) {
+  for (int64_t d = 0; d < whole.dim(); ++d) {
     const int64_t all = whole.size(d), mine = shape[d];
-    if (d == 1 && !pos.empty() && !tokens_in_rows && per_sample == 1 && all == seq) {
+    if (d == batch_dim) {
+      // Rows per sample: 1, or each sample's tokens when flattened into dim 0.
+      if (global_batch <= 0 || all % global_batch != 0) {
+        r.why = "dim " + std::to_string(d) + " does not hold the global batch's samples";
+        return r;
+      }
+      const int64_t per_sample = all / global_batch;
+      // Rows flattened into dim 0 are placed only as each sample's tokens
+      // (sample-major); other interleavings cannot be told apart by shape.
+      if (d == 0 && per_sample != 1 && per_sample != seq) {
+        r.why = "dim 0 holds " + std::to_string(per_sample) + " rows per sample, not 1 or its tokens";
+        return r;
+      }
+      auto samples = torch::arange(b0, b0 + n, torch::kLong);
+      if (mine == n * per_sample) {
+        r.index.push_back((samples.unsqueeze(1) * per_sample + torch::arange(per_sample, torch::kLong)).flatten());
+      } else if (!pos.empty() && per_sample == seq && mine == n * static_cast<int64_t>(pos.size())) {
+        r.index.push_back((samples.unsqueeze(1) * seq + torch::tensor(pos, torch::kLong).unsqueeze(0)).flatten());
+        os << " (rows: their tokens at positions " << runs(pos) << ")";
+        tokens_in_rows = true;
+      } else {
+        r.why = "dim " + std::to_string(d) + " holds " + std::to_string(mine) + " rows, not its " + std::to_string(n) +
+                " samples'";
+        return r;
+      }
+      continue;
+    }
+    if (d == seq_dim && !pos.empty() && !tokens_in_rows && all == seq) {
       auto p = torch::tensor(pos, torch::kLong);
       const int64_t len = static_cast<int64_t>(pos.size());
       if (mine == len) {
@@ -142,14 +160,14 @@ Region place_activation(const nlohmann::json& w, const torch::Tensor& whole, at:
       }
       const auto sizes = parallel::chunk_sizes(len, tp);
       if (tp > 1 && mine == sizes[tp_rank]) {
-        p = p.narrow(0, parallel::offset_of(sizes, tp_rank), mine);
+        p = p.narrow(0, parallel::offset_of(sizes, tp_rank), mine).contiguous();
         r.index.push_back(p);
         os << ", sequence positions " << runs(std::vector<int64_t>(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + mine))
            << " (cp rank " << w["cp"][0] << " of " << w["cp"][1] << ", then tp rank " << tp_rank << " of " << tp << ")";
         continue;
       }
-      r.why = "dim 1 holds " + std::to_string(mine) + " positions, not its context-parallel slice's " +
-              std::to_string(len);
+      r.why = "dim " + std::to_string(d) + " holds " + std::to_string(mine) +
+              " positions, not its context-parallel slice's " + std::to_string(len);
       return r;
     }
     if (mine == all) {
@@ -172,7 +190,6 @@ Region place_activation(const nlohmann::json& w, const torch::Tensor& whole, at:
   r.where = os.str();
   return r;
 }
-
 torch::Tensor select(torch::Tensor t, const std::vector<torch::Tensor>& index) {
   for (size_t d = 0; d < index.size(); ++d) t = t.index_select(static_cast<int64_t>(d), index[d]);
   return t;
@@ -229,18 +246,24 @@ const DiffEntry* DiffReport::worst() const {
   return w;
 }
 
-DiffReport diff_records(const std::string& single_dir, const std::string& plan_dir, double rtol, double atol) {
+DiffReport diff_records(const std::string& single_dir, const std::string& plan_dir, double rtol, double param_rtol,
+                        double param_atol) {
   const Side one = read_side(single_dir), plan = read_side(plan_dir);
   DiffReport out;
   out.step = plan.step;
   out.rtol = rtol;
-  out.atol = atol;
+  out.param_rtol = param_rtol;
+  out.param_atol = param_atol;
   // The single device's pieces by (kind, name): microbatches in order; its
   // execution order by (kind, name) from microbatch 0.
   std::map<std::pair<std::string, std::string>, std::vector<const Piece*>> whole_of;
   std::map<std::pair<std::string, std::string>, int64_t> order_of;
+  std::map<std::string, int64_t> calls_of;  // forward calls per microbatch, by module, on one device
   for (const auto& p : one.pieces) {
     const std::pair<std::string, std::string> k{p.e["kind"], p.e["module"]};
+    if (k.first == "output") {
+      calls_of[k.second] = std::max(calls_of[k.second], p.e.value("calls", int64_t{1}));
+    }
     whole_of[k].push_back(&p);
     if (!order_of.count(k)) order_of[k] = p.e["order"];
   }
@@ -250,15 +273,53 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
     const auto& [kind, name] = k;
     auto found = pieces_of.find(k);
     if (found == pieces_of.end()) {
-      out.single_only.push_back(name.empty() ? "(the model) " + kind : name + " " + kind);
+      out.not_compared.push_back((name.empty() ? "(the model)" : name) + " " + kind + ": recorded on one device only");
       continue;
     }
     std::sort(singles.begin(), singles.end(), [](const Piece* a, const Piece* b) {
       return a->e["microbatch"].get<int64_t>() < b->e["microbatch"].get<int64_t>();
     });
+    const std::string label = (name.empty() ? "(the model)" : name) + " " + kind;
+    const int64_t calls = is_param(kind) ? 1 : std::max<int64_t>(1, calls_of[name]);
+    if (calls > 1) {
+      out.not_compared.push_back(label + ": called " + std::to_string(calls) +
+                                 " times in a microbatch (the first call of each is recorded)");
+      continue;
+    }
     std::vector<torch::Tensor> parts;
     for (const Piece* s : singles) parts.push_back(s->load());
-    const torch::Tensor whole = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
+    // The samples' dim, the first of these that places the plan's first
+    // piece: 0 (each microbatch's samples, or their tokens flattened), 1 (a
+    // sequence-first layout), none (the same for every sample: microbatch 0's
+    // is the whole, as position embeddings).
+    torch::Tensor whole;
+    int64_t batch_dim = -1;
+    if (is_param(kind)) {
+      whole = parts[0];
+    } else {
+      const Piece* first = found->second.front();
+      std::string why;
+      for (int64_t d : {0, 1, -1}) {
+        bool fits = true;
+        for (size_t i = 0; i < parts.size() && d >= 0; ++i) {
+          const int64_t n = singles[i]->e["where"]["samples"][1];
+          fits = fits && parts[i].dim() > d && parts[i].size(d) % n == 0;
+        }
+        if (!fits) continue;
+        torch::Tensor w = d < 0 || parts.size() == 1 ? parts[0] : torch::cat(parts, d);
+        const Region r = place_activation(first->e["where"], w, first->stored.shape, plan.global_batch, plan.seq_len, d);
+        if (r.why.empty()) {
+          whole = w;
+          batch_dim = d;
+          break;
+        }
+        if (why.empty()) why = r.why;
+      }
+      if (!whole.defined()) {
+        out.not_compared.push_back(label + ": rank " + std::to_string(first->rank) + "'s piece " + why);
+        continue;
+      }
+    }
     const double scale = max_abs(whole);
     auto covered = torch::zeros(whole.sizes(), torch::kBool);
     std::map<int64_t, DiffEntry> by_mb;  // the plan's microbatches
@@ -281,7 +342,7 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
       torch::Tensor piece = p->load();
       const Region r = is_param(kind) ? place_param(p->e["where"], whole, piece.sizes())
                                       : place_activation(p->e["where"], whole, piece.sizes(), plan.global_batch,
-                                                         plan.seq_len);
+                                                         plan.seq_len, batch_dim);
       if (!r.why.empty()) {
         d.diverges = true;
         d.ranks.push_back(p->rank);
@@ -294,7 +355,7 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
       const double err = max_abs(piece - want);
       mark(covered, r.index);
       const bool value = kind == "param_before" || kind == "param_after";
-      const bool off = value ? !((piece - want).abs() <= atol + rtol * want.abs()).all().item<bool>()
+      const bool off = value ? !((piece - want).abs() <= param_atol + param_rtol * want.abs()).all().item<bool>()
                              : !(err <= rtol * scale);
       if (off) {
         if (!d.diverges || d.where.empty()) d.where = "rank " + std::to_string(p->rank) + ": " + r.where;
@@ -349,7 +410,7 @@ std::string label(const DiffEntry& e) {
 }  // namespace
 
 nlohmann::json DiffReport::to_json() const {
-  nlohmann::json j = {{"step", step}, {"rtol", rtol}, {"atol", atol}, {"compared", entries.size()}, {"diverging", diverging()}};
+  nlohmann::json j = {{"step", step}, {"rtol", rtol}, {"param_rtol", param_rtol}, {"param_atol", param_atol}, {"compared", entries.size()}, {"diverging", diverging()}};
   auto one = [](const DiffEntry& e) {
     return nlohmann::json{{"kind", e.kind},         {"module", e.name},        {"type", e.type},
                           {"microbatch", e.microbatch}, {"direction", e.direction()}, {"tensor", e.tensor()},
@@ -363,19 +424,19 @@ nlohmann::json DiffReport::to_json() const {
   for (const auto& e : entries) {
     if (e.diverges) j["divergences"].push_back(one(e));
   }
-  j["single_only"] = single_only;
+  j["not_compared"] = not_compared;
   return j;
 }
 
 void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, int more) {
   os << "diff: step " << r.step << " of " << what << ": " << r.entries.size() << " tensors compared, "
      << r.diverging() << " diverge (an activation or gradient matches when max |plan - one device| <= "
-     << fmt(r.rtol) << " x max |one device|, a parameter when each element is within " << fmt(r.atol) << " + "
-     << fmt(r.rtol) << " x |one device|)\n";
-  if (!r.single_only.empty()) {
-    os << "  recorded on one device only, not compared: " << r.single_only.size() << " (";
-    for (size_t i = 0; i < std::min<size_t>(3, r.single_only.size()); ++i) os << (i ? ", " : "") << r.single_only[i];
-    os << (r.single_only.size() > 3 ? ", ..." : "") << ")\n";
+     << fmt(r.rtol) << " x max |one device|, a parameter when each element is within " << fmt(r.param_atol) << " + "
+     << fmt(r.param_rtol) << " x |one device|)\n";
+  if (!r.not_compared.empty()) {
+    os << "  not compared: " << r.not_compared.size() << " (";
+    for (size_t i = 0; i < std::min<size_t>(3, r.not_compared.size()); ++i) os << (i ? "; " : "") << r.not_compared[i];
+    os << (r.not_compared.size() > 3 ? "; ... (report.json lists them)" : "") << ")\n";
   }
   const DiffEntry* f = r.first();
   if (!f) {

@@ -42,11 +42,14 @@ struct DiffEntry {
 struct DiffReport {
   int64_t step = 0;
   // An activation or gradient matches when max_abs <= rtol x scale; a
-  // parameter's value when every element is within atol + rtol x |one device|
-  // (composer check's rule for final parameters).
-  double rtol = 0, atol = 0;
+  // parameter's value when every element is within param_atol + param_rtol x
+  // |one device| (composer check's rule for final parameters).
+  double rtol = 0, param_rtol = 0, param_atol = 0;
   std::vector<DiffEntry> entries;  // execution order
-  std::vector<std::string> single_only;  // tensors one device recorded and no rank of the plan (a pipeline's whole model)
+  // Tensors left out, each with the reason: recorded on one device only (a
+  // pipeline has no whole model), a module called several times in a
+  // microbatch, a piece no layout places.
+  std::vector<std::string> not_compared;
   int diverging() const;
   const DiffEntry* first() const;  // the first divergence, or nullptr
   const DiffEntry* worst() const;  // the entry closest to (or furthest over) its tolerance
@@ -55,7 +58,8 @@ struct DiffReport {
 
 // Compares the records in `plan_dir` (every rank's) with those in
 // `single_dir` (one rank's). Throws RuntimeFailure when a side recorded nothing.
-DiffReport diff_records(const std::string& single_dir, const std::string& plan_dir, double rtol, double atol);
+DiffReport diff_records(const std::string& single_dir, const std::string& plan_dir, double rtol, double param_rtol,
+                        double param_atol);
 
 // The report for a reader: the first divergence in full, then up to `more` of the next ones.
 void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, int more = 10);

@@ -152,6 +152,8 @@ std::string golden_policy(const nlohmann::json& header) {
   return "";
 }
 
+}  // namespace
+
 // The same for a plan: its fully_shard's param_dtype and reduce_dtype, or its
 // all-gather extension when that rounds (split_bfloat16 is exact).
 std::string plan_policy(const ExperimentConfig& c) {
@@ -169,6 +171,8 @@ std::string plan_policy(const ExperimentConfig& c) {
   }
   return have;
 }
+
+namespace {
 
 // An integer field, read only when it is one (nlohmann converts a float by a
 // cast, undefined when it does not fit).

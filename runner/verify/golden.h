@@ -60,6 +60,10 @@ struct CompareReport {
   double max_eval_rel_err = 0;
 };
 
+// A plan's fully_shard mixed precision ("bfloat16 compute, float32 gradient
+// reduction", or a rounding all-gather), "" when it computes in train.dtype.
+std::string plan_policy(const ExperimentConfig& c);
+
 // Compares a run with a golden under the tolerances of `tol`. A golden made
 // for a different config (hash) or dtype is a CheckFailed error.
 CompareReport compare(const Golden& g, const ExperimentConfig& c, const std::vector<StepRecord>& steps,
