@@ -471,7 +471,7 @@ DebugConfig read_debug(YamlMap& root, int64_t world_size, bool documents) {
     }
   } else if (by_module) {
     throw ConfigError(m.ref("inject"), std::string(name_of(c.inject)) + " perturbs one module: name it with "
-                                           "inject_module (its FQN, e.g. layers.0.attention.wo; composer plan lists them)");
+                                           "inject_module (its FQN, e.g. layers.0.attention.wo)");
   }
   if (m.has("delay")) c.delay = read_delays(m.node("delay"), m.child_path("delay"), m.context(), world_size);
   require_positive(m.ref("fail_step"), static_cast<double>(c.fail_step), "fail_step");
