@@ -13,7 +13,6 @@ namespace composer {
 
 struct StepRecorder::State {
   nlohmann::json entries = nlohmann::json::array();
-  NamedTensors tensors;
   std::set<std::string> seen;                       // keys recorded or hooked
   std::map<std::string, int64_t> calls;             // forward calls per output key
   std::vector<std::pair<nn::Module*, int>> hooks;  // to remove at the end
@@ -51,7 +50,12 @@ void StepRecorder::add(const std::string& kind, const std::string& name, const s
                              {"microbatch", mb},
                              {"order", state_->order++},
                              {"where", std::move(where)}});
-  state_->tensors.emplace_back(key, t.detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false, /*copy=*/true));
+  // One file per tensor, written as it is recorded: the rank holds one
+  // recorded tensor at a time, whatever the model's size.
+  const std::string file = "rank" + std::to_string(rank_) + "/" + std::to_string(state_->order - 1) + ".safetensors";
+  state_->entries.back()["file"] = file;
+  write_safetensors(options_.dir + "/" + file,
+                    {{key, t.detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false, /*copy=*/true)}});
 }
 
 // Where an activation piece of this rank's current microbatch lies: its
@@ -95,6 +99,9 @@ void StepRecorder::add_params(const std::string& kind, bool grads) {
 }
 
 void StepRecorder::begin() {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir + "/rank" + std::to_string(rank_), ec);
+  if (ec) throw RuntimeFailure("cannot create " + options_.dir + ": " + ec.message());
   add_params("param_before", /*grads=*/false);
   auto state = state_;
   for (const auto& [name, m] : modules_) {
@@ -138,10 +145,7 @@ void StepRecorder::end() {
   for (auto& e : state_->entries) {  // one device's counts tell a module called more than once (recomputation aside)
     if (e["kind"] == "output") e["calls"] = state_->calls[e["key"].get<std::string>()];
   }
-  std::error_code ec;
-  std::filesystem::create_directories(options_.dir, ec);
   const std::string base = options_.dir + "/rank" + std::to_string(rank_);
-  write_safetensors(base + ".safetensors", state_->tensors);
   nlohmann::json j = {{"rank", rank_},
                       {"step", options_.step},
                       {"global_batch", layout_.global_batch},
@@ -151,7 +155,6 @@ void StepRecorder::end() {
   std::ofstream f(base + ".json");
   f << j.dump(1) << "\n";
   if (!f.good()) throw RuntimeFailure("cannot write " + base + ".json");
-  state_->tensors.clear();
 }
 
 }  // namespace composer

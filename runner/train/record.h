@@ -24,7 +24,7 @@ namespace composer {
 
 struct RecordOptions {
   int64_t step = 0;  // the step to record (1-based); 0 records nothing
-  std::string dir;   // rank<r>.json and rank<r>.safetensors go here
+  std::string dir;   // rank<r>.json (the entries) and rank<r>/<n>.safetensors (one tensor each) go here
 };
 
 // Where a rank's pieces of a step's activations lie in the whole step.

@@ -22,9 +22,9 @@ struct Piece {
   nlohmann::json e;  // the entry: key, kind, module, type, microbatch, order, where
   int rank = 0;
   double grad_divisor = 1;
-  std::string file;
-  SafetensorsEntry stored;
-  torch::Tensor load() const { return read_safetensors_tensor(file, stored).to(torch::kDouble); }
+  std::string file;  // one tensor
+  std::vector<int64_t> shape() const { return read_safetensors_entries(file).at(0).shape; }
+  torch::Tensor load() const { return read_safetensors_tensor(file, read_safetensors_entries(file).at(0)).to(torch::kDouble); }
 };
 
 struct Side {
@@ -45,15 +45,11 @@ Side read_side(const std::string& dir) {
   for (const auto& path : files) {
     std::ifstream in(path);
     nlohmann::json j = nlohmann::json::parse(in);
-    const std::string tensors = path.substr(0, path.size() - 5) + ".safetensors";
-    std::map<std::string, SafetensorsEntry> stored;
-    for (auto& st : read_safetensors_entries(tensors)) stored[st.name] = st;
     s.step = j["step"];
     s.global_batch = j["global_batch"];
     s.seq_len = j["seq_len"];
     for (auto& e : j["entries"]) {
-      s.pieces.push_back({e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), tensors,
-                          stored.at(e["key"].get<std::string>())});
+      s.pieces.push_back({e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), dir + "/" + e["file"].get<std::string>()});
     }
   }
   return s;
@@ -307,7 +303,7 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
         }
         if (!fits) continue;
         torch::Tensor w = d < 0 || parts.size() == 1 ? parts[0] : torch::cat(parts, d);
-        const Region r = place_activation(first->e["where"], w, first->stored.shape, plan.global_batch, plan.seq_len, d);
+        const Region r = place_activation(first->e["where"], w, first->shape(), plan.global_batch, plan.seq_len, d);
         if (r.why.empty()) {
           whole = w;
           batch_dim = d;
