@@ -16,6 +16,7 @@
 #include "runner/cli/cli.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/replicate.h"
+#include "runner/train/record.h"
 #include "runner/verify/diff.h"
 
 extern char** environ;
@@ -50,7 +51,7 @@ SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, con
     args.push_back(s);
   }
   for (const std::string& a : {std::string("--out"), dir, std::string("--record-side"), side,
-                               std::string("--record-step"), std::to_string(step)}) {
+                               "--record-step=" + std::to_string(step)}) {
     args.push_back(a);
   }
   std::vector<char*> argv;
@@ -84,25 +85,40 @@ SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, con
   return r;
 }
 
-// The step `composer check` first fails at, comparing the plan with the twin over every step (1 when it passes).
+// The first step where the plan parts from one device, training both through
+// every step: the first step whose loss or gradient norm composer check finds
+// off, or whose update leaves a parameter off (the parameters after each step
+// are recorded and compared as diff compares them); 1 when none does.
 int64_t first_failing_step(const CliOptions& o, const ExperimentConfig& c, const std::string& dir, bool quiet) {
   if (!quiet) {
     std::cout << "diff: no --step given: training both through " << c.train.steps
-              << " steps to find the first step composer check fails" << std::endl;
+              << " steps to find the first step that parts from one device" << std::endl;
   }
-  run_side(o, "single", 0, dir + "/find/single");
-  run_side(o, "plan", 0, dir + "/find/plan");
+  run_side(o, "single", RecordOptions::kEveryStepsParams, dir + "/find/single");
+  run_side(o, "plan", RecordOptions::kEveryStepsParams, dir + "/find/plan");
   const Golden g = read_golden(dir + "/find/single/golden.json");
   const Golden mine = read_golden(dir + "/find/plan/golden.json");
   const CompareReport rep = compare(g, c, mine.steps, read_safetensors(dir + "/find/plan/final.safetensors"));
-  const int64_t step = rep.ok ? 1 : rep.first_failure_step ? rep.first_failure_step : c.train.steps;
+  int64_t step = rep.ok ? 0 : rep.first_failure_step;
+  std::string why = step ? "its " + rep.first_failure : "";
+  const int64_t last = step ? step - 1 : c.train.steps;  // an update before it may already part
+  for (int64_t k = 1; k <= last; ++k) {
+    const std::string at = "/record/step" + std::to_string(k);
+    const DiffReport params =
+        diff_records(dir + "/find/single" + at, dir + "/find/plan" + at, c.check.param_rtol, c.check.param_rtol,
+                     c.check.param_atol);
+    if (const DiffEntry* f = params.first()) {
+      step = k;
+      why = "its update leaves " + f->name + " off (max abs err " + std::to_string(f->max_abs) + ")";
+      break;
+    }
+  }
   if (!quiet) {
-    std::cout << "diff: "
-              << (rep.ok ? "the plan matches one device over every step (check passes); comparing step 1"
-                         : "check's first mismatch: " + rep.first_failure + "; comparing step " + std::to_string(step))
+    std::cout << "diff: " << (step ? "the first step that parts is " + std::to_string(step) + ": " + why
+                                   : std::string("the plan matches one device over every step; comparing step 1"))
               << std::endl;
   }
-  return step;
+  return step ? step : 1;
 }
 
 int64_t bytes_under(const std::string& dir) {

@@ -54,7 +54,7 @@ void StepRecorder::add(const std::string& kind, const std::string& name, const s
   // recorded tensor at a time, whatever the model's size.
   const std::string file = "rank" + std::to_string(rank_) + "/" + std::to_string(state_->order - 1) + ".safetensors";
   state_->entries.back()["file"] = file;
-  write_safetensors(options_.dir + "/" + file,
+  write_safetensors(files_dir_ + "/" + file,
                     {{key, t.detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false, /*copy=*/true)}});
 }
 
@@ -99,9 +99,10 @@ void StepRecorder::add_params(const std::string& kind, bool grads) {
 }
 
 void StepRecorder::begin() {
+  files_dir_ = options_.dir;
   std::error_code ec;
-  std::filesystem::create_directories(options_.dir + "/rank" + std::to_string(rank_), ec);
-  if (ec) throw RuntimeFailure("cannot create " + options_.dir + ": " + ec.message());
+  std::filesystem::create_directories(files_dir_ + "/rank" + std::to_string(rank_), ec);
+  if (ec) throw RuntimeFailure("cannot create " + files_dir_ + ": " + ec.message());
   add_params("param_before", /*grads=*/false);
   auto state = state_;
   for (const auto& [name, m] : modules_) {
@@ -142,12 +143,16 @@ void StepRecorder::end() {
   for (auto& [m, h] : state_->hooks) m->remove_hook(h);
   state_->hooks.clear();
   state_->on = false;
+  write_entries(options_.dir, options_.step);
+}
+
+void StepRecorder::write_entries(const std::string& dir, int64_t step) {
   for (auto& e : state_->entries) {  // one device's counts tell a module called more than once (recomputation aside)
     if (e["kind"] == "output") e["calls"] = state_->calls[e["key"].get<std::string>()];
   }
-  const std::string base = options_.dir + "/rank" + std::to_string(rank_);
+  const std::string base = dir + "/rank" + std::to_string(rank_);
   nlohmann::json j = {{"rank", rank_},
-                      {"step", options_.step},
+                      {"step", step},
                       {"global_batch", layout_.global_batch},
                       {"seq_len", layout_.seq_len},
                       {"grad_divisor", layout_.grad_divisor},
@@ -155,6 +160,19 @@ void StepRecorder::end() {
   std::ofstream f(base + ".json");
   f << j.dump(1) << "\n";
   if (!f.good()) throw RuntimeFailure("cannot write " + base + ".json");
+  state_->entries = nlohmann::json::array();
+  state_->seen.clear();
+  state_->calls.clear();
+  state_->order = 0;
+}
+
+void StepRecorder::params_after(int64_t step) {
+  files_dir_ = options_.dir + "/step" + std::to_string(step);
+  std::error_code ec;
+  std::filesystem::create_directories(files_dir_ + "/rank" + std::to_string(rank_), ec);
+  if (ec) throw RuntimeFailure("cannot create " + files_dir_ + ": " + ec.message());
+  add_params("param_after", /*grads=*/false);
+  write_entries(files_dir_, step);
 }
 
 }  // namespace composer

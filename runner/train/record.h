@@ -23,7 +23,11 @@
 namespace composer {
 
 struct RecordOptions {
-  int64_t step = 0;  // the step to record (1-based); 0 records nothing
+  // The step to record (1-based); 0 records nothing; kEveryStepsParams: only
+  // the parameters after each step, into <dir>/step<k>/ (finding the first
+  // step whose update parts from one device).
+  static constexpr int64_t kEveryStepsParams = -1;
+  int64_t step = 0;
   std::string dir;   // rank<r>.json (the entries) and rank<r>/<n>.safetensors (one tensor each) go here
 };
 
@@ -47,6 +51,9 @@ class StepRecorder {
   StepRecorder& operator=(const StepRecorder&) = delete;
 
   bool records(int64_t step) const { return step == options_.step; }
+  bool records_params_every_step() const { return options_.step == RecordOptions::kEveryStepsParams; }
+  // kEveryStepsParams: the parameters after `step`'s update, with their own rank<r>.json.
+  void params_after(int64_t step);
   // At the start of the recorded step: the parameters, then the hooks.
   void begin();
   // The microbatch the next forward or backward action belongs to.
@@ -63,7 +70,10 @@ class StepRecorder {
   void add_params(const std::string& kind, bool grads);
   nlohmann::json activation_where(const torch::Tensor& t) const;
 
+  void write_entries(const std::string& dir, int64_t step);
+
   RecordOptions options_;
+  std::string files_dir_;  // where add() writes (options_.dir, or a step's folder)
   std::vector<std::pair<std::string, nn::Module*>> modules_;
   const parallel::Parallel& par_;
   const std::vector<HeldParam>& held_;

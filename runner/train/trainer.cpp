@@ -266,6 +266,7 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     if (recording) l.recorder->begin();
     run_step(state, r);
     if (recording) l.recorder->end();
+    if (l.recorder && l.recorder->records_params_every_step()) l.recorder->params_after(step);
     if (step == l.first_step) {
       out.terms = memory_terms(l.rm.par, l.params, buffers_before, l.setup_live_bytes, memory::live_bytes());
     }
@@ -347,12 +348,12 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
                             rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
   std::unique_ptr<StepRecorder> recorder;
-  if (record.step > 0) {
+  if (record.step != 0) {
     recorder = std::make_unique<StepRecorder>(
         record, rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*rm.model)} : rm.par.roots, rm.par,
         held, rank.rank, record_layout(c, plan, rm));
     loop.recorder = recorder.get();
-    loop.last_step = std::min(record.step, c.train.steps);
+    if (record.step > 0) loop.last_step = std::min(record.step, c.train.steps);
   }
   install_module_fault(loop);
   if (checkpoints) {
