@@ -113,6 +113,9 @@ int64_t first_failing_step(const CliOptions& o, const ExperimentConfig& c, const
       break;
     }
   }
+  std::error_code ec;  // the per-step parameters served their purpose; the logs and runs stay
+  std::filesystem::remove_all(dir + "/find/single/record", ec);
+  std::filesystem::remove_all(dir + "/find/plan/record", ec);
   if (!quiet) {
     std::cout << "diff: " << (step ? "the first step that parts is " + std::to_string(step) + ": " + why
                                    : std::string("the plan matches one device over every step; comparing step 1"))
