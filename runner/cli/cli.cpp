@@ -155,6 +155,8 @@ void add_cli_options(po::options_description& desc, CliOptions& o) {
       "top", po::value<int64_t>(&o.top), "suggest: plans that must fit before the search stops (default 3)")(
       "max-estimates", po::value<int64_t>(&o.max_estimates), "suggest: most plans run dry (default 40)")(
       "step", po::value<int64_t>(&o.step), "diff: the step to compare (default: the first step check fails, else 1)")(
+      "modules", po::value<std::vector<std::string>>(&o.modules)->composing(),
+      "diff: record only the modules these FQN patterns select, and what they hold (repeatable; default every module)")(
       "record-side", po::value<std::string>(&o.record_side), "diff: internal (the runs diff starts)")(
       "record-step", po::value<int64_t>(&o.record_step), "diff: internal (the runs diff starts)")(
       "command", po::value<std::string>(), "run, check, golden, plan, diff, export or suggest");
@@ -184,8 +186,8 @@ void check_combinations(const CliOptions& o) {
   if (o.json && o.command != Command::kPlan && !diffing) {
     throw UserError("--json belongs to composer plan and diff; see composer --help");
   }
-  if ((o.step || !o.record_side.empty() || o.record_step) && !diffing) {
-    throw UserError("--step belongs to composer diff; see composer --help");
+  if ((o.step || !o.modules.empty() || !o.record_side.empty() || o.record_step) && !diffing) {
+    throw UserError("--step and --modules belong to composer diff; see composer --help");
   }
   if (o.step < 0) throw UserError("--step " + std::to_string(o.step) + ": give a step of training (1 or more)");
   if (!o.record_side.empty() && o.record_side != "single" && o.record_side != "plan") {
@@ -278,7 +280,8 @@ int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, R
     case Command::kCheck: return do_check(o, c, p, rank);
     case Command::kDiff: {  // one side of a diff: train to the step, recording it
       std::string dir = prepare_out_dir(o, c);
-      TrainResult r = train(c, p, rank, dir, /*checkpoints=*/false, RecordOptions{o.record_step, dir + "/record"});
+      TrainResult r =
+          train(c, p, rank, dir, /*checkpoints=*/false, RecordOptions{o.record_step, dir + "/record", o.modules});
       if (rank.is_main()) {
         write_golden(dir + "/golden.json",
                      make_golden(c, r.steps, read_safetensors(dir + "/final.safetensors"), o.command_line));

@@ -37,6 +37,7 @@ struct CliOptions {
   // 1); record_side and record_step: internal, for the runs diff starts
   // (single: the single-device twin; plan: the plan).
   int64_t step = 0;
+  std::vector<std::string> modules;  // diff: record only these modules (FQN patterns) and their parameters
   std::string record_side;
   int64_t record_step = 0;
   bool exit_now = false;          // --help or --version was printed

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "runner/cli/cli.h"
+#include "models/registry.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/replicate.h"
 #include "runner/train/record.h"
@@ -49,6 +50,10 @@ SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, con
   for (const auto& s : o.sets) {
     args.push_back("--set");
     args.push_back(s);
+  }
+  for (const auto& m : o.modules) {
+    args.push_back("--modules");
+    args.push_back(m);
   }
   for (const std::string& a : {std::string("--out"), dir, std::string("--record-side"), side,
                                "--record-step=" + std::to_string(step)}) {
@@ -162,6 +167,19 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
                     "its single-device twin in " + name_of(c.train.dtype) + ", so every module would differ by "
                     "rounding; diff the plan without param_dtype, reduce_dtype and a rounding all_gather");
   }
+  if (!o.modules.empty()) {
+    models::ModelPtr model;
+    {
+      nn::ShapeOnly shapes;
+      model = models::find_model(c.model.name)->build(c.model.args);
+    }
+    bool any = false;
+    for (const auto& [name, m] : nn::named_modules(*model)) any = any || (!name.empty() && records_module({0, "", o.modules}, name));
+    if (!any) {
+      throw UserError("--modules selects no module of " + c.model.name + "; give FQN patterns such as 'layers.1' or "
+                      "'layers.*.attention' ('*' within a dotted part, '**' across)");
+    }
+  }
   if (rank_env_from_environment()) {
     throw UserError("composer diff starts its own local jobs (the plan and one device); run it directly, not under "
                     "torchrun or SLURM");
@@ -200,7 +218,11 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
   if (o.json) {
     std::cout << j.dump(2) << "\n";
   } else {
-    print_diff(std::cout, rep, c.name + " (" + std::to_string(c.mesh.world_size()) + " ranks) against one device");
+    std::string modules;
+    for (const auto& m : o.modules) modules += (modules.empty() ? "" : ", ") + m;
+    print_diff(std::cout, rep,
+               c.name + " (" + std::to_string(c.mesh.world_size()) + " ranks) against one device" +
+                   (modules.empty() ? "" : ", recording only " + modules));
     std::cout.precision(3);
     std::cout << "cost: recording runs " << one.seconds << " s (one device) and " << plan.seconds << " s (plan)"
               << (o.step ? "" : ", finding the step " + std::to_string(find_s).substr(0, 5) + " s") << ", comparing "

@@ -11,6 +11,15 @@
 
 namespace composer {
 
+bool records_module(const RecordOptions& options, const std::string& fqn) {
+  if (options.modules.empty()) return true;
+  for (size_t end = 0; end != std::string::npos;) {  // the module or one it lies inside
+    end = fqn.find('.', end ? end + 1 : 0);
+    if (models::matches_any(options.modules, fqn.substr(0, end))) return true;
+  }
+  return false;
+}
+
 struct StepRecorder::State {
   nlohmann::json entries = nlohmann::json::array();
   std::set<std::string> seen;                       // keys recorded or hooked
@@ -30,6 +39,7 @@ StepRecorder::StepRecorder(RecordOptions options, const std::vector<models::Root
     for (const auto& [name, m] : root.modules) {
       // A pipeline stage's root stands for no module of the model.
       if (name.empty() && !root.name.empty()) continue;
+      if (!records_module(options_, name)) continue;
       if (taken.insert(m).second) modules_.emplace_back(name, m);
     }
   }
@@ -79,6 +89,8 @@ void StepRecorder::add_params(const std::string& kind, bool grads) {
   for (const auto& h : held_) {
     if (h.buffer) continue;
     if (h.spec && !h.spec->held()) continue;
+    const size_t dot = h.name.rfind('.');
+    if (!records_module(options_, dot == std::string::npos ? "" : h.name.substr(0, dot))) continue;
     torch::Tensor t = grads ? h.param.grad() : h.param;
     if (!t.defined()) continue;
     nlohmann::json where;

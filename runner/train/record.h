@@ -29,7 +29,13 @@ struct RecordOptions {
   static constexpr int64_t kEveryStepsParams = -1;
   int64_t step = 0;
   std::string dir;   // rank<r>.json (the entries) and rank<r>/<n>.safetensors (one tensor each) go here
+  // FQN patterns (models/select.h): only the modules they select, the modules
+  // inside those and their parameters are recorded; empty: every module.
+  std::vector<std::string> modules;
 };
+
+// Whether `options` records module (or parameter owner) `fqn`.
+bool records_module(const RecordOptions& options, const std::string& fqn);
 
 // Where a rank's pieces of a step's activations lie in the whole step.
 struct RecordLayout {
