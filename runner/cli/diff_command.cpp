@@ -13,10 +13,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "runner/cli/cli.h"
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
 #include "parallelisms/replicate.h"
+#include "runner/cli/cli.h"
 #include "runner/train/record.h"
 #include "runner/verify/diff.h"
 
@@ -55,8 +55,8 @@ SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, con
     args.push_back("--modules");
     args.push_back(m);
   }
-  for (const std::string& a : {std::string("--out"), dir, std::string("--record-side"), side,
-                               "--record-step=" + std::to_string(step)}) {
+  for (const std::string& a :
+       {std::string("--out"), dir, std::string("--record-side"), side, "--record-step=" + std::to_string(step)}) {
     args.push_back(a);
   }
   std::vector<char*> argv;
@@ -109,9 +109,8 @@ int64_t first_failing_step(const CliOptions& o, const ExperimentConfig& c, const
   const int64_t last = step ? step - 1 : c.train.steps;  // an update before it may already part
   for (int64_t k = 1; k <= last; ++k) {
     const std::string at = "/record/step" + std::to_string(k);
-    const DiffReport params =
-        diff_records(dir + "/find/single" + at, dir + "/find/plan" + at, c.check.param_rtol, c.check.param_rtol,
-                     c.check.param_atol);
+    const DiffReport params = diff_records(dir + "/find/single" + at, dir + "/find/plan" + at, c.check.param_rtol,
+                                           c.check.param_rtol, c.check.param_atol);
     if (const DiffEntry* f = params.first()) {
       step = k;
       why = "its update leaves " + f->name + " off (max abs err " + std::to_string(f->max_abs) + ")";
@@ -122,8 +121,9 @@ int64_t first_failing_step(const CliOptions& o, const ExperimentConfig& c, const
   std::filesystem::remove_all(dir + "/find/single/record", ec);
   std::filesystem::remove_all(dir + "/find/plan/record", ec);
   if (!quiet) {
-    std::cout << "diff: " << (step ? "the first step that parts is " + std::to_string(step) + ": " + why
-                                   : std::string("the plan matches one device over every step; comparing step 1"))
+    std::cout << "diff: "
+              << (step ? "the first step that parts is " + std::to_string(step) + ": " + why
+                       : std::string("the plan matches one device over every step; comparing step 1"))
               << std::endl;
   }
   return step ? step : 1;
@@ -149,22 +149,27 @@ ExperimentConfig diff_side_config(const CliOptions& o, const ExperimentConfig& c
 
 int run_diff(const CliOptions& o, const ExperimentConfig& c) {
   if (c.parallelize.empty() && c.mesh.world_size() == 1) {
-    throw UserError(o.config + ": composer diff compares a plan with one device, and this experiment has no plan "
-                               "(parallelize is empty); give it a mesh and transforms");
+    throw UserError(o.config +
+                    ": composer diff compares a plan with one device, and this experiment has no plan "
+                    "(parallelize is empty); give it a mesh and transforms");
   }
   for (const auto& entry : c.parallelize) {
     const parallel::PerRankFields* f = nullptr;
     if (const auto* fs = std::get_if<FullyShardConfig>(&entry.options)) f = fs;
     if (const auto* rp = std::get_if<ReplicateConfig>(&entry.options)) f = rp;
     if (f && !f->per_rank.empty()) {
-      throw UserError(o.config + ": " + entry.name() + ".per_rank gives each data-parallel rank parameters of its own, "
+      throw UserError(o.config + ": " + entry.name() +
+                      ".per_rank gives each data-parallel rank parameters of its own, "
                       "which one device does not have; composer diff compares a plan with one device, so leave "
                       "per_rank out to diff this plan");
     }
   }
   if (!plan_policy(c).empty()) {
-    throw UserError(o.config + ": this plan computes with " + plan_policy(c) + " (fully_shard's mixed precision) and "
-                    "its single-device twin in " + name_of(c.train.dtype) + ", so every module would differ by "
+    throw UserError(o.config + ": this plan computes with " + plan_policy(c) +
+                    " (fully_shard's mixed precision) and "
+                    "its single-device twin in " +
+                    name_of(c.train.dtype) +
+                    ", so every module would differ by "
                     "rounding; diff the plan without param_dtype, reduce_dtype and a rounding all_gather");
   }
   if (!o.modules.empty()) {
@@ -174,15 +179,18 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
       model = models::find_model(c.model.name)->build(c.model.args);
     }
     bool any = false;
-    for (const auto& [name, m] : nn::named_modules(*model)) any = any || (!name.empty() && records_module({0, "", o.modules}, name));
+    for (const auto& [name, m] : nn::named_modules(*model))
+      any = any || (!name.empty() && records_module({0, "", o.modules}, name));
     if (!any) {
-      throw UserError("--modules selects no module of " + c.model.name + "; give FQN patterns such as 'layers.1' or "
+      throw UserError("--modules selects no module of " + c.model.name +
+                      "; give FQN patterns such as 'layers.1' or "
                       "'layers.*.attention' ('*' within a dotted part, '**' across)");
     }
   }
   if (rank_env_from_environment()) {
-    throw UserError("composer diff starts its own local jobs (the plan and one device); run it directly, not under "
-                    "torchrun or SLURM");
+    throw UserError(
+        "composer diff starts its own local jobs (the plan and one device); run it directly, not under "
+        "torchrun or SLURM");
   }
   const std::string dir = out_dir_of(o, c) + "/diff";
   const bool quiet = o.json;
@@ -193,7 +201,8 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
                     " steps (train.steps)");
   }
   const double find_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!quiet) std::cout << "diff: training " << c.name << " on one device to step " << step << ", recording it" << std::endl;
+  if (!quiet)
+    std::cout << "diff: training " << c.name << " on one device to step " << step << ", recording it" << std::endl;
   const SideRun one = run_side(o, "single", step, dir + "/single");
   if (!quiet) std::cout << "diff: training the plan to step " << step << ", recording it" << std::endl;
   const SideRun plan = run_side(o, "plan", step, dir + "/plan");

@@ -22,17 +22,20 @@ bool records_module(const RecordOptions& options, const std::string& fqn) {
 
 struct StepRecorder::State {
   nlohmann::json entries = nlohmann::json::array();
-  std::set<std::string> seen;                       // keys recorded or hooked
-  std::map<std::string, int64_t> calls;             // forward calls per output key
+  std::set<std::string> seen;                      // keys recorded or hooked
+  std::map<std::string, int64_t> calls;            // forward calls per output key
   std::vector<std::pair<nn::Module*, int>> hooks;  // to remove at the end
   int64_t order = 0;                               // this rank's execution order
   bool on = false;
 };
 
-StepRecorder::StepRecorder(RecordOptions options, const std::vector<models::Root>& roots,
-                           const parallel::Parallel& par, const std::vector<HeldParam>& held, int rank,
-                           RecordLayout layout)
-    : options_(std::move(options)), par_(par), held_(held), rank_(rank), layout_(layout),
+StepRecorder::StepRecorder(RecordOptions options, const std::vector<models::Root>& roots, const parallel::Parallel& par,
+                           const std::vector<HeldParam>& held, int rank, RecordLayout layout)
+    : options_(std::move(options)),
+      par_(par),
+      held_(held),
+      rank_(rank),
+      layout_(layout),
       state_(std::make_shared<State>()) {
   std::set<nn::Module*> taken;
   for (const auto& root : roots) {
@@ -72,7 +75,7 @@ void StepRecorder::add(const std::string& kind, const std::string& name, const s
 // samples in the global batch, its sequence positions under context
 // parallelism, its tensor-parallel rank (a dim the comparison finds smaller
 // than the whole is that rank's torch.chunk piece).
-nlohmann::json StepRecorder::activation_where(const torch::Tensor&) const {
+nlohmann::json StepRecorder::activation_where() const {
   nlohmann::json w;
   w["samples"] = {layout_.batch_begin + microbatch_ * layout_.microbatch, layout_.microbatch};
   if (par_.cp && layout_.seq_len > 0) {
@@ -126,21 +129,19 @@ void StepRecorder::begin() {
       const int64_t mb = microbatch_;
       const std::string key = "input_grad/" + std::to_string(mb) + "/" + name;
       if (!state->seen.insert(key).second) return x;
-      auto where = activation_where(x);
+      auto where = activation_where();
       auto v = x.view_as(x);
-      v.register_hook([this, name, type, mb, where](torch::Tensor g) {
-        add("input_grad", name, type, mb, g, where);
-      });
+      v.register_hook([this, name, type, mb, where](torch::Tensor g) { add("input_grad", name, type, mb, g, where); });
       return v;
     }));
-    state->hooks.emplace_back(m, m->add_post_hook([this, state, name, type](nn::Module&, const torch::Tensor&,
-                                                                           torch::Tensor y) {
-      if (!y.defined() || !y.is_floating_point()) return y;
-      const std::string key = "output/" + std::to_string(microbatch_) + "/" + name;
-      ++state->calls[key];
-      if (!state->seen.count(key)) add("output", name, type, microbatch_, y, activation_where(y));
-      return y;
-    }));
+    state->hooks.emplace_back(
+        m, m->add_post_hook([this, state, name, type](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+          if (!y.defined() || !y.is_floating_point()) return y;
+          const std::string key = "output/" + std::to_string(microbatch_) + "/" + name;
+          ++state->calls[key];
+          if (!state->seen.count(key)) add("output", name, type, microbatch_, y, activation_where());
+          return y;
+        }));
   }
   state_->on = true;
 }

@@ -8,10 +8,10 @@
 // rank, a parameter's box), which runner/verify/diff.h reads to compare it
 // with the single-device run's tensor.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -28,7 +28,7 @@ struct RecordOptions {
   // step whose update parts from one device).
   static constexpr int64_t kEveryStepsParams = -1;
   int64_t step = 0;
-  std::string dir;   // rank<r>.json (the entries) and rank<r>/<n>.safetensors (one tensor each) go here
+  std::string dir;  // rank<r>.json (the entries) and rank<r>/<n>.safetensors (one tensor each) go here
   // FQN patterns (models/select.h): only the modules they select, the modules
   // inside those and their parameters are recorded; empty: every module.
   std::vector<std::string> modules;
@@ -39,8 +39,8 @@ bool records_module(const RecordOptions& options, const std::string& fqn);
 
 // Where a rank's pieces of a step's activations lie in the whole step.
 struct RecordLayout {
-  int64_t batch_begin = 0;  // the rank's first sample in the global batch (as the plan means it)
-  int64_t microbatch = 0;   // samples per microbatch on this rank
+  int64_t batch_begin = 0;                // the rank's first sample in the global batch (as the plan means it)
+  int64_t microbatch = 0;                 // samples per microbatch on this rank
   int64_t global_batch = 0, seq_len = 0;  // seq_len 0: inputs without a sequence
   // Backward on this rank runs on its loss share times this (data-parallel
   // size, context-parallel size, the pipeline's loss factor): the recorded
@@ -74,7 +74,7 @@ class StepRecorder {
   void add(const std::string& kind, const std::string& name, const std::string& type, int64_t mb,
            const torch::Tensor& t, nlohmann::json where);
   void add_params(const std::string& kind, bool grads);
-  nlohmann::json activation_where(const torch::Tensor& t) const;
+  nlohmann::json activation_where() const;
 
   void write_entries(const std::string& dir, int64_t step);
 

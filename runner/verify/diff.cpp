@@ -24,7 +24,9 @@ struct Piece {
   double grad_divisor = 1;
   std::string file;  // one tensor
   std::vector<int64_t> shape() const { return read_safetensors_entries(file).at(0).shape; }
-  torch::Tensor load() const { return read_safetensors_tensor(file, read_safetensors_entries(file).at(0)).to(torch::kDouble); }
+  torch::Tensor load() const {
+    return read_safetensors_tensor(file, read_safetensors_entries(file).at(0)).to(torch::kDouble);
+  }
 };
 
 struct Side {
@@ -49,7 +51,8 @@ Side read_side(const std::string& dir) {
     s.global_batch = j["global_batch"];
     s.seq_len = j["seq_len"];
     for (auto& e : j["entries"]) {
-      s.pieces.push_back({e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), dir + "/" + e["file"].get<std::string>()});
+      s.pieces.push_back(
+          {e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), dir + "/" + e["file"].get<std::string>()});
     }
   }
   return s;
@@ -367,8 +370,8 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
       d.rel = d.scale > 0 ? d.max_abs / d.scale : (d.max_abs > 0 ? INFINITY : 0);
       if (missing > 0 && d.problem.empty()) {
         d.diverges = true;
-        d.problem = std::to_string(missing) + " of its " + std::to_string(covered.numel()) +
-                    " elements are in no rank's piece";
+        d.problem =
+            std::to_string(missing) + " of its " + std::to_string(covered.numel()) + " elements are in no rank's piece";
       }
       std::sort(d.holders.begin(), d.holders.end());
       d.holders.erase(std::unique(d.holders.begin(), d.holders.end()), d.holders.end());
@@ -406,13 +409,27 @@ std::string label(const DiffEntry& e) {
 }  // namespace
 
 nlohmann::json DiffReport::to_json() const {
-  nlohmann::json j = {{"step", step}, {"rtol", rtol}, {"param_rtol", param_rtol}, {"param_atol", param_atol}, {"compared", entries.size()}, {"diverging", diverging()}};
+  nlohmann::json j = {{"step", step},
+                      {"rtol", rtol},
+                      {"param_rtol", param_rtol},
+                      {"param_atol", param_atol},
+                      {"compared", entries.size()},
+                      {"diverging", diverging()}};
   auto one = [](const DiffEntry& e) {
-    return nlohmann::json{{"kind", e.kind},         {"module", e.name},        {"type", e.type},
-                          {"microbatch", e.microbatch}, {"direction", e.direction()}, {"tensor", e.tensor()},
-                          {"max_abs_err", e.max_abs},   {"max_abs", e.scale},     {"rel_err", e.rel},
-                          {"diverges", e.diverges},     {"ranks", e.ranks},       {"holders", e.holders},
-                          {"where", e.where},           {"problem", e.problem}};
+    return nlohmann::json{{"kind", e.kind},
+                          {"module", e.name},
+                          {"type", e.type},
+                          {"microbatch", e.microbatch},
+                          {"direction", e.direction()},
+                          {"tensor", e.tensor()},
+                          {"max_abs_err", e.max_abs},
+                          {"max_abs", e.scale},
+                          {"rel_err", e.rel},
+                          {"diverges", e.diverges},
+                          {"ranks", e.ranks},
+                          {"holders", e.holders},
+                          {"where", e.where},
+                          {"problem", e.problem}};
   };
   j["first"] = first() ? one(*first()) : nlohmann::json();
   j["worst"] = worst() ? one(*worst()) : nlohmann::json();
@@ -425,9 +442,9 @@ nlohmann::json DiffReport::to_json() const {
 }
 
 void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, int more) {
-  os << "diff: step " << r.step << " of " << what << ": " << r.entries.size() << " tensors compared, "
-     << r.diverging() << " diverge (an activation or gradient matches when max |plan - one device| <= "
-     << fmt(r.rtol) << " x max |one device|, a parameter when each element is within " << fmt(r.param_atol) << " + "
+  os << "diff: step " << r.step << " of " << what << ": " << r.entries.size() << " tensors compared, " << r.diverging()
+     << " diverge (an activation or gradient matches when max |plan - one device| <= " << fmt(r.rtol)
+     << " x max |one device|, a parameter when each element is within " << fmt(r.param_atol) << " + "
      << fmt(r.param_rtol) << " x |one device|)\n";
   if (!r.not_compared.empty()) {
     os << "  not compared: " << r.not_compared.size() << " (";
@@ -456,7 +473,8 @@ void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, 
   if (total <= 0) return;
   os << "next divergences (" << std::min(more, total) << " of " << total << ", in execution order):\n";
   os << "  " << std::left << std::setw(4) << "mb" << std::setw(17) << "direction" << std::setw(64) << "tensor"
-     << std::setw(11) << "max abs" << std::setw(11) << "rel" << "ranks\n";
+     << std::setw(11) << "max abs" << std::setw(11) << "rel"
+     << "ranks\n";
   int shown = 0;
   for (const auto& e : r.entries) {
     if (!e.diverges || &e == f) continue;

@@ -7,7 +7,6 @@
 // tensors, and it also names the rank whose piece differs.
 #pragma once
 #include <nlohmann/json.hpp>
-
 #include <ostream>
 #include <string>
 #include <vector>
@@ -26,10 +25,10 @@ struct DiffEntry {
   double scale = 0;    // max |one device|
   double rel = 0;      // max_abs / scale
   bool diverges = false;
-  std::vector<int> ranks;    // the ranks whose piece diverges
-  std::vector<int> holders;  // every rank that holds a piece
-  std::string where;         // the (first diverging) piece's place in the whole tensor
-  std::string problem;       // a piece that could not be placed, or elements no rank computed
+  std::vector<int> ranks;         // the ranks whose piece diverges
+  std::vector<int> holders;       // every rank that holds a piece
+  std::string where;              // the (first diverging) piece's place in the whole tensor
+  std::string problem;            // a piece that could not be placed, or elements no rank computed
   std::string direction() const;  // forward, backward, before the step, update
   std::string tensor() const;     // "output", "gradient into its input", "gradient (synchronised)", ...
   // Execution order: parameters before the step, then per microbatch the
