@@ -204,6 +204,16 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
   if (!quiet)
     std::cout << "diff: training " << c.name << " on one device to step " << step << ", recording it" << std::endl;
   const SideRun one = run_side(o, "single", step, dir + "/single");
+  // The plan's pieces cover every tensor one device recorded (replicated ones
+  // more than once): refuse before filling the disk.
+  const int64_t single_bytes = bytes_under(dir + "/single/record");
+  const auto space = std::filesystem::space(dir);
+  if (static_cast<int64_t>(space.available) < single_bytes) {
+    throw UserError("composer diff: one device's records of step " + std::to_string(step) + " took " +
+                    std::to_string(single_bytes >> 20) + " MiB, and the plan's take at least as much, but " + dir +
+                    " has " + std::to_string(space.available >> 20) + " MiB free; record fewer modules with --modules "
+                    "(e.g. --modules layers.0) or free space");
+  }
   if (!quiet) std::cout << "diff: training the plan to step " << step << ", recording it" << std::endl;
   const SideRun plan = run_side(o, "plan", step, dir + "/plan");
   const auto t1 = std::chrono::steady_clock::now();
