@@ -91,8 +91,17 @@ namespace {
 
 // The composer diff command for the same config and overrides.
 std::string diff_command(const CliOptions& o) {
-  std::string cmd = "composer diff --config " + o.config;
-  for (const auto& s : o.sets) cmd += " --set " + s;
+  auto quoted = [](const std::string& a) {  // as a shell reads it back
+    if (a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,/=:+@") ==
+        std::string::npos) {
+      return a;
+    }
+    std::string q = "'";
+    for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+  };
+  std::string cmd = "composer diff --config " + quoted(o.config);
+  for (const auto& s : o.sets) cmd += " --set " + quoted(s);
   return cmd;
 }
 

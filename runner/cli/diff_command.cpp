@@ -3,6 +3,7 @@
 // (runner/verify/diff.h). Each side is a job of its own, started as
 // `composer diff --record-side single|plan --record-step N` with its output in
 // a log beside the records.
+#include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "models/registry.h"
 #include "parallelisms/fully_shard.h"
@@ -72,10 +74,23 @@ SideRun run_side(const CliOptions& o, const std::string& side, int64_t step, con
   const int err = posix_spawn(&pid, "/proc/self/exe", &files, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&files);
   if (err != 0) throw RuntimeFailure("composer diff: cannot start the " + side + " run: " + std::strerror(err));
+  // Waits, passing a stop request (SIGTERM, SIGINT) on to the job.
   int status = 0;
   rusage usage{};
-  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+  bool stopping = false;
+  for (;;) {
+    const pid_t got = wait4(pid, &status, WNOHANG, &usage);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) {
+      throw RuntimeFailure("composer diff: lost the " + side + " run: " + std::strerror(errno));
+    }
+    if (!stopping && stop_requested()) {
+      kill(pid, SIGTERM);
+      stopping = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (stopping) throw Stopped("composer diff: asked to stop; the " + side + " run was stopped");
   SideRun r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.max_rss_mb = usage.ru_maxrss / 1024.0;
@@ -141,10 +156,13 @@ int64_t bytes_under(const std::string& dir) {
 }  // namespace
 
 ExperimentConfig diff_side_config(const CliOptions& o, const ExperimentConfig& c) {
-  if (o.record_side != "single") return c;
-  ExperimentConfig twin = single_device_twin(c);
-  twin.debug = DebugConfig{};  // the twin is the reference: no injected fault
-  return twin;
+  // A non-finite step is what diff must locate, not a reason to stop: it is
+  // recorded, its update left out (the config hash ignores both keys).
+  ExperimentConfig side = o.record_side == "single" ? single_device_twin(c) : c;
+  side.train.on_nonfinite = OnNonFinite::kSkip;
+  side.train.max_skipped = std::max<int64_t>(side.train.max_skipped, side.train.steps);
+  if (o.record_side == "single") side.debug = DebugConfig{};  // the twin is the reference: no injected fault
+  return side;
 }
 
 int run_diff(const CliOptions& o, const ExperimentConfig& c) {
@@ -224,6 +242,11 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c) {
   const DiffReport rep =
       diff_records(dir + "/single/record", dir + "/plan/record", rtol, c.check.param_rtol, c.check.param_atol);
   const double compare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (rep.entries.empty()) {
+    std::string why;
+    for (const auto& n : rep.not_compared) why += "\n  " + n;
+    throw RuntimeFailure("composer diff: no tensor of step " + std::to_string(step) + " could be compared:" + why);
+  }
   nlohmann::json j = rep.to_json();
   j["config"] = o.config;
   j["cost"] = {{"find_step_s", find_s},

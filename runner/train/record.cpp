@@ -67,8 +67,10 @@ void StepRecorder::add(const std::string& kind, const std::string& name, const s
   // recorded tensor at a time, whatever the model's size.
   const std::string file = "rank" + std::to_string(rank_) + "/" + std::to_string(state_->order - 1) + ".safetensors";
   state_->entries.back()["file"] = file;
+  // float64 stays float64 (its tolerances are below float32's resolution); bfloat16 and float16 widen.
+  const auto dtype = t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   write_safetensors(files_dir_ + "/" + file,
-                    {{key, t.detach().to(torch::kCPU, torch::kFloat, /*non_blocking=*/false, /*copy=*/true)}});
+                    {{key, t.detach().to(torch::kCPU, dtype, /*non_blocking=*/false, /*copy=*/true)}});
 }
 
 // Where an activation piece of this rank's current microbatch lies: its
@@ -168,6 +170,7 @@ void StepRecorder::write_entries(const std::string& dir, int64_t step) {
                       {"step", step},
                       {"global_batch", layout_.global_batch},
                       {"seq_len", layout_.seq_len},
+                      {"local_batch", layout_.local_batch},
                       {"grad_divisor", layout_.grad_divisor},
                       {"entries", state_->entries}};
   std::ofstream f(base + ".json");

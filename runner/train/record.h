@@ -41,6 +41,7 @@ bool records_module(const RecordOptions& options, const std::string& fqn);
 struct RecordLayout {
   int64_t batch_begin = 0;                // the rank's first sample in the global batch (as the plan means it)
   int64_t microbatch = 0;                 // samples per microbatch on this rank
+  int64_t local_batch = 0;                // samples per step on this rank
   int64_t global_batch = 0, seq_len = 0;  // seq_len 0: inputs without a sequence
   // Backward on this rank runs on its loss share times this (data-parallel
   // size, context-parallel size, the pipeline's loss factor): the recorded

@@ -381,11 +381,11 @@ void run_step(StepState& s, StepRecord& r) {
   auto phase = Clock::now();
   par.finish_grad_sync();
   r.backward_ms += ms_since(phase);
-  if (s.after_grad_sync) s.after_grad_sync();
   gather_loss(par, local_loss, r);
   s.delays.at(parallel::DelayPoint::kBeforeOptimizerStep);
   phase = Clock::now();
   inject_nan_grad(s, r);
+  if (s.after_grad_sync) s.after_grad_sync();  // the gradients the optimizer reads
   const GradNorm g = global_grad_norm(s.params, par);
   r.grad_norm = g.norm;
   r.stop = g.stop;

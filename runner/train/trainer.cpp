@@ -69,6 +69,7 @@ RecordLayout record_layout(const ExperimentConfig& c, const Plan& plan, const Ra
   RecordLayout out;
   out.batch_begin = (rm.par.dp ? rm.par.dp->rank : 0) * plan.local_batch;
   out.microbatch = plan.local_microbatch;
+  out.local_batch = plan.local_batch;
   out.global_batch = c.train.global_batch;
   out.seq_len = rm.data.inputs == InputKind::kTokens ? rm.data.seq_len : 0;
   const auto* pipeline = plan.find<PipelineConfig>();

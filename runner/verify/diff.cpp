@@ -30,7 +30,7 @@ struct Piece {
 };
 
 struct Side {
-  int64_t step = 0, global_batch = 0, seq_len = 0;
+  int64_t step = 0, global_batch = 0, seq_len = 0, local_batch = 0;
   std::vector<Piece> pieces;
 };
 
@@ -50,6 +50,7 @@ Side read_side(const std::string& dir) {
     s.step = j["step"];
     s.global_batch = j["global_batch"];
     s.seq_len = j["seq_len"];
+    s.local_batch = j.value("local_batch", int64_t{0});
     for (auto& e : j["entries"]) {
       s.pieces.push_back(
           {e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), dir + "/" + e["file"].get<std::string>()});
@@ -149,7 +150,7 @@ Region place_activation(const nlohmann::json& w, const torch::Tensor& whole, at:
       }
       continue;
     }
-    if (d == seq_dim && !pos.empty() && !tokens_in_rows && all == seq) {
+    if (d == seq_dim && !pos.empty() && !tokens_in_rows && all == seq && mine != all) {
       auto p = torch::tensor(pos, torch::kLong);
       const int64_t len = static_cast<int64_t>(pos.size());
       if (mine == len) {
@@ -268,6 +269,12 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
   }
   std::map<std::pair<std::string, std::string>, std::vector<const Piece*>> pieces_of;
   for (const auto& p : plan.pieces) pieces_of[{p.e["kind"], p.e["module"]}].push_back(&p);
+  for (const auto& [k, pieces] : pieces_of) {
+    if (!whole_of.count(k)) {
+      out.not_compared.push_back((k.second.empty() ? "(the model)" : k.second) + " " + k.first +
+                                 ": recorded by the plan only");
+    }
+  }
   for (auto& [k, singles] : whole_of) {
     const auto& [kind, name] = k;
     auto found = pieces_of.find(k);
@@ -322,13 +329,12 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
     const double scale = max_abs(whole);
     auto covered = torch::zeros(whole.sizes(), torch::kBool);
     std::map<int64_t, DiffEntry> by_mb;  // the plan's microbatches
-    for (const Piece* p : found->second) {
-      const int64_t mb = p->e["microbatch"];
+    auto entry = [&](int64_t mb) -> DiffEntry& {
       DiffEntry& d = by_mb[mb];
       if (d.kind.empty()) {
         d.kind = kind;
         d.name = name;
-        d.type = p->e["type"];
+        d.type = found->second.front()->e["type"];
         d.microbatch = mb;
         d.scale = scale;
         d.phase = kind == "param_before" ? 0 : kind == "param_grad" ? 2 : kind == "param_after" ? 3 : 1;
@@ -337,6 +343,11 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
         const int64_t o = order_of[k];
         d.order = kind == "param_grad" ? -o : o;
       }
+      return d;
+    };
+    for (const Piece* p : found->second) {
+      const int64_t mb = p->e["microbatch"];
+      DiffEntry& d = entry(mb);
       d.holders.push_back(p->rank);
       torch::Tensor piece = p->load();
       const Region r = is_param(kind) ? place_param(p->e["where"], whole, piece.sizes())
@@ -365,14 +376,27 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
       }
       d.max_abs = std::max(d.max_abs, err);
     }
-    const int64_t missing = covered.numel() - covered.sum().item<int64_t>();
+    // Elements no rank's piece holds, by the plan's microbatch that should
+    // have computed them (a parameter's, or a tensor without a batch dim: 0).
+    std::map<int64_t, int64_t> missing;
+    if (const int64_t n = covered.numel() - covered.sum().item<int64_t>(); n > 0) {
+      const int64_t micro = batch_dim >= 0 ? found->second.front()->e["where"]["samples"][1].get<int64_t>() : 0;
+      if (batch_dim >= 0 && plan.local_batch > 0 && micro > 0) {
+        const int64_t per_sample = whole.size(batch_dim) / plan.global_batch;
+        auto rows = covered.logical_not().nonzero().select(1, batch_dim);
+        auto mbs = ((rows.div(per_sample, "floor") % plan.local_batch).div(micro, "floor")).contiguous();
+        for (int64_t i = 0; i < mbs.numel(); ++i) ++missing[mbs.data_ptr<int64_t>()[i]];
+      } else {
+        missing[0] = n;
+      }
+    }
+    for (const auto& [mb, n] : missing) {
+      DiffEntry& d = entry(mb);
+      d.diverges = true;
+      if (d.problem.empty()) d.problem = std::to_string(n) + " of the elements this microbatch computes are in no rank's piece";
+    }
     for (auto& [mb, d] : by_mb) {
       d.rel = d.scale > 0 ? d.max_abs / d.scale : (d.max_abs > 0 ? INFINITY : 0);
-      if (missing > 0 && d.problem.empty()) {
-        d.diverges = true;
-        d.problem =
-            std::to_string(missing) + " of its " + std::to_string(covered.numel()) + " elements are in no rank's piece";
-      }
       std::sort(d.holders.begin(), d.holders.end());
       d.holders.erase(std::unique(d.holders.begin(), d.holders.end()), d.holders.end());
       out.entries.push_back(std::move(d));
@@ -467,8 +491,12 @@ void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, 
   if (!f->problem.empty()) os << "  " << f->problem << "\n";
   os << "  max abs err " << fmt(f->max_abs) << ", rel err " << fmt(f->rel) << " (max |one device| " << fmt(f->scale)
      << ")\n";
-  os << "  differs on rank" << (f->ranks.size() > 1 ? "s " : " ") << ranks_text(f->ranks) << " (pieces on ranks "
-     << ranks_text(f->holders) << "); " << f->where << "\n";
+  if (f->ranks.empty()) {
+    os << "  no rank's piece differs: elements are missing (pieces on ranks " << ranks_text(f->holders) << ")\n";
+  } else {
+    os << "  differs on rank" << (f->ranks.size() > 1 ? "s " : " ") << ranks_text(f->ranks) << " (pieces on ranks "
+       << ranks_text(f->holders) << "); " << f->where << "\n";
+  }
   const int total = r.diverging() - 1;
   if (total <= 0) return;
   os << "next divergences (" << std::min(more, total) << " of " << total << ", in execution order):\n";
