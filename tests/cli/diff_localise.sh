@@ -16,6 +16,7 @@ code=$?
 python3 - "$expect" "$code" "$work/diff.out" <<'PY'
 import json, sys
 expect, code = sys.argv[1], int(sys.argv[2])
+g = lambda v: "not finite" if v is None else "%.3g" % v  # JSON has no inf: the report writes null
 out = open(sys.argv[3]).read()
 try:
     report = json.loads(out[out.index("{"):])
@@ -26,8 +27,8 @@ first = report["first"]
 if expect == "match":
     if code == 0 and first is None and report["diverging"] == 0 and report["compared"] > 0:
         w = report["worst"]
-        print("ok: %d tensors match at step %d; worst %s %s rel err %.3g (tolerance %.3g)" %
-              (report["compared"], report["step"], w["module"], w["kind"], w["rel_err"], report["rtol"]))
+        print("ok: %d tensors match at step %d; worst %s %s rel err %s (tolerance %.3g)" %
+              (report["compared"], report["step"], w["module"], w["kind"], g(w["rel_err"]), report["rtol"]))
         sys.exit(0)
     print("FAIL: expected a match, got exit %d, first %s" % (code, json.dumps(first)))
     sys.exit(1)
@@ -35,12 +36,12 @@ kind, module, mb, ranks = expect.split(":")
 got = None if first is None else "%s:%s:%d:%s" % (first["kind"], first["module"], first["microbatch"],
                                                   ",".join(str(r) for r in first["ranks"]))
 if code == 1 and got == expect:
-    print("ok: step %d, %s: %s %s, max abs err %.3g, rel err %.3g, on ranks %s (%s); %d of %d tensors diverge" %
-          (report["step"], first["direction"], first["module"], first["tensor"], first["max_abs_err"],
-           first["rel_err"], first["ranks"], first["where"], report["diverging"], report["compared"]))
+    print("ok: step %d, %s: %s %s, max abs err %s, rel err %s, on ranks %s (%s); %d of %d tensors diverge" %
+          (report["step"], first["direction"], first["module"], first["tensor"], g(first["max_abs_err"]),
+           g(first["rel_err"]), first["ranks"], first["where"], report["diverging"], report["compared"]))
     sys.exit(0)
 print("FAIL: expected first divergence %s, got %s (exit %d)" % (expect, got, code))
 for d in report.get("divergences", [])[:5]:
-    print("  %s %s mb %d ranks %s rel %.3g" % (d["kind"], d["module"], d["microbatch"], d["ranks"], d["rel_err"]))
+    print("  %s %s mb %d ranks %s rel %s" % (d["kind"], d["module"], d["microbatch"], d["ranks"], g(d["rel_err"])))
 sys.exit(1)
 PY
