@@ -311,6 +311,8 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
           const int64_t n = singles[i]->e["where"]["samples"][1];
           fits = fits && parts[i].dim() > d && parts[i].size(d) % n == 0;
         }
+        // No batch dim: then every microbatch's tensor is the same.
+        for (size_t i = 1; i < parts.size() && d < 0; ++i) fits = fits && parts[i].equal(parts[0]);
         if (!fits) continue;
         torch::Tensor w = d < 0 || parts.size() == 1 ? parts[0] : torch::cat(parts, d);
         const Region r = place_activation(first->e["where"], w, first->shape(), plan.global_batch, plan.seq_len, d);
@@ -322,6 +324,7 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
         if (why.empty()) why = r.why;
       }
       if (!whole.defined()) {
+        if (why.empty()) why = "fits no layout (batch-first, sequence-first, or the same for every sample)";
         out.not_compared.push_back(label + ": rank " + std::to_string(first->rank) + "'s piece " + why);
         continue;
       }
@@ -478,7 +481,7 @@ void print_diff(std::ostream& os, const DiffReport& r, const std::string& what, 
   const DiffEntry* f = r.first();
   if (!f) {
     const DiffEntry* w = r.worst();
-    os << "no divergence: every module's output and input gradient, every parameter and its gradient match";
+    os << "no divergence: every compared output, input gradient, parameter and gradient matches";
     if (w) {
       os << "; the closest to its tolerance: " << label(*w) << " " << w->tensor() << " (" << w->direction()
          << ", microbatch " << w->microbatch << "), rel err " << fmt(w->rel);
