@@ -20,10 +20,12 @@ for fault in "${faults[@]}"; do
   out=$("$composer" check --config "$cfg" --out "$work/$fault" --set "debug.inject=$fault" "${sets[@]}" 2>&1)
   code=$?
   failed=$(echo "$out" | grep -o 'check failed with .*' | head -1)
-  if [ "$code" -eq 1 ] && echo "$failed" | grep -Eq '\([1-9][0-9]* in per-step.*, [1-9][0-9]* in final'; then
+  # ... and the message ends with the composer diff command that localises it.
+  if [ "$code" -eq 1 ] && echo "$failed" | grep -Eq '\([1-9][0-9]* in per-step.*, [1-9][0-9]* in final' &&
+     echo "$failed" | grep -Fq "composer diff --config $cfg --set debug.inject=$fault"; then
     echo "ok: $fault: $failed"
   else
-    echo "FAIL: $fault: exit $code; expected 1 with mismatches in both the per-step values and the parameters"
+    echo "FAIL: $fault: exit $code; expected 1 with mismatches in both the per-step values and the parameters, and the composer diff command"
     echo "$out" | tail -5
     status=1
   fi
