@@ -78,6 +78,11 @@ RecordLayout record_layout(const ExperimentConfig& c, const Plan& plan, const Ra
   return out;
 }
 
+// What the rank's transforms applied to: its stage roots, or the whole model.
+std::vector<models::Root> rank_roots(const RankModel& rm) {
+  return rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*rm.model)} : rm.par.roots;
+}
+
 // What the loop measured, for the reports after it.
 struct LoopResult {
   std::vector<StepRecord> steps;
@@ -186,8 +191,7 @@ void install_module_fault(const Loop& l) {
   const DebugConfig& d = l.c.debug;
   if ((d.inject != Inject::kModuleOutput && d.inject != Inject::kModuleGrad) || l.rank.rank != d.inject_rank) return;
   nn::Module* target = nullptr;
-  auto roots = l.rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*l.rm.model)} : l.rm.par.roots;
-  for (const auto& root : roots) {
+  for (const auto& root : rank_roots(l.rm)) {
     for (const auto& [name, m] : root.modules) {
       if (name == d.inject_module) target = m;
     }
@@ -350,9 +354,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
   std::unique_ptr<StepRecorder> recorder;
   if (record.step != 0) {
-    recorder = std::make_unique<StepRecorder>(
-        record, rm.par.roots.empty() ? std::vector<models::Root>{models::whole(*rm.model)} : rm.par.roots, rm.par,
-        held, rank.rank, record_layout(c, plan, rm));
+    recorder = std::make_unique<StepRecorder>(record, rank_roots(rm), rm.par, held, rank.rank,
+                                              record_layout(c, plan, rm));
     loop.recorder = recorder.get();
     if (record.step > 0) loop.last_step = std::min(record.step, c.train.steps);
   }

@@ -22,11 +22,10 @@ struct Piece {
   nlohmann::json e;  // the entry: key, kind, module, type, microbatch, order, where
   int rank = 0;
   double grad_divisor = 1;
-  std::string file;  // one tensor
-  std::vector<int64_t> shape() const { return read_safetensors_entries(file).at(0).shape; }
-  torch::Tensor load() const {
-    return read_safetensors_tensor(file, read_safetensors_entries(file).at(0)).to(torch::kDouble);
-  }
+  std::string file;         // one tensor
+  SafetensorsEntry stored;  // its header entry, read once
+  const std::vector<int64_t>& shape() const { return stored.shape; }
+  torch::Tensor load() const { return read_safetensors_tensor(file, stored).to(torch::kDouble); }
 };
 
 struct Side {
@@ -52,8 +51,9 @@ Side read_side(const std::string& dir) {
     s.seq_len = j["seq_len"];
     s.local_batch = j.value("local_batch", int64_t{0});
     for (auto& e : j["entries"]) {
+      const std::string file = dir + "/" + e["file"].get<std::string>();
       s.pieces.push_back(
-          {e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), dir + "/" + e["file"].get<std::string>()});
+          {e, j["rank"].get<int>(), j["grad_divisor"].get<double>(), file, read_safetensors_entries(file).at(0)});
     }
   }
   return s;
@@ -396,7 +396,8 @@ DiffReport diff_records(const std::string& single_dir, const std::string& plan_d
     for (const auto& [mb, n] : missing) {
       DiffEntry& d = entry(mb);
       d.diverges = true;
-      if (d.problem.empty()) d.problem = std::to_string(n) + " of the elements this microbatch computes are in no rank's piece";
+      if (d.problem.empty())
+        d.problem = std::to_string(n) + " of the elements this microbatch computes are in no rank's piece";
     }
     for (auto& [mb, d] : by_mb) {
       d.rel = d.scale > 0 ? d.max_abs / d.scale : (d.max_abs > 0 ? INFINITY : 0);
