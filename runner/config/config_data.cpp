@@ -54,6 +54,12 @@ DocumentsConfig read_documents(YamlMap& m, bool tokens) {
   }
   e.get("loss_on_boundary", d.loss_on_boundary);
   e.finish();
+  if (!d.mask && !d.loss_on_boundary) {
+    throw ConfigError(e.ref("loss_on_boundary"),
+                      "loss_on_boundary: false without mask: true (Megatron's end-of-document loss mask without "
+                      "the attention reset) is not built yet; set mask: true as well, which leaves the same "
+                      "targets out of the loss and also keeps attention within each document");
+  }
   if (!d.mask) {
     throw ConfigError(d.ref, "data.documents without mask: true changes nothing (windows run across documents, as "
                              "without it); set mask: true or remove documents");
