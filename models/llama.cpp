@@ -2,6 +2,7 @@
 // position embeddings, grouped-query attention (n_kv_heads), SwiGLU
 // feed-forward, blocks named layers.0 .. layers.<n-1>, depth-scaled init.
 #include <cmath>
+#include <sstream>
 
 #include "models/layers.h"
 #include "models/model_decl.h"
@@ -218,7 +219,11 @@ void check_llama_args(const ModelArgs& a) {
     }
     if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
     for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor", "z_loss_coeff"}) {
-      if (a.f(n) < 0) throw ArgError(n, std::string(n) + " must be 0 (off) or positive");
+      if (!(a.f(n) >= 0)) {
+        std::ostringstream os;
+        os << n << " must be 0 (off) or positive, got " << a.f(n);
+        throw ArgError(n, os.str());
+      }
     }
   }
   if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {

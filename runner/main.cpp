@@ -129,7 +129,7 @@ int report(std::exception_ptr error) {
   } catch (const Stopped& e) {
     return fail(4, "stopped", e.what());
   } catch (const Diverged& e) {
-    return fail(5, "runtime failure", e.what());
+    return fail(5, "diverged at step " + std::to_string(e.step()), e.what());
   } catch (const RuntimeFailure& e) {
     return fail(3, "runtime failure", e.what());
   } catch (const c10::Error& e) {

@@ -2,6 +2,7 @@
 // exit 2; a failed golden comparison exits 1; a failure while running exits 3.
 // Only main() turns these into exit codes.
 #pragma once
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -29,18 +30,26 @@ class UserError : public std::runtime_error {
 class ConfigError : public UserError {
  public:
   ConfigError(const SourceRef& ref, const std::string& message)
-      : UserError(ref.where() + ": " + message), ref_(ref) {}
+      : UserError(ref.where() + ": " + message), ref_(ref), message_(message) {}
   const SourceRef& ref() const { return ref_; }
+  const std::string& message() const { return message_; }  // without the place
 
  private:
   SourceRef ref_;
+  std::string message_;
 };
 
 // A plan that cannot run: divisibility, order, unsupported composition.
 class PlanError : public UserError {
  public:
   PlanError(const SourceRef& ref, const std::string& message)
-      : UserError(ref.where() + ": " + message) {}
+      : UserError(ref.where() + ": " + message), ref_(ref), message_(message) {}
+  const SourceRef& ref() const { return ref_; }
+  const std::string& message() const { return message_; }  // without the place
+
+ private:
+  SourceRef ref_;
+  std::string message_;
 };
 
 // A missing, unreadable or corrupt input file (safetensors, golden, data).
@@ -79,7 +88,11 @@ class RuntimeFailure : public std::runtime_error {
 // train.on_nonfinite: stop): a restart would repeat it; exit code 5.
 class Diverged : public RuntimeFailure {
  public:
-  using RuntimeFailure::RuntimeFailure;
+  Diverged(int64_t step, const std::string& message) : RuntimeFailure(message), step_(step) {}
+  int64_t step() const { return step_; }  // the step whose update it stopped before
+
+ private:
+  int64_t step_;
 };
 
 // The job was asked to stop (SIGTERM or SIGINT) and did so at a step's end,

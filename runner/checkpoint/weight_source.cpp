@@ -1,5 +1,6 @@
 #include "runner/checkpoint/weight_source.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -41,6 +42,18 @@ int64_t rotary_heads(const std::string& name, int64_t n_heads, int64_t n_kv_head
 }
 
 std::unique_ptr<WeightSource> make() { return std::unique_ptr<WeightSource>(new WeightSource()); }
+
+// Blocks layers.0 .. layers.<n-1> among the names (composer's) of `m`: n, the highest index + 1.
+template <class Map>
+int64_t layer_count(const Map& m) {
+  static const std::regex layer(R"(layers\.(\d{1,9})\..+)");
+  int64_t n = 0;
+  for (const auto& [name, value] : m) {
+    std::smatch k;
+    if (std::regex_match(name, k, layer)) n = std::max<int64_t>(n, std::stoll(k[1].str()) + 1);
+  }
+  return n;
+}
 
 }  // namespace
 
@@ -204,9 +217,11 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
 }
 
 std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c) {
-  if (!c.from_hf.empty()) return hf_folder(c.from_hf, c.args);
-  if (!c.init_from.empty()) return file(c.init_from);
-  return nullptr;
+  std::unique_ptr<WeightSource> s;
+  if (!c.from_hf.empty()) s = hf_folder(c.from_hf, c.args);
+  if (c.from_hf.empty() && !c.init_from.empty()) s = file(c.init_from);
+  if (s) s->model_name_ = c.name;
+  return s;
 }
 
 std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(models::Model& model,
@@ -218,8 +233,18 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
     const Stored& first = stored.parts.front();
     auto it = params.find(name);
     if (it == params.end()) {
-      throw FileError(first.file, "unexpected tensor '" + first.entry.name + "': model " + model.type() +
-                                      " has no parameter of that name");
+      const std::string model_name = model_name_.empty() ? "the model" : "model " + model_name_;
+      // A Hugging Face folder whose weights hold more layers than its config.json builds.
+      const int64_t built = layer_count(params), stored = layer_count(tensors_);
+      if (n_heads_ && stored > built && name.rfind("layers.", 0) == 0) {
+        throw FileError(first.file, "unexpected tensor '" + first.entry.name + "': the weights hold " +
+                                        std::to_string(stored) + " layers, but " + model_name + " is built with " +
+                                        std::to_string(built) + " (num_hidden_layers in " + where_ +
+                                        "/config.json); set num_hidden_layers to " + std::to_string(stored) +
+                                        " there, or give the config.json these weights were saved with");
+      }
+      throw FileError(first.file,
+                      "unexpected tensor '" + first.entry.name + "': " + model_name + " has no parameter of that name");
     }
     const std::vector<int64_t> shape = shape_of ? shape_of(it->second) : it->second.sizes().vec();
     for (const Stored& part : stored.parts) {

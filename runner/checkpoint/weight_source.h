@@ -77,6 +77,7 @@ class WeightSource {
   };
   std::map<std::string, Param> tensors_;  // by composer name
   std::string where_;                     // the file or folder
+  std::string model_name_;                // the config's model.name, for errors ("" when not opened from one)
   int64_t n_heads_ = 0, n_kv_heads_ = 0;  // a Hugging Face folder's heads (0: composer's layout)
   int64_t n_experts_ = 0;                 // a Mixtral folder's experts (0: dense)
   torch::Tensor read_stored_box(const Stored& s, const std::vector<int64_t>& offset,

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <tuple>
 
 #include "runner/checkpoint/export.h"
@@ -51,7 +52,8 @@ const char kUsage[] =
     "          1 GB/s; on cuda 400 TFLOP/s, 200 and 25 GB/s; memory: mesh.memory_per_rank_mb, else the\n"
     "          host's (cuda: required)\n"
     "\n"
-    "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure\n";
+    "exit codes: 0 ok, 1 check failed, 2 bad input, 3 runtime failure, 4 stopped on request, 5 diverged (a\n"
+    "            loss or gradient not finite)\n";
 
 const std::pair<const char*, Command> kCommands[] = {
     {"run", Command::kRun}, {"check", Command::kCheck}, {"golden", Command::kGolden}, {"plan", Command::kPlan},
@@ -179,8 +181,17 @@ Command command_named(const std::string& name) {
   throw UserError("unknown command '" + name + "'; use run, check, golden, plan, diff, export or suggest (composer --help)");
 }
 
+// A number given on the command line that must be at least 1 (a count, a
+// step) or above 0 (a rate): 0 or less would silently mean the default.
+void require_given_positive(const po::variables_map& vm, const char* name, double value, const std::string& what) {
+  if (!vm.count(name) || value > 0) return;
+  std::ostringstream shown;
+  shown << value;
+  throw UserError(std::string("--") + name + " " + shown.str() + ": " + what);
+}
+
 // Options that belong together, or to one command only.
-void check_combinations(const CliOptions& o) {
+void check_combinations(const CliOptions& o, const po::variables_map& vm) {
   if (o.config.empty()) throw UserError("missing --config FILE; see composer --help");
   const bool exporting = o.command == Command::kExport;
   if (exporting && (o.checkpoint.empty() == o.weights.empty() || o.out.empty())) {
@@ -195,24 +206,41 @@ void check_combinations(const CliOptions& o) {
   if (o.json && o.command != Command::kPlan && !diffing) {
     throw UserError("--json belongs to composer plan and diff; see composer --help");
   }
-  if ((o.step || !o.modules.empty() || !o.record_side.empty() || o.record_step) && !diffing) {
+  if ((vm.count("step") || !o.modules.empty() || !o.record_side.empty() || vm.count("record-step")) && !diffing) {
     throw UserError("--step and --modules belong to composer diff; see composer --help");
   }
-  if (o.step < 0) throw UserError("--step " + std::to_string(o.step) + ": give a step of training (1 or more)");
+  require_given_positive(vm, "step", static_cast<double>(o.step),
+                         "give a step of training (1 or more), or leave --step out to compare the first step "
+                         "composer check fails");
   if (!o.record_side.empty() && o.record_side != "single" && o.record_side != "plan") {
     throw UserError("--record-side " + o.record_side + ": composer diff sets it to single or plan");
   }
-  if (o.samples && o.command != Command::kPlan) throw UserError("--samples belongs to composer plan; see composer --help");
-  if (o.samples < 0) throw UserError("--samples " + std::to_string(o.samples) + ": give a count of samples (at least 1)");
+  if (vm.count("samples") && o.command != Command::kPlan) {
+    throw UserError("--samples belongs to composer plan; see composer --help");
+  }
+  require_given_positive(vm, "samples", static_cast<double>(o.samples), "give a count of samples (at least 1)");
   const bool suggesting = o.command == Command::kSuggest;
+  if (suggesting) {
+    require_given_positive(vm, "ranks-per-node", static_cast<double>(o.ranks_per_node),
+                           "give the ranks (devices) of one node (1 or more)");
+  }
   if (suggesting && o.ranks_per_node < 1) {
     throw UserError("composer suggest needs --ranks-per-node N (the ranks, or devices, of one node); see composer --help");
   }
-  if (suggesting && (o.nodes < 1 || o.top < 1 || o.max_estimates < 1)) {
-    throw UserError("--nodes, --top and --max-estimates must be at least 1");
+  if (suggesting) {
+    require_given_positive(vm, "nodes", static_cast<double>(o.nodes), "give the nodes of the world (1 or more)");
+    require_given_positive(vm, "top", static_cast<double>(o.top),
+                           "give the plans that must fit before the search stops (1 or more, default 3)");
+    require_given_positive(vm, "max-estimates", static_cast<double>(o.max_estimates),
+                           "give the most plans to run dry (1 or more, default 40)");
+    const char* rate = "must be above 0; leave it out for the default (composer --help)";
+    require_given_positive(vm, "matmul-tflops", o.matmul_tflops, std::string("a matmul rate ") + rate);
+    require_given_positive(vm, "intra-gbs", o.intra_gbs, std::string("a bandwidth ") + rate);
+    require_given_positive(vm, "inter-gbs", o.inter_gbs, std::string("a bandwidth ") + rate);
   }
-  if (!suggesting && (o.ranks_per_node || o.nodes != 1 || !o.device_memory.empty() || o.matmul_tflops || o.intra_gbs ||
-                      o.inter_gbs || o.top != 3 || o.max_estimates != 40)) {
+  if (!suggesting &&
+      (vm.count("ranks-per-node") || vm.count("nodes") || vm.count("device-memory") || vm.count("matmul-tflops") ||
+       vm.count("intra-gbs") || vm.count("inter-gbs") || vm.count("top") || vm.count("max-estimates"))) {
     throw UserError("--ranks-per-node, --nodes, --device-memory, --matmul-tflops, --intra-gbs, --inter-gbs, --top and "
                     "--max-estimates belong to composer suggest; see composer --help");
   }
@@ -252,7 +280,7 @@ CliOptions parse_cli(int argc, char** argv) {
     return o;
   }
   if (vm.count("command")) o.command = command_named(vm["command"].as<std::string>());
-  check_combinations(o);
+  check_combinations(o, vm);
   return o;
 }
 

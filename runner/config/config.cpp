@@ -271,6 +271,22 @@ DataConfig read_data(YamlMap& root) {
   return c;
 }
 
+// data.documents.eos_id against the model's vocabulary: an id the model never sees would end no document.
+void check_eos_id(const ModelConfig& model, const DocumentsConfig& d) {
+  const auto& args = model.args.values();
+  const auto vocab = args.find("vocab_size");
+  if (d.eos_id < 0 || vocab == args.end() || !std::holds_alternative<int64_t>(vocab->second)) return;
+  const int64_t size = std::get<int64_t>(vocab->second);
+  if (d.eos_id < size) return;
+  const std::string from =
+      model.from_hf.empty() ? "model.args.vocab_size" : "vocab_size in " + model.from_hf + "/config.json";
+  throw ConfigError(d.eos_id_ref, "eos_id " + std::to_string(d.eos_id) + " is not a token id of model " + model.name +
+                                      ", whose vocab_size is " + std::to_string(size) + " (" + from + ", ids 0 to " +
+                                      std::to_string(size - 1) +
+                                      "); give the id that ends each document in the "
+                                      "token files, or leave eos_id out to read each file's document index");
+}
+
 CheckConfig read_check(YamlMap& root) {
   YamlMap m = section(root, "check");
   CheckConfig c;
@@ -390,9 +406,11 @@ MetricsConfig read_metrics(YamlMap& root) {
   }
 #endif
   m.get("straggler_factor", c.straggler_factor);
-  if (c.straggler_factor <= 1) {
-    throw ConfigError(m.ref("straggler_factor"), "straggler_factor must be above 1 (a rank this many times the "
-                                                 "median compute time is named), e.g. 1.5");
+  if (!(c.straggler_factor > 1)) {
+    std::ostringstream os;
+    os << "straggler_factor must be above 1 (a rank this many times the median compute time is named), got "
+       << c.straggler_factor << "; give e.g. 1.5";
+    throw ConfigError(m.ref("straggler_factor"), os.str());
   }
   m.get("straggler_steps", c.straggler_steps);
   require_positive(m.ref("straggler_steps"), static_cast<double>(c.straggler_steps), "straggler_steps");
@@ -537,6 +555,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& file,
   c.parallelize = read_parallelize(root);
   c.train = read_train(root);
   c.data = read_data(root);
+  check_eos_id(c.model, c.data.documents);
   c.check = read_check(root);
   c.checkpoint = read_checkpoint(root);
   c.eval = read_eval(root, c.data);

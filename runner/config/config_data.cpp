@@ -48,6 +48,7 @@ DocumentsConfig read_documents(YamlMap& m, bool tokens) {
   }
   e.get("mask", d.mask);
   e.get("eos_id", d.eos_id);
+  if (e.has("eos_id")) d.eos_id_ref = e.ref("eos_id");
   if (e.has("eos_id") && d.eos_id < 0) {
     throw ConfigError(e.ref("eos_id"), "eos_id must be a token id (>= 0); leave it out to read each token file's "
                                        "document index (<path>.docs, which tools/prepare-data writes)");

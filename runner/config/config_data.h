@@ -18,6 +18,7 @@ struct DocumentsConfig {
   int64_t eos_id = -1;           // the id ending every document; -1: each token file's index, <path>.docs
   bool loss_on_boundary = true;  // the loss at a document's last token (whose target is the next one's first)
   SourceRef ref;                 // where documents was given
+  SourceRef eos_id_ref;          // where eos_id was given
   bool active() const { return mask; }
 };
 

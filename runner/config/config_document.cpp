@@ -17,8 +17,9 @@ struct KeyWalk {
 };
 
 // YAML forbids a key twice in one mapping, but yaml-cpp keeps both and reads
-// one of them: an error naming both places instead. `walk.place(first)` names a
-// place (file lines, or the --set override). Refuses a document that expands past
+// one of them: an error at the second naming the first's place instead.
+// `walk.place(first)` names a place (its line and column, or its column in the
+// --set override). Refuses a document that expands past
 // kMaxConfigNodes, at the first node past the bound.
 void check_unique_keys(const YAML::Node& node, const std::string& path, KeyWalk& walk) {
   if (++walk.nodes > kMaxConfigNodes) {
@@ -45,9 +46,8 @@ void check_unique_keys(const YAML::Node& node, const std::string& path, KeyWalk&
       const std::string child = path.empty() ? key : path + "." + key;
       auto [it, fresh] = seen.emplace(key, kv.first);
       if (!fresh) {
-        throw ConfigError(walk.ref_at(kv.first, child), "duplicate key '" + key + "': first " +
-                                                            walk.place(it->second) + ", again " +
-                                                            walk.place(kv.first) + "; keep one of them");
+        throw ConfigError(walk.ref_at(kv.first, child),
+                          "duplicate key '" + key + "', first given " + walk.place(it->second) + "; keep one of them");
       }
       check_unique_keys(kv.second, child, walk);
     }
@@ -117,7 +117,10 @@ void check_unique_keys(const YAML::Node& doc, const std::string& file) {
   KeyWalk walk{[&](const YAML::Node& n, const std::string& path) {
                  return SourceRef{file, n.Mark().line + 1, n.Mark().column + 1, path, ""};
                },
-               [](const YAML::Node& n) { return "at line " + std::to_string(n.Mark().line + 1); }};
+               [](const YAML::Node& n) {
+                 return "at line " + std::to_string(n.Mark().line + 1) + ", column " +
+                        std::to_string(n.Mark().column + 1);
+               }};
   check_unique_keys(doc, "", walk);
 }
 

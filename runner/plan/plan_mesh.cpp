@@ -3,6 +3,7 @@
 // against the model.
 #include "runner/plan/plan_mesh.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -39,6 +40,39 @@ std::string order_rule() {
     if (names.size() > 1) s += " (either order)";
   }
   return s;
+}
+
+// An example mesh for expert_parallel and `other` (another transform) that
+// both asked for dim `d`: `d` split in two, the experts' part named ep, with
+// real sizes; the ranks stay as they are unless `d`'s size is prime.
+std::string mesh_with_ep_split(const MeshConfig& m, const std::string& d, const std::string& other) {
+  auto taken = [&](const std::string& n) { return std::find(m.names.begin(), m.names.end(), n) != m.names.end(); };
+  const std::string ep = d == "ep" || !taken("ep") ? "ep" : d + "_ep";
+  const std::string data = d != "ep" ? d : !taken("dp") ? "dp" : "ep_dp";
+  const int64_t n = dim_size(m, d);
+  int64_t k = 2;
+  while (k < n && n % k != 0) ++k;
+  const bool split = k < n;  // else (n prime) a world with another data-parallel dim of 2
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    if (m.names[i] != d) {
+      shape.push_back(m.shape[i]);
+      names.push_back(m.names[i]);
+      continue;
+    }
+    shape.push_back(split ? n / k : 2);
+    names.push_back(data);
+    shape.push_back(split ? k : n);
+    names.push_back(ep);
+  }
+  int64_t world = 1;
+  for (int64_t x : shape) world *= x;
+  std::ostringstream os;
+  os << "mesh {shape: [" << c10::Join(", ", shape) << "], names: [" << join(names) << "]}";
+  if (!split) os << " on " << world << " ranks";
+  os << " with expert_parallel over " << ep << " and " << other << " over " << data;
+  return os.str();
 }
 
 }  // namespace
@@ -90,6 +124,7 @@ void check_order_and_dims(const ExperimentConfig& c) {
   std::string last_name;
   std::set<std::string> used;
   std::string ep;  // expert_parallel's dim, once listed
+  std::map<std::string, std::string> user;  // the first transform over each dim
   const std::string cp = context_parallel_dim(c);
   for (const auto& t : c.parallelize) {
     const auto* fs = std::get_if<FullyShardConfig>(&t.options);
@@ -111,14 +146,15 @@ void check_order_and_dims(const ExperimentConfig& c) {
       const bool experts = std::holds_alternative<ExpertParallelConfig>(t.options);
       const bool borrows_ep = d == ep && fs;
       if (used.count(d) && (d == ep || experts) && !borrows_ep) {
-        throw PlanError(t.ref, "mesh dim '" + d + "' is expert_parallel's and " +
-                                   (experts ? "an earlier transform's" : std::string(t.name()) + "'s") +
-                                   ": only fully_shard may share the experts' ranks (it shards the rest of the "
-                                   "model over them); give " + (experts ? std::string("the experts") : t.name()) +
-                                   " a mesh dim of its own, e.g. mesh {shape: [dp, ep], names: [dp, ep]} with "
-                                   "expert_parallel over ep");
+        const std::string other = experts ? user[d] : t.name();
+        throw PlanError(t.ref, "mesh dim '" + d + "' is expert_parallel's and " + other +
+                                   "'s: only fully_shard may share the experts' ranks (it shards the rest of the "
+                                   "model over them); give " +
+                                   (experts ? std::string("the experts") : t.name()) + " a mesh dim of its own, e.g. " +
+                                   mesh_with_ep_split(c.mesh, d, other));
       }
       if (experts) ep = d;
+      user.emplace(d, t.name());
       if (!used.insert(d).second && !(d == cp && data_parallel(t)) && !borrows_ep) {
         throw PlanError(t.ref, "mesh dim '" + d + "' is already used by an earlier transform; each dim serves one" +
                                    (d == cp ? " (only fully_shard or replicate may share context_parallel's)" : ""));

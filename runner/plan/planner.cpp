@@ -541,8 +541,15 @@ void plan_eval(const ExperimentConfig& c, Plan& p, int64_t world_size, const mod
     p.eval_local_batch = q.local_batch;
     p.eval_local_microbatch = q.local_microbatch;
   } catch (const UserError& err) {
+    // One place, eval's key: the transform that refuses is named by its YAML path, not a second file:line.
+    std::string why = err.what();
+    if (const auto* pe = dynamic_cast<const PlanError*>(&err)) {
+      why = (pe->ref().path.empty() ? "" : pe->ref().path + " refuses them: ") + pe->message();
+    } else if (const auto* ce = dynamic_cast<const ConfigError*>(&err)) {
+      why = (ce->ref().path.empty() ? "" : ce->ref().path + " refuses them: ") + ce->message();
+    }
     throw PlanError(ref, std::string("eval.global_batch ") + std::to_string(e.train.global_batch) + " and seq_len " +
-                             std::to_string(e.data.seq_len) + " do not fit this plan: " + err.what());
+                             std::to_string(e.data.seq_len) + " do not fit this plan: " + why);
   }
 }
 

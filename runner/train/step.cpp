@@ -150,20 +150,29 @@ void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
     }
   }
   std::ostringstream what;
-  what << "step " << r.step << ": ";
   if (named >= 0) {
     what << "the gradient of " << name << " on rank " << named << " is not finite";
   } else {
     what << "the loss is not finite";
   }
-  what << " (loss " << r.loss << ", gradient norm " << g.norm << ")";
+  auto shown = [](double v) {  // NaN's sign bit means nothing to a reader: "nan", never "-nan"
+    std::ostringstream os;
+    if (std::isnan(v)) {
+      os << "nan";
+    } else {
+      os << v;
+    }
+    return os.str();
+  };
+  what << " (loss " << shown(r.loss) << ", gradient norm " << shown(g.norm) << ")";
   const auto& t = s.c.train;
   if (t.on_nonfinite == OnNonFinite::kSkip && s.skipped_in_a_row < t.max_skipped) {
     ++s.skipped_in_a_row;
     r.skipped = true;
     for (auto& p : s.params) p.mutable_grad() = torch::Tensor();
     if (rank == 0) {
-      std::cout << "[rank 0/" << world << "] " << what.str() << "; train.on_nonfinite: skip left this step's update "
+      std::cout << "[rank 0/" << world << "] step " << r.step << ": " << what.str()
+                << "; train.on_nonfinite: skip left this step's update "
                 << "out (" << s.skipped_in_a_row << " in a row, at most " << t.max_skipped << ")" << std::endl;
     }
     return;
@@ -174,9 +183,10 @@ void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
   } else {
     what << "; train.on_nonfinite: stop stopped the job before the update";
   }
-  throw Diverged(what.str() + ". Nothing was saved after the last checkpoint. Look for the cause (the "
-                                    "learning rate, the data, a mixed-precision overflow), or set "
-                                    "train.on_nonfinite: skip to leave such steps out");
+  throw Diverged(r.step, what.str() +
+                             ". Nothing was saved after the last checkpoint. Look for the cause (the "
+                             "learning rate, the data, a mixed-precision overflow), or set "
+                             "train.on_nonfinite: skip to leave such steps out");
 }
 
 // This rank's part of a batch: under context parallelism, its slice of every
