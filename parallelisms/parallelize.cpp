@@ -64,6 +64,26 @@ void Parallel::take_over_cp(const Group& spanned) {
   }
 }
 
+namespace {
+
+// Buffers (a router's expert bias, BatchNorm's statistics) are whole wherever
+// they are held: Replicate on every mesh dim a transform did not place them
+// on (a pipeline places them on its stages' ranks). So, as for a parameter,
+// the copy that counts is index 0 of each replicate dim and the first member
+// of a pipeline dim: the one a checkpoint saves.
+void place_buffers(models::Model& model, DeviceMesh& mesh, Placements& placements) {
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) {
+    ShardSpec& spec = placements.of(b.value());
+    for (const auto& name : mesh.names()) {
+      if (spec.find(name)) continue;
+      Group& g = mesh.group(name);
+      spec.dims.push_back({name, &g, g.size, g.rank, Placement::replicate(), Placement::replicate()});
+    }
+  }
+}
+
+}  // namespace
+
 Parallel parallelize(models::Model& model, const std::vector<Transform>& transforms, const ParallelizeOptions& o) {
   Parallel par;
   par.roots = {models::whole(model)};
@@ -71,7 +91,8 @@ Parallel parallelize(models::Model& model, const std::vector<Transform>& transfo
   par.dp = o.data_parallel;
   for (size_t i = 0; i < transforms.size(); ++i) {
     auto trace_later = [&transforms, i](Tracing& t) {
-      for (size_t j = i + 1; j < transforms.size(); ++j) std::visit([&t](const auto& c) { trace(t, c); }, transforms[j]);
+      for (size_t j = i + 1; j < transforms.size(); ++j)
+        std::visit([&t](const auto& c) { trace(t, c); }, transforms[j]);
     };
     Applying a{model, par, o, trace_later};
     const bool spreads = std::visit([&a](const auto& c) { return apply(a, c); }, transforms[i]);
@@ -80,6 +101,7 @@ Parallel parallelize(models::Model& model, const std::vector<Transform>& transfo
   // Activation checkpointing alone changes how a unit computes, not where:
   // nothing is spread over ranks and nothing needs synchronising.
   if (!par.any) par.world = par.dp = nullptr;
+  if (par.any && o.mesh) place_buffers(model, *o.mesh, *par.placements);
   return par;
 }
 

@@ -147,12 +147,14 @@ void Pipeline::cut_stages(models::Model& model) {
         auto it = modules.find(name);
         TORCH_CHECK(it != modules.end(), "pipeline piece ", pieces_[i].name, " names no module ", name);
         names.push_back(name);
-        for (auto& item : it->second->named_parameters(/*recurse=*/true)) {
-          auto& info = params_[item.value().unsafeGetTensorImpl()];
+        auto add_holder = [&](const torch::Tensor& t) {
+          auto& info = params_[t.unsafeGetTensorImpl()];
           const int r = shape_.rank_of(s);
           if (std::find(info.ranks.begin(), info.ranks.end(), r) == info.ranks.end()) info.ranks.push_back(r);
           std::sort(info.ranks.begin(), info.ranks.end());
-        }
+        };
+        for (auto& item : it->second->named_parameters(/*recurse=*/true)) add_holder(item.value());
+        for (auto& item : it->second->named_buffers(/*recurse=*/true)) add_holder(item.value());
       }
     }
     if (!local(s)) continue;
@@ -162,7 +164,7 @@ void Pipeline::cut_stages(models::Model& model) {
   }
 }
 
-// Every parameter's placement on pp; this rank keeps only its stages' parameters.
+// Every parameter's and buffer's placement on pp; this rank keeps only its stages' parameters.
 void Pipeline::place_params(models::Model& model) {
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) {
@@ -180,6 +182,16 @@ void Pipeline::place_params(models::Model& model) {
       options_.placements->add(p, d);
     }
     if (!holds(p)) p.set_data(torch::empty({0}, p.options()));
+  }
+  // Buffers are held where their modules are, as parameters; a rank keeps
+  // the others' (nothing reads them there) but neither saves nor loads them.
+  if (!options_.placements) return;
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) {
+    auto it = params_.find(b.value().unsafeGetTensorImpl());
+    if (it == params_.end()) continue;  // in no piece: whole on every rank, like an unplaced tensor
+    SpecDim d{group_.name, &group_, group_.size, group_.rank, Placement::replicate(), Placement::replicate()};
+    d.members = it->second.ranks;
+    options_.placements->add(b.value(), d);
   }
 }
 

@@ -192,7 +192,7 @@ class Pipeline {
     std::vector<int64_t> shape;
     c10::ScalarType dtype;
   };
-  std::unordered_map<const c10::TensorImpl*, ParamInfo> params_;
+  std::unordered_map<const c10::TensorImpl*, ParamInfo> params_;  // parameters and buffers
   std::vector<TimelineEntry> timeline_;
   std::vector<double> losses_;
 };

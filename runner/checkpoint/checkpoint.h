@@ -45,8 +45,9 @@ struct HeldParam {
   std::string name;
   torch::Tensor param;
   const parallel::ShardSpec* spec = nullptr;
-  // A module buffer (BatchNorm's running statistics): whole on every rank,
-  // without optimizer state; rank 0's copy is saved and every rank loads it.
+  // A module buffer (BatchNorm's running statistics, a router's expert bias):
+  // whole wherever it is held, without optimizer state; its placement names
+  // the copy that is saved (rank 0's without one), and every holder loads it.
   bool buffer = false;
 };
 

@@ -348,7 +348,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   auto optimizer = make_optimizer(c.train.optimizer, params);
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*rm.model)) held.push_back({name, p, rm.par.placements->find(p)});
-  for (const auto& b : rm.model->named_buffers()) held.push_back({b.key(), b.value(), nullptr, /*buffer=*/true});
+  for (const auto& b : rm.model->named_buffers()) {
+    held.push_back({b.key(), b.value(), rm.par.placements->find(b.value()), /*buffer=*/true});
+  }
   Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix,
                             rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
