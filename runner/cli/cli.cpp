@@ -120,7 +120,7 @@ int do_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Rank
             << ", max param abs err " << rep.max_param_abs_err << " (" << rep.worst_param << "), max param rel err "
             << rep.max_param_rel_err << ", max grad_norm rel err " << rep.max_grad_norm_rel_err;
   if (rep.eval_losses > 0) std::cout << ", " << rep.eval_losses << " eval losses, max rel err " << rep.max_eval_rel_err;
-  std::cout << "\n";
+  std::cout << "; worst error at " << 100 * rep.max_tolerance_used << "% of its tolerance\n";
   if (!rep.ok) {
     throw CheckFailed("check failed with " + std::to_string(rep.failures) + " mismatch(es) (" +
                       std::to_string(rep.step_failures) + " in per-step losses and gradient norms, " +

@@ -81,6 +81,7 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
     for (auto [what, ev, av] : {std::tuple<const char*, double, double>{"loss", e.loss, a.loss},
                                 {"grad_norm", e.grad_norm, a.grad_norm}}) {
       Err err = err_of(ev, av, rtol, atol);
+      r.max_tolerance_used = std::max(r.max_tolerance_used, err.abs / std::max(atol + rtol * std::fabs(ev), 1e-300));
       if (std::string(what) == "loss") {
         r.max_loss_abs_err = std::max(r.max_loss_abs_err, err.abs);
         r.max_loss_rel_err = std::max(r.max_loss_rel_err, err.rel);
@@ -93,6 +94,7 @@ void compare_steps(const Golden& g, const ExperimentConfig& c, const std::vector
     if (e.has_eval && a.has_eval) {  // a golden made with eval checks a run with it; eval does not change training
       Err err = err_of(e.eval_loss, a.eval_loss, rtol, atol);
       r.max_eval_rel_err = std::max(r.max_eval_rel_err, err.rel);
+      r.max_tolerance_used = std::max(r.max_tolerance_used, err.abs / std::max(atol + rtol * std::fabs(e.eval_loss), 1e-300));
       ++r.eval_losses;
       if (!err.ok) {
         if (r.ok) r.first_failure_step = e.step;
@@ -126,6 +128,7 @@ void compare_params(const Golden& g, const ExperimentConfig& c, const NamedTenso
       r.worst_param = p.name;
     }
     if (rel.numel()) r.max_param_rel_err = std::max(r.max_param_rel_err, rel.max().item<double>());
+    if (diff.numel()) r.max_tolerance_used = std::max(r.max_tolerance_used, (diff / bound.clamp_min(1e-300)).max().item<double>());
     auto bad = (diff > bound).logical_or(a.values.isnan());
     if (bad.any().item<bool>()) {
       int64_t i = bad.nonzero()[0][0].item<int64_t>();

@@ -58,6 +58,10 @@ struct CompareReport {
   std::string worst_param;
   int eval_losses = 0;  // eval losses compared (steps where the golden and the run both evaluated)
   double max_eval_rel_err = 0;
+  // The largest error as a share of its bound (atol + rtol * |expected|) over
+  // every loss, gradient norm and parameter element: 1 is the limit. How
+  // close a passing check came to failing (another CPU's kernels move it).
+  double max_tolerance_used = 0;
 };
 
 // A plan's fully_shard mixed precision ("bfloat16 compute, float32 gradient
