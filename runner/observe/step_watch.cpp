@@ -105,12 +105,24 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The median of every rank's figure but rank i's: what a rank is compared
+// with. With itself in, a slow rank of two would be at most 2x the median
+// however slow it is (1.33x when it takes twice as long).
+double peers_median(const std::vector<double>& v, size_t i) {
+  std::vector<double> peers;
+  for (size_t j = 0; j < v.size(); ++j) {
+    if (j != i) peers.push_back(v[j]);
+  }
+  return median(std::move(peers));
+}
+
 }  // namespace
 
 // Every rank's step, compute and communication time; on the main rank, the
-// stragglers: a rank whose compute time (its step less its time in
-// collectives: a slow rank computes longer, its peers wait for it longer) is
-// above metrics.straggler_factor x the median, and 10 ms above it, for
+// stragglers. A rank delays its peers' step by as long as it computes (its
+// step less its time in collectives) beyond them: they wait that long for it
+// in the next collective. One whose compute time is above
+// metrics.straggler_factor x its peers' median, and 10 ms above it, for
 // metrics.straggler_steps steps in a row is named once, and again when it is
 // back within the bar.
 void StepWatch::compare_ranks(StepRecord& r) {
@@ -124,26 +136,28 @@ void StepWatch::compare_ranks(StepRecord& r) {
   }
   if (!is_main()) return;
   const MetricsConfig& m = run_.c.metrics;
-  const double mid = median(r.rank_compute_ms);
   slow_steps_.resize(n, 0);
   named_.resize(n, false);
   for (size_t i = 0; i < n; ++i) {
     const double ms = r.rank_compute_ms[i];
+    const double mid = peers_median(r.rank_compute_ms, i);
     const bool above = ms > m.straggler_factor * mid && ms - mid > 10.0;
     slow_steps_[i] = above ? slow_steps_[i] + 1 : 0;
-    char line[300];
+    char line[400];
     line[0] = 0;
     if (above && slow_steps_[i] >= m.straggler_steps && !named_[i]) {
       named_[i] = true;
       std::snprintf(line, sizeof line,
-                    "straggler: rank %zu is %.1fx the median step compute (%.1f ms against %.1f ms) for %lld steps "
-                    "in a row, to step %lld (metrics.straggler_factor %.2f)",
-                    i, ms / std::max(mid, 1e-9), ms, mid, static_cast<long long>(slow_steps_[i]),
+                    "straggler: rank %zu is %.1fx its peers' median step compute (%.1f ms against %.1f ms): it holds "
+                    "their step up by about %.1f ms, for %lld steps in a row, to step %lld "
+                    "(metrics.straggler_factor %.2f)",
+                    i, ms / std::max(mid, 1e-9), ms, mid, ms - mid, static_cast<long long>(slow_steps_[i]),
                     static_cast<long long>(r.step), m.straggler_factor);
     } else if (!above && named_[i]) {
       named_[i] = false;
-      std::snprintf(line, sizeof line, "straggler: rank %zu is back within %.2fx the median step compute at step %lld",
-                    i, m.straggler_factor, static_cast<long long>(r.step));
+      std::snprintf(line, sizeof line,
+                    "straggler: rank %zu is back within %.2fx its peers' median step compute at step %lld", i,
+                    m.straggler_factor, static_cast<long long>(r.step));
     }
     if (line[0]) std::cout << run_.log_prefix << line << std::endl;
     if (named_[i]) r.stragglers.push_back(static_cast<int64_t>(i));
