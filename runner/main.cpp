@@ -33,6 +33,17 @@ void tune_allocator() {
 
 int report(std::exception_ptr error);
 
+// Where the ranks of a restarted attempt begin (Checkpointer::resume_path
+// for an attempt after the first), as the launcher's restart line says.
+std::string restart_start(const CliOptions& o, const ExperimentConfig& c) {
+  const std::string fresh = "start again from step 1";
+  if (o.command != Command::kRun) return fresh + " (only composer run resumes from checkpoints)";
+  if (!c.checkpoint.enabled) return fresh + " (checkpoint.enabled: false)";
+  if (c.checkpoint.resume == "never") return fresh + " (checkpoint.resume: never)";
+  return "resume from the newest complete checkpoint (" +
+         (c.checkpoint.resume == "auto" ? "from step 1" : "from " + c.checkpoint.resume) + " while none is complete)";
+}
+
 int run(int argc, char** argv) {
   tune_allocator();
   // A write past the file-size limit (RLIMIT_FSIZE) fails with EFBIG, which the
@@ -83,7 +94,7 @@ int run(int argc, char** argv) {
   }
   if (!env) {
     RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s,
-                           out_dir_of(options, config) + "/flight"};
+                           out_dir_of(options, config) + "/flight", restart_start(options, config)};
     return launch_local_ranks(static_cast<int>(plan.world_size), options.node, options.argv, restart);
   }
   RankContext rank = join_job(*env, config, plan);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -238,6 +239,103 @@ void unfinished(const std::vector<RankFlight>& ranks, std::vector<std::string>& 
 
 double ms_since(int64_t t, int64_t now) { return t == 0 ? 0.0 : static_cast<double>(t - now) / 1e6; }
 
+// When a rank's ring last changed (an issue, start, wait or finish): a
+// stopped rank's stops advancing.
+int64_t last_advance(const RankFlight& rf) {
+  int64_t t = 0;
+  for (const auto& r : rf.records) t = std::max({t, r.issued_ns, r.started_ns, r.waited_ns, r.finished_ns});
+  return t;
+}
+
+std::string seconds(int64_t ns) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f s", static_cast<double>(ns) / 1e9);
+  return s;
+}
+
+// "rank 0", "ranks 0 and 2", "ranks 0, 2 and 3".
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += i + 1 == ranks.size() ? " and " : ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+// The operation a rank waits in (the training thread's newest first), or nullptr.
+const FlightRecord* waiting_in(const RankFlight& rf) {
+  const FlightRecord* best = nullptr;
+  for (const auto& r : rf.records) {
+    if (!blocked_in(&r)) continue;
+    const bool better = !best || (r.thread == 0 && best->thread != 0) || (r.thread == best->thread && r.id > best->id);
+    if (better) best = &r;
+  }
+  return best;
+}
+
+// Whether `theirs` on rank `peer` is `mine` on rank `me`: the same collective,
+// or the other end of the same message.
+bool same_op(int me, const FlightRecord& mine, int peer, const FlightRecord& theirs) {
+  if (mine.seq != theirs.seq || std::string(mine.group) != theirs.group) return false;
+  if (mine.peer < 0) return theirs.peer < 0;
+  return mine.peer == peer && theirs.peer == me && std::string(mine.kind) != theirs.kind;
+}
+
+// The peers that wait inside the operation `op` of rank `me` too.
+std::vector<int> waiting_with(const Rings& x, int me, const FlightRecord& op) {
+  std::vector<int> out;
+  for (const auto& [peer, rf] : x.by_rank) {
+    if (peer == me) continue;
+    for (const auto& r : rf->records) {
+      if (blocked_in(&r) && same_op(me, op, peer, r)) {
+        out.push_back(peer);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Where a frozen rank's ring stopped: inside an operation (and who waits in
+// it with it), else behind a peer that waits for it, else in none.
+std::string where_frozen(const Rings& x, const RankFlight& rf, const std::vector<Behind>& behind) {
+  if (const FlightRecord* op = waiting_in(rf)) {
+    std::string s = "it stopped inside #" + std::to_string(op->seq) + " " + describe(*op) + " on " + op->group;
+    const std::vector<int> peers = waiting_with(x, rf.rank, *op);
+    if (!peers.empty()) s += ", in which " + rank_list(peers) + (peers.size() == 1 ? " waits" : " wait");
+    return s;
+  }
+  for (bool blocked : {true, false}) {  // one a peer waits for first
+    for (const auto& b : behind) {
+      if (b.rank == rf.rank && b.blocked == blocked) return "it is behind " + b.text;
+    }
+  }
+  return "it waits in no operation (it stopped while computing)";
+}
+
+// "rank 1 is frozen (...): it stopped inside ...", for each rank whose
+// process the launcher saw stopped until the end.
+void frozen(const std::vector<RankFlight>& ranks, const Rings& x, const std::vector<Behind>& behind,
+            std::vector<std::string>& out) {
+  const int64_t now = parallel::monotonic_now_ns();
+  int64_t others = 0;  // the newest advance of a rank that ran
+  for (const auto& rf : ranks) {
+    if (!rf.stopped) others = std::max(others, last_advance(rf));
+  }
+  for (const auto& rf : ranks) {
+    if (!rf.stopped) continue;
+    const char* abbrev = sigabbrev_np(rf.stopped);
+    std::string line = "rank " + std::to_string(rf.rank) + " is frozen (its process was stopped by signal " +
+                       std::to_string(rf.stopped) + (abbrev ? " (SIG" + std::string(abbrev) + ")" : std::string()) +
+                       " until the job ended";
+    const int64_t mine = last_advance(rf);
+    if (mine > 0) line += "; its ring last advanced " + seconds(now - mine) + " before this report";
+    if (mine > 0 && others > 0) line += ", the other ranks' " + seconds(now - others);
+    out.push_back(line + "): " + where_frozen(x, rf, behind));
+  }
+}
+
 }  // namespace
 
 // The ranks behind, those that wait for no one first: a rank behind that is
@@ -270,6 +368,9 @@ std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks) {
   mismatches(x, out);
   collectives_behind(x, behind);
   p2p_behind(x, behind, out);
+  const size_t before = out.size();
+  frozen(ranks, x, behind, out);
+  if (out.size() > before) return out;  // the ranks behind or waiting are held up by the frozen ones
   order_behind(behind, out);
   if (out.empty()) stuck_transfers(x, out);
   if (out.empty()) unfinished(ranks, out);
@@ -292,7 +393,7 @@ nlohmann::json flight_json(const RankFlight& rf, int64_t now_ns) {
 }
 
 std::vector<std::string> report_flights(const std::string& ring_dir, const std::vector<int>& ranks,
-                                        const std::string& dump_dir) {
+                                        const std::string& dump_dir, const std::map<int, int>& stopped) {
   std::vector<RankFlight> rings;
   for (int r : ranks) {
     RankFlight rf;
@@ -300,6 +401,7 @@ std::vector<std::string> report_flights(const std::string& ring_dir, const std::
     rf.records = parallel::FlightRecorder::read_file(ring_dir + "/flight-" + std::to_string(r) + ".bin", &rank, &rf.step);
     if (rank < 0) continue;
     rf.rank = rank;
+    if (auto it = stopped.find(rank); it != stopped.end()) rf.stopped = it->second;
     rings.push_back(std::move(rf));
   }
   if (rings.empty()) return {};

@@ -4,6 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,11 +12,12 @@
 
 namespace composer {
 
-// One rank's ring as read back.
+// One rank's ring as read back, and its process as the launcher saw it.
 struct RankFlight {
   int rank = 0;
   int64_t step = 0;  // the step it was in
   std::vector<parallel::FlightRecord> records;  // oldest first
+  int stopped = 0;  // the signal that held its process stopped until the job ended (SIGSTOP...); 0: it ran
 };
 
 // What the rings say, most telling first, one line each:
@@ -24,6 +26,10 @@ struct RankFlight {
 //   "rank 0 is behind on dp[0,1]: it issued 6 collectives there, rank 1 issued 7; the first it has not issued: #7 all_reduce (...)"
 //   "rank 2 is held up (it waits for rank 1) on pp[2,3]: ...": behind, but itself inside a wait for a rank behind
 //   "every rank issued the same operations; rank 1 has not finished #9 all_gather on dp[0,1] (...), issued 10.2 s before the failure"
+//   "rank 1 is frozen (its process was stopped by signal 19 (SIGSTOP) ...): it stopped inside #9 all_gather (...) on dp[0,1], in which rank 0 waits"
+// A rank whose process was stopped is the cause, whatever the rings show of
+// the others (they wait for it, directly or through a peer): it is named,
+// with where its ring stopped, and no other rank is named behind.
 // Empty when the rings show nothing amiss.
 std::vector<std::string> flight_findings(const std::vector<RankFlight>& ranks);
 
@@ -34,9 +40,10 @@ nlohmann::json flight_json(const RankFlight& r, int64_t now_ns);
 // The launcher's part after a failed attempt: reads the rings the ranks
 // mapped in `ring_dir` (flight-<rank>.bin), writes each as
 // `dump_dir`/rank-<r>.json (when dump_dir is not empty) and prints the
-// findings to stderr. Returns the findings.
+// findings to stderr. `stopped`: rank -> the signal that held its process
+// stopped until the end (the ranks the launcher saw frozen). Returns the findings.
 std::vector<std::string> report_flights(const std::string& ring_dir, const std::vector<int>& ranks,
-                                        const std::string& dump_dir);
+                                        const std::string& dump_dir, const std::map<int, int>& stopped = {});
 
 // A rank's own dump when it fails under an external launcher: its ring as
 // `dump_dir`/rank-<r>.json.

@@ -12,10 +12,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "runner/base/errors.h"
@@ -39,18 +40,11 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-struct Child {
-  pid_t pid = -1;
+struct Child : RankProcess {
   int rank = 0;
   int out_fd = -1, err_fd = -1;
   std::string out_buf, err_buf;
-  bool done = false;
-  int code = 0;
-  int sent = 0;     // the last signal the launcher sent it (0: none)
-  int signal = 0;   // the signal it died of, when the launcher did not send it
   int64_t died_ns = 0;  // when it was found dead (CLOCK_MONOTONIC, as ranks stamp their errors)
-  int stopped = 0;      // the signal that stopped it (SIGSTOP, SIGTSTP...) while it is stopped, else 0
-  bool frozen = false;  // it was still stopped when it died (the launcher killed it)
 };
 
 int64_t monotonic_ns() {
@@ -253,29 +247,20 @@ bool tend(Child& c, int world_size) {
   const std::string prefix = "[rank " + std::to_string(c.rank) + "/" + std::to_string(world_size) + "] ";
   if (c.out_fd >= 0 && !pump(c.out_fd, c.out_buf, std::cout, prefix)) { close(c.out_fd); c.out_fd = -1; }
   if (c.err_fd >= 0 && !pump(c.err_fd, c.err_buf, std::cerr, prefix)) { close(c.err_fd); c.err_fd = -1; }
-  if (c.done) return false;
-  int status = 0;
-  if (waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != c.pid) return false;
-  if (WIFSTOPPED(status)) {  // frozen: its peers will time out waiting for it
-    c.stopped = WSTOPSIG(status);
-    return false;
-  }
-  if (WIFCONTINUED(status)) {
-    c.stopped = 0;
-    return false;
-  }
-  c.done = true;
-  c.frozen = c.stopped != 0;
-  c.code = exit_code_of(status);
+  if (c.done || !watch_process(c)) return false;
   c.died_ns = monotonic_ns();
-  if (WIFSIGNALED(status) && WTERMSIG(status) != c.sent) c.signal = WTERMSIG(status);
   return true;
 }
 
 // Sends `sig` to every rank still running, remembering it as the launcher's.
+// Before the first SIGKILL, a rank last seen stopped is looked at again: a
+// continue waitpid has not reported yet must not make it frozen (after it,
+// a dying rank is no longer stopped).
 void signal_running(std::vector<Child>& kids, int sig) {
   for (auto& c : kids) {
-    if (!c.done) kill(c.pid, c.sent = sig);
+    if (c.done) continue;
+    if (sig == SIGKILL && c.sent != SIGKILL && c.stopped && !process_is_stopped(c.pid)) c.stopped = 0;
+    kill(c.pid, c.sent = sig);
   }
 }
 
@@ -312,8 +297,12 @@ int report_outcome(const std::vector<Child>& kids, const std::string& error_dir,
   const Cause cause = failure_cause(kids, error_dir, g_interrupted);
   if (cause.rank >= 0 && cause.exit_code == 3 && !error_dir.empty()) {  // a rank's failure, a hang among them
     std::vector<int> ranks;
-    for (const auto& c : kids) ranks.push_back(c.rank);
-    report_flights(error_dir, ranks, flight_dir);
+    std::map<int, int> stopped;  // the frozen ranks: the rings' report names them as the cause
+    for (const auto& c : kids) {
+      ranks.push_back(c.rank);
+      if (c.frozen) stopped[c.rank] = c.stopped;
+    }
+    report_flights(error_dir, ranks, flight_dir, stopped);
   }
   if (!error_dir.empty()) std::filesystem::remove_all(error_dir);
   const bool all_stopped = std::all_of(kids.begin(), kids.end(), [](const Child& c) { return c.code == kStoppedCode; });
@@ -332,6 +321,38 @@ int report_outcome(const std::vector<Child>& kids, const std::string& error_dir,
 }
 
 }  // namespace
+
+bool process_is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t name_end = line.rfind(')');  // the name in parentheses may hold spaces
+  if (name_end == std::string::npos || name_end + 2 >= line.size()) return false;
+  const char state = line[name_end + 2];
+  return state == 'T' || state == 't';
+}
+
+bool watch_process(RankProcess& p) {
+  if (p.done) return false;
+  int status = 0;
+  while (waitpid(p.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) == p.pid) {
+    if (WIFSTOPPED(status)) {  // frozen while it stays so: its peers will time out waiting for it
+      p.stopped = WSTOPSIG(status);
+    } else if (WIFCONTINUED(status)) {
+      p.stopped = 0;
+    } else {
+      // Stopped, only SIGKILL ends it: any other end means it ran again.
+      const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      p.frozen = killed && p.stopped != 0;
+      if (!p.frozen) p.stopped = 0;
+      p.done = true;
+      p.code = exit_code_of(status);
+      if (WIFSIGNALED(status) && WTERMSIG(status) != p.sent) p.signal = WTERMSIG(status);
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string first_slurm_host(const std::string& list) {
   const size_t cut = list.find_first_of(",[");
@@ -435,8 +456,7 @@ int launch_local_ranks(int world_size, const NodeOptions& node, const std::vecto
       return code;
     }
     std::cerr << "launch.max_restarts: restarting the job (restart " << job.attempt + 1 << " of "
-              << restart.max_restarts << ") in " << restart.restart_wait_s
-              << " s; its ranks resume from the newest complete checkpoint\n"
+              << restart.max_restarts << ") in " << restart.restart_wait_s << " s; its ranks " << restart.start << "\n"
               << std::flush;
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(restart.restart_wait_s * 1000));

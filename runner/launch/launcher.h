@@ -5,6 +5,8 @@
 // (torchrun-style RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) the
 // process runs as that one rank.
 #pragma once
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +25,8 @@ struct RestartOptions {
   int64_t max_restarts = 0;   // launch.max_restarts: attempts after the first
   double restart_wait_s = 5;  // launch.restart_wait_s
   std::string flight_dir;     // where the ranks' flight records go after a failure ("" = not kept)
+  // Where a restarted attempt's ranks begin, as the restart line ends: "its ranks <start>".
+  std::string start = "resume from the newest complete checkpoint (from step 1 while none is complete)";
 };
 
 // Who this process is when it runs as a rank.
@@ -47,11 +51,31 @@ std::optional<RankEnv> rank_env_from_environment();
 // The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 
+// A rank's process as the launcher sees it through waitpid.
+struct RankProcess {
+  pid_t pid = -1;
+  int sent = 0;         // the last signal the launcher sent it (0: none)
+  bool done = false;    // it has ended (and was reaped)
+  int code = 0;         // its exit code, or 128 + the signal it died of
+  int signal = 0;       // the signal it died of, when the launcher did not send it
+  int stopped = 0;      // the signal that stopped it (SIGSTOP, SIGTSTP...) while it is stopped, else 0
+  bool frozen = false;  // it was still stopped when it died (only SIGKILL ends a stopped process)
+};
+
+// Takes every report waitpid has on `p` now, without blocking; returns
+// whether it has just ended. A stop followed by a continue and an exit
+// between two calls may reach the launcher as the stop, then the exit alone:
+// an exit, or a death by any signal but SIGKILL, proves it was running.
+bool watch_process(RankProcess& p);
+
+// Whether the process is stopped now (job control or a tracer), as /proc says.
+bool process_is_stopped(pid_t pid);
+
 // Spawns this node's ranks running `argv` and supervises them; returns the
 // job's exit code (0, or the first failing rank's 1, 2, 3 or 5). A failure
 // that a restart can cure (exit 3: a crash, a killed or frozen rank) starts
 // the job again, up to restart.max_restarts times; each rank learns its
-// attempt from COMPOSER_ATTEMPT and resumes from the newest checkpoint.
+// attempt from COMPOSER_ATTEMPT and goes on as restart.start says.
 int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv,
                        const RestartOptions& restart = {});
 

@@ -6,7 +6,10 @@
 #     run ends (final parameters and every logged loss);
 #  2. killed on three attempts with max_restarts 2, it gives up: exit 3;
 #  3. a failure a restart cannot cure is not restarted: bad input (exit 2)
-#     and a diverged run (a NaN gradient under on_nonfinite: stop, exit 5).
+#     and a diverged run (a NaN gradient under on_nonfinite: stop, exit 5);
+#  4. under checkpoint.resume: never the restart line says the ranks start
+#     again from step 1, and they do (no resume; the losses of step 1 on are
+#     the uninterrupted run's).
 # Usage: restarts.sh COMPOSER CONFIG WORK_DIR
 set -u
 composer=$1 cfg=$2 work=$3
@@ -24,6 +27,8 @@ kills=$(grep -c "^rank 1 was killed by signal 9 (SIGKILL)" "$work/restarted.log"
 [ "$kills" -eq 2 ] || fail "expected rank 1 killed twice, the log names $kills kills"
 grep -q "restarting the job (restart 1 of 2)" "$work/restarted.log" || fail "no first restart logged"
 grep -q "restarting the job (restart 2 of 2)" "$work/restarted.log" || fail "no second restart logged"
+grep -q "restarting the job (restart 1 of 2) in 0.2 s; its ranks resume from the newest complete checkpoint" \
+  "$work/restarted.log" || fail "the restart line does not say the ranks resume: $(grep 'restarting' "$work/restarted.log")"
 resumes=$(grep -c "resuming from $work/restarted/checkpoints/step-000002 (step 2 of 4)" "$work/restarted.log")
 [ "$resumes" -eq 2 ] || fail "expected 2 resumes from step 2, found $resumes"
 same_run "$work/straight" "$work/restarted" 1
@@ -47,3 +52,12 @@ code=$?
 [ "$code" -eq 2 ] || fail "bad input: exit $code, expected 2"
 grep -q "restarting the job" "$work/bad.log" && fail "bad input was restarted"
 echo "ok: a diverged run (exit 5) and bad input (exit 2) are not restarted"
+
+"$composer" run --config "$cfg" --out "$work/never" "${sets[@]}" --set launch.max_restarts=1 "${kill_rank1[@]}" \
+  --set checkpoint.resume=never >"$work/never.log" 2>&1 || fail "restarted job under resume never failed: $(tail -3 "$work/never.log")"
+line=$(grep "launch.max_restarts: restarting the job" "$work/never.log") || fail "no restart logged under resume never"
+[[ "$line" == *"its ranks start again from step 1 (checkpoint.resume: never)" ]] ||
+  fail "the restart line under resume never: $line"
+grep -q "resuming from" "$work/never.log" && fail "a restart under resume never resumed: $(grep -m1 'resuming from' "$work/never.log")"
+same_run "$work/straight" "$work/never" 1
+echo "ok: under checkpoint.resume never the restart line says step 1, and the restarted job trains from step 1"

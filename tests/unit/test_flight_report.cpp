@@ -2,6 +2,7 @@
 // the findings name the mismatch, the rank behind and its operation; and a
 // ring mapped in a file reads back as it was recorded.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <cstring>
@@ -121,6 +122,59 @@ TEST(FlightReport, SaysSoWhenEveryRankIssuedTheSame) {
   const auto f = flight_findings({r0, r1});
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].rfind("every rank issued the same operations; rank 1 has not finished #1 all_reduce", 0), 0u) << f[0];
+}
+
+FlightRecord blocked(FlightRecord r, int64_t at) {
+  r.issued_ns = r.waited_ns = at;
+  r.finished_ns = 0;
+  return r;
+}
+
+// Tensor parallel: rank 2 of 4 froze inside all_reduce #5 after its peers
+// entered it; the rings alone cannot tell it from the ranks that wait, but
+// the launcher saw its process stopped: it alone is named, and where.
+TEST(FlightReport, NamesAStoppedRankInsideAnOperationEveryRankWaitsIn) {
+  std::vector<RankFlight> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(
+        {r,
+         3,
+         {op(1, 4, "all_reduce", "tp[0,1,2,3]", 64), blocked(op(2, 5, "all_reduce", "tp[0,1,2,3]", 64), 10 + r)}});
+  }
+  ranks[2].stopped = SIGSTOP;
+  const auto f = flight_findings(ranks);
+  ASSERT_EQ(f.size(), 1u) << ::testing::PrintToString(f);
+  EXPECT_EQ(f[0].rfind("rank 2 is frozen (its process was stopped by signal 19 (SIGSTOP) until the job ended", 0), 0u)
+      << f[0];
+  EXPECT_NE(f[0].find("): it stopped inside #5 all_reduce (64 B float, step 0) on tp[0,1,2,3], in which ranks 0, 1 "
+                      "and 3 wait"),
+            std::string::npos)
+      << f[0];
+}
+
+// Fully sharded over 4: rank 1 froze while computing, before all_gather #7;
+// ranks 0 and 2 wait in #7, and rank 3, waiting in #7 too, has not yet
+// issued the prefetch #8 ranks 0 and 2 wait in. Only rank 1 is named,
+// behind on #7: not rank 3, which the rings alone would call behind on #8.
+TEST(FlightReport, NamesAStoppedRankBehindAndNoRankItHoldsUp) {
+  const char* dp = "dp[0,1,2,3]";
+  auto ring = [&](int rank, bool prefetched) {
+    RankFlight r{rank, 2, {op(1, 6, "all_gather", dp, 64), blocked(op(2, 7, "all_gather", dp, 64), 20)}};
+    if (prefetched) r.records.push_back(blocked(op(3, 8, "all_gather", dp, 64), 21));
+    return r;
+  };
+  RankFlight r1{1, 2, {op(1, 6, "all_gather", dp, 64)}};
+  r1.stopped = SIGSTOP;
+  const std::vector<RankFlight> ranks{ring(0, true), r1, ring(2, true), ring(3, false)};
+  const auto f = flight_findings(ranks);
+  ASSERT_EQ(f.size(), 1u) << ::testing::PrintToString(f);
+  EXPECT_EQ(f[0].rfind("rank 1 is frozen (", 0), 0u) << f[0];
+  EXPECT_NE(f[0].find("): it is behind on dp[0,1,2,3]: it issued 6 collectives there"), std::string::npos) << f[0];
+  std::vector<RankFlight> rings_alone = ranks;
+  rings_alone[1].stopped = 0;
+  int rank3 = 0;
+  for (const auto& line : flight_findings(rings_alone)) rank3 += line.rfind("rank 3 is behind", 0) == 0;
+  EXPECT_EQ(rank3, 1);
 }
 
 TEST(FlightRecorder, AMappedRingReadsBackAndWraps) {
