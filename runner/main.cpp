@@ -1,6 +1,8 @@
-// composer: parse the command line, load and plan the experiment, then either
-// start the ranks (a multi-rank mesh without an external launcher) or run as
-// one rank. The only place where an exception becomes an exit code.
+// composer: parse the command line, then the stages its command's row asks
+// for: load and plan the experiment, check what can be checked before any
+// rank starts, then run in this process, start the ranks (a multi-rank mesh
+// without an external launcher) or run as one rank. The only place where an
+// exception becomes an exit code.
 #include <malloc.h>
 #include <time.h>
 
@@ -12,6 +14,7 @@
 #include "runner/estimate/estimate.h"
 #include "runner/base/memory.h"
 #include "runner/cli/cli.h"
+#include "runner/cli/commands.h"
 #include "runner/launch/flight_report.h"
 #include "runner/train/build.h"
 #include "runner/base/errors.h"
@@ -33,86 +36,94 @@ void tune_allocator() {
 
 int report(std::exception_ptr error);
 
-// Where the ranks of a restarted attempt begin (Checkpointer::resume_path
-// for an attempt after the first), as the launcher's restart line says.
-std::string restart_start(const CliOptions& o, const ExperimentConfig& c) {
-  const std::string fresh = "start again from step 1";
-  if (o.command != Command::kRun) return fresh + " (only composer run resumes from checkpoints)";
-  if (!c.checkpoint.enabled) return fresh + " (checkpoint.enabled: false)";
-  if (c.checkpoint.resume == "never") return fresh + " (checkpoint.resume: never)";
-  return "resume from the newest complete checkpoint (" +
-         (c.checkpoint.resume == "auto" ? "from step 1" : "from " + c.checkpoint.resume) + " while none is complete)";
-}
-
-int run(int argc, char** argv) {
+// Once per process, before anything else.
+void prepare_process() {
   tune_allocator();
   // A write past the file-size limit (RLIMIT_FSIZE) fails with EFBIG, which the
   // writers report, rather than killing the process with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
   install_stop_handlers();  // a rank's; composer's launcher installs its own
-  CliOptions options = parse_cli(argc, argv);
-  if (options.exit_now) return 0;
-  if (options.command == Command::kSuggest) return run_suggest(options);
-  ExperimentConfig config = load_config(options.config, options.sets);
-  if (options.command == Command::kGolden && (!config.parallelize.empty() || config.mesh.world_size() != 1)) {
-    config = single_device_twin(config);
-    if (!std::getenv("COMPOSER_LAUNCHED")) {
-      std::cout << "golden: training " << config.name << " on one device (parallelize and mesh left out; the golden "
-                << "holds for every plan of this config)\n";
-    }
+}
+
+// The config the command trains: the file with its --set overrides, then the
+// command's own change (golden: the single-device twin; a diff side: its side).
+ExperimentConfig configured(const CommandSpec& command, const CliOptions& o, const JobPlace& place) {
+  ExperimentConfig config = load_config(o.config, o.sets);
+  return command.configure ? command.configure(o, config, place) : config;
+}
+
+// The ranks of this node: the launcher's count, else the plan's share of this node.
+int64_t local_ranks(const CliOptions& o, const Plan& plan, const JobPlace& place) {
+  return place.rank ? place.rank->local_world_size : plan.world_size / o.node.nnodes;
+}
+
+// What can be refused before any rank starts, each once per job: the devices,
+// the files a run opens, whether each rank's memory fits, the plan's warnings.
+void check_before_ranks(const CommandSpec& command, const CliOptions& o, const ExperimentConfig& config,
+                        const Plan& plan, const JobPlace& place) {
+  const int64_t ranks = local_ranks(o, plan, place);
+  const bool devices_given = command.devices == Devices::kHereOrGiven && config.mesh.memory_per_rank_mb > 0;
+  if (command.devices != Devices::kNone && !devices_given) check_devices(config, ranks);
+  if (command.preflight != Preflight::kNothing && place.first()) {
+    preflight(config, out_dir_of(o, config),
+              command.preflight == Preflight::kFilesAndResume && config.checkpoint.enabled);
+    if (command.preflight == Preflight::kFilesAndGolden) read_checked_golden(config);
   }
-  if (options.command == Command::kDiff && !options.record_side.empty()) config = diff_side_config(options, config);
-  Plan plan = make_plan(config, config.mesh.world_size());
-  if (options.command == Command::kDiff && options.record_side.empty()) return run_diff(options, config);
-  std::optional<RankEnv> env = rank_env_from_environment();
-  const int64_t local_ranks = env ? env->local_world_size : plan.world_size / options.node.nnodes;
-  // `composer plan` of a cuda job needs no GPU here when mesh.memory_per_rank_mb gives the memory of
-  // the GPUs it will run on: the plan is checked against that.
-  const bool planned_elsewhere = options.command == Command::kPlan && config.mesh.memory_per_rank_mb > 0;
-  if (!planned_elsewhere) check_devices(config, local_ranks);
-  const bool one_process = options.command == Command::kPlan || options.command == Command::kExport;
-  if (options.command != Command::kExport && !std::getenv("COMPOSER_LAUNCHED") && (!env || env->rank == 0)) {
-    // once per job, before any rank starts: the files a run opens (check and golden never resume)
-    const bool resumes =
-        config.checkpoint.enabled && (options.command == Command::kRun || options.command == Command::kPlan);
-    preflight(config, out_dir_of(options, config), resumes);
-    if (options.command == Command::kCheck) read_checked_golden(config);
+  if (command.needs != Needs::kRanks) return;
+  if (!place.launched) check_fit(config, estimate_memory(config, plan, ranks), ranks);
+  if (place.first()) {
+    for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";
   }
-  if (!one_process && !std::getenv("COMPOSER_LAUNCHED")) {  // once per job, before any rank starts
-    check_fit(config, estimate_memory(config, plan, local_ranks), local_ranks);
-  }
-  if (!one_process && (!env || env->rank == 0) && !std::getenv("COMPOSER_LAUNCHED")) {
-    for (const auto& w : plan.warnings) std::cerr << "warning: " << w << "\n";  // once per job, before it starts
-  }
-  if (one_process) {  // plan validates and explains, export reads a checkpoint: neither joins a job
-    RankContext none;
-    return run_command(options, config, plan, none);
-  }
-  if (!env && plan.world_size == 1) {
-    RankContext rank = single_rank(config, plan);
-    return run_command(options, config, plan, rank);
-  }
-  if (!env) {
-    RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s,
-                           out_dir_of(options, config) + "/flight", restart_start(options, config)};
-    return launch_local_ranks(static_cast<int>(plan.world_size), options.node, options.argv, restart);
-  }
-  RankContext rank = join_job(*env, config, plan);
-  if (!std::getenv("COMPOSER_LAUNCHED")) {  // composer's launcher prefixes lines itself
+}
+
+// Runs the command as the rank the environment names. A rank reports its
+// error while its process groups still exist: closing them makes the peers
+// fail too, and the launcher must see this rank's report (and stamp) before
+// theirs.
+int run_as_rank(const CommandSpec& command, const CliOptions& o, const ExperimentConfig& config, const Plan& plan,
+                const JobPlace& place) {
+  RankContext rank = join_job(*place.rank, config, plan);
+  if (!place.launched) {  // composer's launcher prefixes lines itself
     rank.log_prefix = "[rank " + std::to_string(rank.rank) + "/" + std::to_string(rank.world_size) + "] ";
   }
-  // A rank reports its error while its process groups still exist: closing
-  // them makes the peers fail too, and the launcher must see this rank's
-  // report (and stamp) before theirs.
   try {
-    return run_command(options, config, plan, rank);
+    return command.run(o, config, plan, rank);
   } catch (...) {
     const int code = report(std::current_exception());
     // Under an external launcher the rank writes its flight recorder itself
     // (composer's launcher reads the ring the rank mapped).
-    if (rank.flight && rank.flight->path().empty()) dump_flight(*rank.flight, out_dir_of(options, config) + "/flight");
+    if (rank.flight && rank.flight->path().empty()) dump_flight(*rank.flight, out_dir_of(o, config) + "/flight");
     return code;
   }
+}
+
+// Runs the command on every rank of the job: here for a one-rank job, in the
+// ranks composer's launcher starts, or as the rank an external launcher started.
+int run_in_job(const CommandSpec& command, const CliOptions& o, const ExperimentConfig& config, const Plan& plan,
+               const JobPlace& place) {
+  if (place.rank) return run_as_rank(command, o, config, plan, place);
+  if (plan.world_size == 1) {
+    RankContext rank = single_rank(config, plan);
+    return command.run(o, config, plan, rank);
+  }
+  RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s, out_dir_of(o, config) + "/flight"};
+  return launch_local_ranks(static_cast<int>(plan.world_size), o.node, o.argv, restart);
+}
+
+// The stages. Each command's row (runner/cli/commands.cpp) says which it needs.
+int run(int argc, char** argv) {
+  prepare_process();
+  const CliOptions options = parse_cli(argc, argv);
+  if (options.exit_now) return 0;
+  const CommandSpec& command = command_spec(options.command);
+  RankContext none;  // what a command that joins no job runs as
+  if (command.needs == Needs::kOptions) return command.run(options, {}, {}, none);
+  const JobPlace place = job_place_from_environment();
+  const ExperimentConfig config = configured(command, options, place);
+  const Plan plan = make_plan(config, config.mesh.world_size());
+  check_before_ranks(command, options, config, plan, place);
+  if (command.needs == Needs::kPlan) return command.run(options, config, plan, none);
+  return run_in_job(command, options, config, plan, place);
 }
 
 // Prints the error and, for a rank started by composer's launcher, records

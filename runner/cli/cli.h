@@ -1,7 +1,7 @@
-// The command line: `composer [run|check|golden|plan] --config FILE
-// [--set a.b=v ...] [--out DIR]` and `composer export --config FILE
-// --checkpoint DIR --out FILE`, and the commands themselves.
+// The command line's options, and the commands themselves (the functions
+// runner/cli/commands.cpp's table runs).
 #pragma once
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,33 +13,53 @@
 
 namespace composer {
 
-enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest, kDiff };
+// The verbs; runner/cli/commands.cpp's table says what each needs and runs.
+// kDiffSide is one side of a diff (`composer diff --record-side`), started
+// by composer diff itself.
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest, kDiff, kDiffSide };
 
-struct CliOptions {
-  Command command = Command::kRun;
-  std::string config;             // --config
-  std::vector<std::string> sets;  // --set a.b=value, in order
-  std::string out;                // --out; "" = runs/<name> (export: the file)
-  std::string checkpoint;         // --checkpoint (export)
-  std::string weights;            // --weights (export)
-  std::string format;             // --format (export); "" = pt
-  std::string max_shard_size;     // --max-shard-size (export); "" = 5GB
-  NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
-  std::vector<std::string> argv;  // the invocation, to start ranks with
-  std::string command_line;       // the whole invocation, for golden headers
-  bool json = false;              // --json (plan): one JSON object for tools
-  int64_t samples = 0;            // --samples N (plan): where the first N global samples come from
-  // suggest: the world searched and the rates it is priced at (0: the defaults, see composer --help)
+// composer plan's own options.
+struct PlanArgs {
+  int64_t samples = 0;  // --samples N: where the first N global samples come from
+};
+
+// composer export's own options.
+struct ExportArgs {
+  std::string checkpoint;      // --checkpoint DIR
+  std::string weights;         // --weights FILE
+  std::string format;          // --format; "" = pt
+  std::string max_shard_size;  // --max-shard-size; "" = 5GB
+};
+
+// composer suggest's own options: the world searched and the rates it is
+// priced at (0: the defaults, see composer suggest --help).
+struct SuggestArgs {
   int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
   std::string device_memory;
   double matmul_tflops = 0, intra_gbs = 0, inter_gbs = 0;
-  // diff: the step to compare (0: the first step composer check fails, else
-  // 1); record_side and record_step: internal, for the runs diff starts
-  // (single: the single-device twin; plan: the plan).
-  int64_t step = 0;
-  std::vector<std::string> modules;  // diff: record only these modules (FQN patterns) and their parameters
+};
+
+struct CliOptions {
+  Command command = Command::kRun;
+  // every command's
+  std::string config;             // --config
+  std::vector<std::string> sets;  // --set a.b=value, in order
+  std::string out;                // --out; "" = runs/<name> (export: the file)
+  NodeOptions node;               // --nnodes, --node-rank, --master-addr, --master-port
+  bool json = false;              // --json (plan and diff): one JSON object for tools
+  PlanArgs plan;
+  ExportArgs exporting;
+  SuggestArgs suggest;
+  // composer diff's own (flat, as runner/cli/diff_command.cpp reads them)
+  int64_t step = 0;                  // --step; 0: the first step composer check fails, else 1
+  std::vector<std::string> modules;  // --modules: record only these modules (FQN patterns) and their parameters
+  // internal, for the runs diff starts: the side (single: the single-device
+  // twin; plan: the plan) and the step it records
   std::string record_side;
   int64_t record_step = 0;
+  std::set<std::string> given;    // the options on the command line, by long name
+  std::vector<std::string> argv;  // the invocation, to start ranks with
+  std::string command_line;       // the whole invocation, for golden headers
   bool exit_now = false;          // --help or --version was printed
 };
 
@@ -58,8 +78,15 @@ int run_diff(const CliOptions& o, const ExperimentConfig& c);
 // faults, or the plan as given.
 ExperimentConfig diff_side_config(const CliOptions& o, const ExperimentConfig& c);
 
-// Runs the command on this rank; returns the exit code (0, or 1 for a failed check).
-int run_command(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+// The commands that run on each rank of a job (`rank`) or in this process (a
+// rank of none): composer run, check, golden, one side of a diff, plan and
+// export. Each returns the exit code (0, or 1 for a failed check).
+int run_train(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+int run_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+int run_golden(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+int run_diff_side(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+int run_plan(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 
 // Where a run's outputs go: --out, or runs/<name>.
 std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c);
