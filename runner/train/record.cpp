@@ -20,8 +20,19 @@ bool records_module(const RecordOptions& options, const std::string& fqn) {
   return false;
 }
 
+namespace {
+
+// The box of parameter `h` that this rank holds (`t`: its value or gradient).
+ParamBox held_box(const HeldParam& h, const torch::Tensor& t) {
+  if (!h.spec) return {std::vector<int64_t>(t.dim(), 0), t.sizes().vec(), t.sizes().vec(), ""};
+  const auto box = h.spec->box();
+  return {box.offset, box.size, h.spec->global_shape, h.spec->str()};
+}
+
+}  // namespace
+
 struct StepRecorder::State {
-  nlohmann::json entries = nlohmann::json::array();
+  std::vector<RecordEntry> entries;
   std::set<std::string> seen;                      // keys recorded or hooked
   std::map<std::string, int64_t> calls;            // forward calls per output key
   std::vector<std::pair<nn::Module*, int>> hooks;  // to remove at the end
@@ -52,109 +63,109 @@ StepRecorder::~StepRecorder() {
   for (auto& [m, h] : state_->hooks) m->remove_hook(h);
 }
 
-void StepRecorder::add(const std::string& kind, const std::string& name, const std::string& type, int64_t mb,
-                       const torch::Tensor& t, nlohmann::json where) {
-  const std::string key = kind + "/" + std::to_string(mb) + "/" + name;
-  state_->seen.insert(key);
-  state_->entries.push_back({{"key", key},
-                             {"kind", kind},
-                             {"module", name},
-                             {"type", type},
-                             {"microbatch", mb},
-                             {"order", state_->order++},
-                             {"where", std::move(where)}});
+void StepRecorder::add(RecordKind kind, const std::string& name, const std::string& type, int64_t mb,
+                       const torch::Tensor& t, PiecePlace where) {
+  RecordEntry e;
+  e.key = record_key(kind, mb, name);
+  e.kind = kind;
+  e.module = name;
+  e.type = type;
+  e.microbatch = mb;
+  e.order = state_->order++;
+  e.where = std::move(where);
   // One file per tensor, written as it is recorded: the rank holds one
   // recorded tensor at a time, whatever the model's size.
-  const std::string file = "rank" + std::to_string(rank_) + "/" + std::to_string(state_->order - 1) + ".safetensors";
-  state_->entries.back()["file"] = file;
+  e.file = "rank" + std::to_string(rank_) + "/" + std::to_string(e.order) + ".safetensors";
+  state_->seen.insert(e.key);
   // float64 stays float64 (its tolerances are below float32's resolution); bfloat16 and float16 widen.
   const auto dtype = t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-  write_safetensors(files_dir_ + "/" + file,
-                    {{key, t.detach().to(torch::kCPU, dtype, /*non_blocking=*/false, /*copy=*/true)}});
+  write_safetensors(files_dir_ + "/" + e.file,
+                    {{e.key, t.detach().to(torch::kCPU, dtype, /*non_blocking=*/false, /*copy=*/true)}});
+  state_->entries.push_back(std::move(e));
 }
 
 // Where an activation piece of this rank's current microbatch lies: its
 // samples in the global batch, its sequence positions under context
-// parallelism, its tensor-parallel rank (a dim the comparison finds smaller
-// than the whole is that rank's torch.chunk piece).
-nlohmann::json StepRecorder::activation_where() const {
-  nlohmann::json w;
-  w["samples"] = {layout_.batch_begin + microbatch_ * layout_.microbatch, layout_.microbatch};
+// parallelism, its tensor-parallel rank.
+PiecePlace StepRecorder::activation_where() const {
+  PiecePlace w;
+  w.first_sample = layout_.batch_begin + microbatch_ * layout_.microbatch;
+  w.samples = layout_.microbatch;
   if (par_.cp && layout_.seq_len > 0) {
     const int64_t local = layout_.seq_len / par_.cp->group().size;
     auto pos = par_.cp->positions(local, torch::kCPU).contiguous();
-    w["positions"] = std::vector<int64_t>(pos.data_ptr<int64_t>(), pos.data_ptr<int64_t>() + pos.numel());
-    w["cp"] = {par_.cp->group().rank, par_.cp->group().size};
+    w.positions.assign(pos.data_ptr<int64_t>(), pos.data_ptr<int64_t>() + pos.numel());
+    w.cp = GroupRank{par_.cp->group().rank, par_.cp->group().size};
   }
-  if (par_.tp) w["tp"] = {par_.tp->group().rank, par_.tp->group().size};
+  if (par_.tp) w.tp = GroupRank{par_.tp->group().rank, par_.tp->group().size};
   return w;
 }
 
-void StepRecorder::add_params(const std::string& kind, bool grads) {
+// Every parameter piece this rank holds of the recorded modules: its value,
+// or its gradient for kParamGrad.
+void StepRecorder::add_params(RecordKind kind) {
   for (const auto& h : held_) {
     if (h.buffer) continue;
     if (h.spec && !h.spec->held()) continue;
     const size_t dot = h.name.rfind('.');
     if (!records_module(options_, dot == std::string::npos ? "" : h.name.substr(0, dot))) continue;
-    torch::Tensor t = grads ? h.param.grad() : h.param;
+    torch::Tensor t = kind == RecordKind::kParamGrad ? h.param.grad() : h.param;
     if (!t.defined()) continue;
-    nlohmann::json where;
-    if (h.spec) {
-      const auto box = h.spec->box();
-      where["offset"] = box.offset;
-      where["size"] = box.size;
-      where["global"] = h.spec->global_shape;
-      where["placement"] = h.spec->str();
-    } else {
-      where["offset"] = std::vector<int64_t>(t.dim(), 0);
-      where["size"] = t.sizes().vec();
-      where["global"] = t.sizes().vec();
-    }
-    const auto shape = where["size"].get<std::vector<int64_t>>();
+    PiecePlace where;
+    where.box = held_box(h, t);
+    const auto shape = where.box->size;
     add(kind, h.name, "", 0, t.reshape(shape), std::move(where));
   }
 }
 
-void StepRecorder::begin() {
-  files_dir_ = options_.dir;
+// Hooks module `m` (FQN `name`): its output in each microbatch's first
+// forward, and the gradient flowing back into its input.
+void StepRecorder::hook(const std::string& name, nn::Module* m) {
+  auto state = state_;
+  const std::string type = m->type();
+  // First: the input as the caller gave it, before any transform's hook, so
+  // the gradient recorded is the one flowing back to the caller.
+  state->hooks.emplace_back(m, m->add_pre_hook_first([this, state, name, type](nn::Module&, torch::Tensor x) {
+    if (!x.defined() || !x.is_floating_point() || !x.requires_grad() || !torch::GradMode::is_enabled()) return x;
+    const int64_t mb = microbatch_;
+    if (!state->seen.insert(record_key(RecordKind::kInputGrad, mb, name)).second) return x;
+    auto where = activation_where();
+    auto v = x.view_as(x);
+    v.register_hook(
+        [this, name, type, mb, where](torch::Tensor g) { add(RecordKind::kInputGrad, name, type, mb, g, where); });
+    return v;
+  }));
+  state->hooks.emplace_back(
+      m, m->add_post_hook([this, state, name, type](nn::Module&, const torch::Tensor&, torch::Tensor y) {
+        if (!y.defined() || !y.is_floating_point()) return y;
+        const std::string key = record_key(RecordKind::kOutput, microbatch_, name);
+        ++state->calls[key];
+        if (!state->seen.count(key)) add(RecordKind::kOutput, name, type, microbatch_, y, activation_where());
+        return y;
+      }));
+}
+
+void StepRecorder::open_files_dir(const std::string& dir) {
+  files_dir_ = dir;
   std::error_code ec;
   std::filesystem::create_directories(files_dir_ + "/rank" + std::to_string(rank_), ec);
   if (ec) throw RuntimeFailure("cannot create " + files_dir_ + ": " + ec.message());
-  add_params("param_before", /*grads=*/false);
-  auto state = state_;
-  for (const auto& [name, m] : modules_) {
-    const std::string type = m->type();
-    // First: the input as the caller gave it, before any transform's hook, so
-    // the gradient recorded is the one flowing back to the caller.
-    state->hooks.emplace_back(m, m->add_pre_hook_first([this, state, name, type](nn::Module&, torch::Tensor x) {
-      if (!x.defined() || !x.is_floating_point() || !x.requires_grad() || !torch::GradMode::is_enabled()) return x;
-      const int64_t mb = microbatch_;
-      const std::string key = "input_grad/" + std::to_string(mb) + "/" + name;
-      if (!state->seen.insert(key).second) return x;
-      auto where = activation_where();
-      auto v = x.view_as(x);
-      v.register_hook([this, name, type, mb, where](torch::Tensor g) { add("input_grad", name, type, mb, g, where); });
-      return v;
-    }));
-    state->hooks.emplace_back(
-        m, m->add_post_hook([this, state, name, type](nn::Module&, const torch::Tensor&, torch::Tensor y) {
-          if (!y.defined() || !y.is_floating_point()) return y;
-          const std::string key = "output/" + std::to_string(microbatch_) + "/" + name;
-          ++state->calls[key];
-          if (!state->seen.count(key)) add("output", name, type, microbatch_, y, activation_where());
-          return y;
-        }));
-  }
+}
+
+void StepRecorder::begin() {
+  open_files_dir(options_.dir);
+  add_params(RecordKind::kParamBefore);
+  for (const auto& [name, m] : modules_) hook(name, m);
   state_->on = true;
 }
 
 void StepRecorder::after_grad_sync() {
-  if (state_->on) add_params("param_grad", /*grads=*/true);
+  if (state_->on) add_params(RecordKind::kParamGrad);
 }
 
 void StepRecorder::end() {
   if (!state_->on) return;
-  add_params("param_after", /*grads=*/false);
+  add_params(RecordKind::kParamAfter);
   for (auto& [m, h] : state_->hooks) m->remove_hook(h);
   state_->hooks.clear();
   state_->on = false;
@@ -163,31 +174,29 @@ void StepRecorder::end() {
 
 void StepRecorder::write_entries(const std::string& dir, int64_t step) {
   for (auto& e : state_->entries) {  // one device's counts tell a module called more than once (recomputation aside)
-    if (e["kind"] == "output") e["calls"] = state_->calls[e["key"].get<std::string>()];
+    if (e.kind == RecordKind::kOutput) e.calls = state_->calls[e.key];
   }
+  RankRecord r;
+  r.rank = rank_;
+  r.step = step;
+  r.global_batch = layout_.global_batch;
+  r.seq_len = layout_.seq_len;
+  r.local_batch = layout_.local_batch;
+  r.grad_divisor = layout_.grad_divisor;
+  r.entries = std::move(state_->entries);
   const std::string base = dir + "/rank" + std::to_string(rank_);
-  nlohmann::json j = {{"rank", rank_},
-                      {"step", step},
-                      {"global_batch", layout_.global_batch},
-                      {"seq_len", layout_.seq_len},
-                      {"local_batch", layout_.local_batch},
-                      {"grad_divisor", layout_.grad_divisor},
-                      {"entries", state_->entries}};
   std::ofstream f(base + ".json");
-  f << j.dump(1) << "\n";
+  f << nlohmann::json(r).dump(1) << "\n";
   if (!f.good()) throw RuntimeFailure("cannot write " + base + ".json");
-  state_->entries = nlohmann::json::array();
+  state_->entries.clear();
   state_->seen.clear();
   state_->calls.clear();
   state_->order = 0;
 }
 
 void StepRecorder::params_after(int64_t step) {
-  files_dir_ = options_.dir + "/step" + std::to_string(step);
-  std::error_code ec;
-  std::filesystem::create_directories(files_dir_ + "/rank" + std::to_string(rank_), ec);
-  if (ec) throw RuntimeFailure("cannot create " + files_dir_ + ": " + ec.message());
-  add_params("param_after", /*grads=*/false);
+  open_files_dir(options_.dir + "/step" + std::to_string(step));
+  add_params(RecordKind::kParamAfter);
   write_entries(files_dir_, step);
 }
 

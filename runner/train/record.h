@@ -6,12 +6,11 @@
 // value after the update. Each piece carries where it lies in the whole
 // tensor (its samples, its context-parallel positions, its tensor-parallel
 // rank, a parameter's box), which runner/verify/diff.h reads to compare it
-// with the single-device run's tensor.
+// with the single-device run's tensor. The files' format: record_format.h.
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "parallelisms/parallel.h"
 #include "runner/base/safetensors.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/train/record_format.h"
 
 namespace composer {
 
@@ -72,10 +72,12 @@ class StepRecorder {
 
  private:
   struct State;
-  void add(const std::string& kind, const std::string& name, const std::string& type, int64_t mb,
-           const torch::Tensor& t, nlohmann::json where);
-  void add_params(const std::string& kind, bool grads);
-  nlohmann::json activation_where() const;
+  void add(RecordKind kind, const std::string& name, const std::string& type, int64_t mb, const torch::Tensor& t,
+           PiecePlace where);
+  void add_params(RecordKind kind);
+  PiecePlace activation_where() const;
+  void hook(const std::string& name, nn::Module* m);
+  void open_files_dir(const std::string& dir);
 
   void write_entries(const std::string& dir, int64_t step);
 

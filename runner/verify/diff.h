@@ -11,13 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "runner/train/record_format.h"
+
 namespace composer {
 
 // One compared tensor: a module's output or the gradient into its input in
 // one microbatch, or a parameter before the step, its gradient after the
 // synchronisation, its value after the update.
 struct DiffEntry {
-  std::string kind;  // output, input_grad, param_before, param_grad, param_after
+  RecordKind kind = RecordKind::kOutput;
   std::string name;  // the module's or parameter's FQN
   std::string type;  // the module's class ("Linear")
   int64_t microbatch = 0;
@@ -31,10 +33,12 @@ struct DiffEntry {
   std::string problem;            // a piece that could not be placed, or elements no rank computed
   std::string direction() const;  // forward, backward, before the step, update
   std::string tensor() const;     // "output", "gradient into its input", "gradient (synchronised)", ...
-  // Execution order: parameters before the step, then per microbatch the
-  // forward in module order and the backward in reverse, then the gradients
-  // after synchronisation, then the update.
-  int phase = 0;
+  // The entry's place in one device's execution order (the single device's
+  // record order of its tensor; negated for the synchronised gradients, which
+  // are recorded in the model's order that backward reverses). The report
+  // lists entries as the step runs them: parameters before the step, then per
+  // microbatch the forward in module order and the backward in reverse, then
+  // the gradients after synchronisation, then the update.
   int64_t order = 0;
 };
 
