@@ -36,6 +36,17 @@ void tune_allocator() {
 
 int report(std::exception_ptr error);
 
+// Where the ranks of a restarted attempt begin (Checkpointer::resume_path
+// for an attempt after the first), as the launcher's restart line says.
+std::string restart_start(const CliOptions& o, const ExperimentConfig& c) {
+  const std::string fresh = "start again from step 1";
+  if (o.command != Command::kRun) return fresh + " (only composer run resumes from checkpoints)";
+  if (!c.checkpoint.enabled) return fresh + " (checkpoint.enabled: false)";
+  if (c.checkpoint.resume == "never") return fresh + " (checkpoint.resume: never)";
+  return "resume from the newest complete checkpoint (" +
+         (c.checkpoint.resume == "auto" ? "from step 1" : "from " + c.checkpoint.resume) + " while none is complete)";
+}
+
 // Once per process, before anything else.
 void prepare_process() {
   tune_allocator();
@@ -106,7 +117,8 @@ int run_in_job(const CommandSpec& command, const CliOptions& o, const Experiment
     RankContext rank = single_rank(config, plan);
     return command.run(o, config, plan, rank);
   }
-  RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s, out_dir_of(o, config) + "/flight"};
+  RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s,
+                         out_dir_of(o, config) + "/flight", restart_start(o, config)};
   return launch_local_ranks(static_cast<int>(plan.world_size), o.node, o.argv, restart);
 }
 
