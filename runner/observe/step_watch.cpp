@@ -134,7 +134,7 @@ void StepWatch::compare_ranks(StepRecord& r) {
     r.rank_compute_ms.push_back(all[3 * i + 1]);
     r.rank_comm_wait_ms.push_back(all[3 * i + 2]);
   }
-  if (!is_main()) return;
+  if (!is_main() || n < 2) return;  // one rank has no peers to hold up
   const MetricsConfig& m = run_.c.metrics;
   slow_steps_.resize(n, 0);
   named_.resize(n, false);
