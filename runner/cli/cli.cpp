@@ -151,9 +151,11 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan&, Rank
   return 0;
 }
 
-int run_suggest(const CliOptions& o) {
-  check_suggest_overrides(o.sets);
-  const ExperimentConfig given = load_config(o.config, o.sets);  // its errors point at the file
+namespace {
+
+// The world suggest prices plans for: the options given, else the config's
+// memory and this machine's measured matmul rate (CPU) or a GPU's defaults.
+World suggest_world(const CliOptions& o, const ExperimentConfig& given) {
   World w;
   w.ranks_per_node = o.suggest.ranks_per_node;
   w.nodes = o.suggest.nodes;
@@ -177,10 +179,11 @@ int run_suggest(const CliOptions& o) {
   }
   w.intra_bytes_per_s = (o.suggest.intra_gbs > 0 ? o.suggest.intra_gbs : cuda ? 200 : 2) * 1e9;
   w.inter_bytes_per_s = (o.suggest.inter_gbs > 0 ? o.suggest.inter_gbs : cuda ? 25 : 1) * 1e9;
-  const auto t0 = std::chrono::steady_clock::now();
-  Suggestion s =
-      suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return w;
+}
+
+// The ranking: the plans that fit with their priced step, then those over the memory.
+void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
   std::cout << "suggest: " << s.candidates << " plans for " << w.size() << " ranks, " << s.refused
             << " refused by the planner, " << s.estimated << " run dry, " << s.fitting.size() << " fit in "
@@ -192,17 +195,14 @@ int run_suggest(const CliOptions& o) {
   for (const auto& c : s.unfit) {
     std::cout << "  over the memory: " << c.name << ", peak " << format_bytes(c.peak) << "\n";
   }
-  if (s.fitting.empty()) {
-    throw UserError("no plan of " + given.model.name + " fits " + format_bytes(w.memory_per_rank) + " per rank on " +
-                    std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
-                    " cheapest; give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
-                    "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
-  }
-  const std::string path = o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out;
+}
+
+// The best plan's config at `path` (--out, default runs/<name>/suggested.yaml)
+// and each runner-up k beside it as <stem>.<k>.yaml.
+void write_suggested(const Suggestion& s, const World& w, const std::string& path) {
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  // The best as asked; each runner-up k beside it as <stem>.<k>.yaml.
   for (size_t k = 0; k < s.fitting.size(); ++k) {
     std::filesystem::path file = path;
     if (k) file.replace_extension(std::to_string(k + 1) + file.extension().string());
@@ -211,6 +211,25 @@ int run_suggest(const CliOptions& o) {
     if (!f.good()) throw UserError("--out " + file.string() + ": cannot write the suggested config");
   }
   std::cout << "wrote " << path << (s.fitting.size() > 1 ? " (runners-up beside it, .2.yaml ...)" : "") << "\n";
+}
+
+}  // namespace
+
+int run_suggest(const CliOptions& o) {
+  check_suggest_overrides(o.sets);
+  const ExperimentConfig given = load_config(o.config, o.sets);  // its errors point at the file
+  const World w = suggest_world(o, given);
+  const auto t0 = std::chrono::steady_clock::now();
+  Suggestion s =
+      suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates));
+  print_suggestion(s, w, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (s.fitting.empty()) {
+    throw UserError("no plan of " + given.model.name + " fits " + format_bytes(w.memory_per_rank) + " per rank on " +
+                    std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
+                    " cheapest; give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
+                    "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
+  }
+  write_suggested(s, w, o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out);
   return 0;
 }
 
