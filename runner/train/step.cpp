@@ -117,13 +117,9 @@ void inject_nan_grad(const StepState& s, const StepRecord& r) {
   }
 }
 
-// A step whose loss or gradient is not finite (the same decision on every
-// rank: the loss is gathered and the count of non-finite gradients summed
-// with the norm). Names the lowest rank holding a non-finite gradient and its
-// first such parameter (two more small collectives, only now), then stops the
-// job or, with train.on_nonfinite: skip, leaves the update out (up to
-// max_skipped steps in a row).
-void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
+// The lowest rank holding a non-finite gradient and its first such
+// parameter's FQN, the same on every rank ({-1, ""}: only the loss is not finite).
+std::pair<int, std::string> nonfinite_culprit(StepState& s, const GradNorm& g) {
   parallel::Parallel& par = s.par;
   const int world = par.world ? par.world->size : 1, rank = par.world ? par.world->rank : 0;
   std::string name;
@@ -149,6 +145,19 @@ void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
       name = reinterpret_cast<const char*>(text.data_ptr<uint8_t>());
     }
   }
+  return {named, name};
+}
+
+// A step whose loss or gradient is not finite (the same decision on every
+// rank: the loss is gathered and the count of non-finite gradients summed
+// with the norm). Names the lowest rank holding a non-finite gradient and its
+// first such parameter (two more small collectives, only now), then stops the
+// job or, with train.on_nonfinite: skip, leaves the update out (up to
+// max_skipped steps in a row).
+void on_nonfinite(StepState& s, StepRecord& r, const GradNorm& g) {
+  parallel::Parallel& par = s.par;
+  const int world = par.world ? par.world->size : 1, rank = par.world ? par.world->rank : 0;
+  const auto [named, name] = nonfinite_culprit(s, g);
   std::ostringstream what;
   if (named >= 0) {
     what << "the gradient of " << name << " on rank " << named << " is not finite";
