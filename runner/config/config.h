@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <variant>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "parallelisms/comm/delay.h"
 #include "runner/base/errors.h"
 #include "runner/config/config_data.h"
+#include "runner/config/field_walk.h"
 #include "runner/config/parallelize_config.h"
 
 namespace composer {
@@ -29,17 +31,42 @@ enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
 enum class OnNonFinite { kStop, kSkip };  // what a step with a non-finite loss or gradient does
 enum class Fp8Recipe { kTensorwise };      // train.fp8's scaling: one dynamic scale per tensor
 
-const char* name_of(Backend v);
-const char* name_of(DeviceKind v);
-const char* name_of(OptimizerKind v);
-const char* name_of(Decay v);
-const char* name_of(LossKind v);
-const char* name_of(DataSource v);
-const char* name_of(TokenDType v);
-const char* name_of(InputKind v);
-const char* name_of(TargetKind v);
-const char* name_of(OnNonFinite v);
-const char* name_of(Fp8Recipe v);
+// The enums' YAML names (names_of(E{}) is what the field walk and name_of look up).
+inline constexpr EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+inline constexpr EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
+inline constexpr EnumName<OptimizerKind> kOptimizers[] = {
+    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}};
+inline constexpr EnumName<Decay> kDecays[] = {
+    {Decay::kNone, "none"}, {Decay::kLinear, "linear"}, {Decay::kCosine, "cosine"}};
+inline constexpr EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
+                                                 {LossKind::kMean, "mean"},
+                                                 {LossKind::kMse, "mse"},
+                                                 {LossKind::kCrossEntropy, "cross_entropy"},
+                                                 {LossKind::kSoftCrossEntropy, "soft_cross_entropy"}};
+inline constexpr EnumName<DataSource> kSources[] = {
+    {DataSource::kSynthetic, "synthetic"}, {DataSource::kFile, "file"}, {DataSource::kTokens, "tokens"}};
+inline constexpr EnumName<TokenDType> kTokenDTypes[] = {{TokenDType::kUint16, "uint16"},
+                                                        {TokenDType::kUint32, "uint32"}};
+inline constexpr EnumName<InputKind> kInputs[] = {{InputKind::kAuto, "auto"},
+                                                  {InputKind::kNormal, "normal"},
+                                                  {InputKind::kUniform, "uniform"},
+                                                  {InputKind::kTokens, "tokens"}};
+inline constexpr EnumName<TargetKind> kTargets[] = {
+    {TargetKind::kAuto, "auto"},       {TargetKind::kNone, "none"},     {TargetKind::kNormal, "normal"},
+    {TargetKind::kUniform, "uniform"}, {TargetKind::kTokens, "tokens"}, {TargetKind::kNextTokens, "next_tokens"}};
+inline constexpr EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
+inline constexpr EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
+inline const auto& names_of(Backend) { return kBackends; }
+inline const auto& names_of(DeviceKind) { return kDevices; }
+inline const auto& names_of(OptimizerKind) { return kOptimizers; }
+inline const auto& names_of(Decay) { return kDecays; }
+inline const auto& names_of(LossKind) { return kLosses; }
+inline const auto& names_of(DataSource) { return kSources; }
+inline const auto& names_of(TokenDType) { return kTokenDTypes; }
+inline const auto& names_of(InputKind) { return kInputs; }
+inline const auto& names_of(TargetKind) { return kTargets; }
+inline const auto& names_of(OnNonFinite) { return kOnNonFinite; }
+inline const auto& names_of(Fp8Recipe) { return kFp8Recipes; }
 
 struct ModelConfig {
   std::string name;             // registry name, e.g. transformer (required)
@@ -49,6 +76,16 @@ struct ModelConfig {
   std::string from_hf;          // a Hugging Face Llama or Mixtral folder: config.json gives args, weights the init
   SourceRef from_hf_ref;        // where from_hf was given
   SourceRef ref;                // where the model section is, for errors
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("name", name, kRequired);
+    v("init_from", init_from);
+    v.where("init_from", init_from_ref);
+    v("from_hf", from_hf, kOmitDefault);
+    v.where("from_hf", from_hf_ref);
+    v("args", args, kReadAbsent);  // last: read by name's registry entry, from from_hf's config.json when given
+  }
 };
 
 struct MeshConfig {
@@ -60,6 +97,17 @@ struct MeshConfig {
   double memory_per_rank_mb = 0;     // what a rank may use, for the fit check; 0 = host memory / local ranks
   SourceRef ref;
   int64_t world_size() const;
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("shape", shape);
+    v("names", names);
+    v("device", device);
+    v("backend", backend);
+    v("timeout_s", timeout_s, kPositive);
+    v("memory_per_rank_mb", memory_per_rank_mb, kNonNegative);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 struct OptimizerConfig {
@@ -71,26 +119,57 @@ struct OptimizerConfig {
   double weight_decay = 0;                    // L2 (sgd, adam) or decoupled (adamw)
   std::vector<double> betas{0.9, 0.999};      // adam/adamw moment decay
   double eps = 1e-8;                          // adam/adamw denominator epsilon
+  template <class V>
+  void fields(V& v) {
+    v("name", name);
+    v("lr", lr, kNonNegative);
+    v("momentum", momentum, kNonNegative);
+    v("dampening", dampening);
+    v("nesterov", nesterov);
+    v("weight_decay", weight_decay, kNonNegative);
+    v("betas", betas);
+    v("eps", eps, kPositive);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 struct LrScheduleConfig {
   int64_t warmup_steps = 0;   // linear warmup from lr/warmup_steps to lr
   Decay decay = Decay::kNone; // after warmup: none, linear or cosine down to min_lr
   double min_lr = 0;          // learning rate at the end of the decay
+  template <class V>
+  void fields(V& v) {
+    v("warmup_steps", warmup_steps, kNonNegative);
+    v("decay", decay);
+    v("min_lr", min_lr, kNonNegative);
+  }
 };
 
 struct LossConfig {
   LossKind name = LossKind::kMse;  // sum, mean, mse, cross_entropy, soft_cross_entropy
   double scale = 1.0;              // the loss is multiplied by this
+  template <class V>
+  void fields(V& v) {
+    v("name", name);
+    v("scale", scale);
+  }
 };
 
 // train.fp8: the matmuls of the Linear layers inside `modules` in float8 (models/float8.h).
+// Absent (TrainConfig::fp8 unset): no float8.
 struct Fp8Config {
-  bool enabled = false;                         // train.fp8 given
   Fp8Recipe recipe = Fp8Recipe::kTensorwise;
   std::vector<std::string> modules{"layers.*"};  // FQN patterns (models/select.h); their Linear layers
   SourceRef ref;                                // train.fp8
   SourceRef modules_ref;                        // train.fp8.modules, or train.fp8 when defaulted
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("recipe", recipe);
+    v("modules", modules);
+    v.where("modules", modules_ref);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 struct TrainConfig {
@@ -108,7 +187,24 @@ struct TrainConfig {
   // naming the step, the rank and the parameter), or skip its update.
   OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_skipped = 5;         // skip: stop after this many skipped steps in a row
-  Fp8Config fp8;
+  std::optional<Fp8Config> fp8;    // given: the Linear layers it selects compute in float8
+  template <class V>
+  void fields(V& v) {
+    v("steps", steps, kPositive);
+    v("global_batch", global_batch, kPositive);
+    v("microbatches", microbatches, kPositive);
+    v("dtype", dtype);
+    v("optimizer", optimizer);
+    v("lr_schedule", lr_schedule);
+    v("loss", loss);
+    v("grad_clip", grad_clip, kNonNegative);
+    v("log_every", log_every, kPositive);
+    v("threads", threads, kNonNegative);
+    v("on_nonfinite", on_nonfinite);
+    v("max_skipped", max_skipped, kPositive);
+    v("fp8", fp8);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 struct DataConfig {
@@ -117,10 +213,47 @@ struct DataConfig {
   TargetKind targets = TargetKind::kAuto;      // auto: chosen by the loss
   int64_t seq_len = 0;                         // tokens per sample; 0 = the model's max_seq_len
   std::string path;                            // file: safetensors with inputs and targets; tokens: token ids
-  TokenDType token_dtype = TokenDType::kUint16;  // tokens: the file's little-endian id width
+  // tokens: the file's little-endian id width (uint16 when not given); unset for other sources
+  std::optional<TokenDType> token_dtype;
   SourceRef path_ref;                          // where path was given
   std::vector<TokenSource> sources;            // tokens: several files blended by weight, instead of path
   DocumentsConfig documents;                   // tokens: packed documents
+  template <class V>
+  void fields(V& v) {
+    v("source", source);
+    v("inputs", inputs);
+    v("targets", targets);
+    v("seq_len", seq_len, kNonNegative);
+    v("path", path);
+    v.where("path", path_ref);
+    v("token_dtype", token_dtype, kOmitDefault);
+    v("sources", sources, kOmitDefault);
+    v("documents", documents, kOmitDefault);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
+};
+
+// eval.data: the held-out data; inputs, targets and seq_len are the training data's.
+struct EvalDataConfig {
+  DataSource source = DataSource::kSynthetic;
+  std::string path;
+  std::optional<TokenDType> token_dtype;  // tokens: the training data's when not given
+  SourceRef path_ref;
+  std::vector<TokenSource> sources;
+  template <class V>
+  void fields(V& v) {
+    v("source", source);
+    v("path", path);
+    v.where("path", path_ref);
+    v("token_dtype", token_dtype, kOmitDefault);
+    v("sources", sources, kOmitDefault);
+    v.refused("inputs", "eval.data.inputs is the training data's (data.inputs): the model's loss is computed on "
+                        "them; remove it");
+    v.refused("targets", "eval.data.targets is the training data's (data.targets): the model's loss is computed on "
+                         "them; remove it");
+    v.refused("seq_len", "eval's tokens per sample is eval.seq_len, beside eval.every; move it there");
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 struct CheckConfig {
@@ -130,6 +263,15 @@ struct CheckConfig {
   double loss_atol = 1e-6;   // per-step loss and grad-norm absolute tolerance
   double param_rtol = 1e-4;  // final parameter relative tolerance
   double param_atol = 1e-5;  // final parameter absolute tolerance
+  template <class V>
+  void fields(V& v) {
+    v("golden", golden);
+    v.where("golden", golden_ref);
+    v("loss_rtol", loss_rtol, kNonNegative);
+    v("loss_atol", loss_atol, kNonNegative);
+    v("param_rtol", param_rtol, kNonNegative);
+    v("param_atol", param_atol, kNonNegative);
+  }
 };
 
 // Fault injection: for testing the launcher, rank fail_rank fails at step
@@ -166,10 +308,36 @@ struct DebugConfig {
   std::string inject_module;      // module_output, module_grad: the module's FQN ("layers.0.attention.wo")
   SourceRef inject_module_ref;
   std::vector<parallel::Delay> delay;  // sleeps at named points on chosen ranks; results must not change
+  template <class V>
+  void fields(V& v) {
+    v("fail_rank", fail_rank);
+    v("fail_step", fail_step, kPositive);
+    v("fail_attempts", fail_attempts, kPositive);
+    v("fail_mode", fail_mode);
+    v("fail_at", fail_at);
+    v("inject", inject);
+    v("inject_step", inject_step, kPositive);
+    v("inject_rank", inject_rank);
+    v("inject_module", inject_module);
+    v.where("inject_module", inject_module_ref);
+    v("delay", delay);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
-const char* name_of(FailMode v);
-const char* name_of(FailAt v);
-const char* name_of(Inject v);
+inline constexpr EnumName<FailMode> kFailModes[] = {
+    {FailMode::kError, "error"}, {FailMode::kExit, "exit"}, {FailMode::kSignal, "signal"}};
+inline constexpr EnumName<FailAt> kFailAts[] = {{FailAt::kStep, "step"}, {FailAt::kBeforeIndex, "before_index"}};
+inline constexpr EnumName<Inject> kInjects[] = {{Inject::kNone, "none"},
+                                                {Inject::kGradX2, "grad_x2"},
+                                                {Inject::kMicrobatchOffByOne, "microbatch_off_by_one"},
+                                                {Inject::kNanGrad, "nan_grad"},
+                                                {Inject::kSkipCollective, "skip_collective"},
+                                                {Inject::kNoDocumentMask, "no_document_mask"},
+                                                {Inject::kModuleOutput, "module_output"},
+                                                {Inject::kModuleGrad, "module_grad"}};
+inline const auto& names_of(FailMode) { return kFailModes; }
+inline const auto& names_of(FailAt) { return kFailAts; }
+inline const auto& names_of(Inject) { return kInjects; }
 
 // Distributed checkpoints (runner/checkpoint.h).
 struct CheckpointConfig {
@@ -184,6 +352,19 @@ struct CheckpointConfig {
   bool async_save = false;
   SourceRef ref;              // the section, for errors
   SourceRef resume_ref;       // where resume was given
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("enabled", enabled);
+    v("dir", dir);
+    v.where("dir", dir_ref);
+    v("interval", interval, kNonNegative);
+    v("keep_latest_k", keep_latest_k);
+    v("resume", resume);
+    v.where("resume", resume_ref);
+    v("async", async_save);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 // A held-out loss during training (docs/configuration.md#eval): after every
@@ -197,14 +378,25 @@ struct EvalConfig {
   // seq_len are the training data's. Without it: the training data's source.
   // Eval draws synthetic samples and token windows under its own seed (the
   // run's seed xor a constant), so they are not training's.
-  DataConfig data;
-  bool has_data = false;
+  std::optional<EvalDataConfig> data;
   // Eval's own batch geometry (0: the training's): samples per eval batch and
   // tokens per sample. The planner checks them as it checks training's; a
   // pipeline's stage shapes are fixed by training's, so it refuses both.
   int64_t global_batch = 0;
   int64_t seq_len = 0;
   SourceRef ref, global_batch_ref, seq_len_ref;
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("every", every, kNonNegative);
+    v("batches", batches, kPositive);
+    v("global_batch", global_batch, kPositive | kOmitDefault);
+    v.where("global_batch", global_batch_ref);
+    v("seq_len", seq_len, kPositive | kOmitDefault);
+    v.where("seq_len", seq_len_ref);
+    v("data", data);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 // What a run records beyond metrics.jsonl.
@@ -217,6 +409,15 @@ struct MetricsConfig {
   double straggler_factor = 1.5;
   int64_t straggler_steps = 3;
   int64_t flight_recorder = 2048;  // collectives and p2p operations each rank keeps for a hang report; 0 = off
+  template <class V>
+  void fields(V& v) {
+    v("tensorboard", tensorboard);
+    v.where("tensorboard", tensorboard_ref);
+    v("straggler_factor", straggler_factor);
+    v("straggler_steps", straggler_steps, kPositive);
+    v("flight_recorder", flight_recorder, kNonNegative);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
 // How composer's own launcher runs the job (docs/launching.md#restarts).
@@ -226,6 +427,12 @@ struct LaunchConfig {
   int64_t max_restarts = 0;
   double restart_wait_s = 5;  // seconds between stopping a failed attempt and the next
   SourceRef ref;
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("max_restarts", max_restarts, kNonNegative);
+    v("restart_wait_s", restart_wait_s, kNonNegative);
+  }
 };
 
 // The PyTorch profiler (Kineto) over a range of steps: each rank writes a
@@ -235,6 +442,12 @@ struct ProfileConfig {
   std::vector<int64_t> steps;  // [first, last], 1-based and inclusive; empty = off
   std::string dir;             // "" = the run's output folder + /profile
   SourceRef dir_ref;
+  template <class V>
+  void fields(V& v) {
+    v("steps", steps);
+    v("dir", dir);
+    v.where("dir", dir_ref);
+  }
 };
 
 struct ExperimentConfig {
@@ -253,6 +466,25 @@ struct ExperimentConfig {
   ProfileConfig profile;
   LaunchConfig launch;
   DebugConfig debug;
+  // Its sections in the order they are read (model.args after model.name);
+  // the rules across sections are config.cpp's, checked after them all.
+  template <class V>
+  void fields(V& v) {
+    v("name", name, kRequired);
+    v("seed", seed);
+    v("model", model, kRequired);
+    v("mesh", mesh);
+    v("parallelize", parallelize);
+    v("train", train);
+    v("data", data);
+    v("check", check);
+    v("checkpoint", checkpoint);
+    v("eval", eval);
+    v("metrics", metrics);
+    v("profile", profile);
+    v("launch", launch);
+    v("debug", debug);
+  }
 };
 
 // Reads and validates a config file; `overrides` are "a.b.c=value" strings.

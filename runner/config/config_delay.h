@@ -1,18 +1,16 @@
-// Reading debug.delay: one mapping {point, ms, ranks} or a list of them, each
-// sleeping `ms` milliseconds at a named point of the step on the given ranks.
+// debug.delay, a field type of its own: one mapping {point, ms, ranks} or a
+// list of them, each sleeping `ms` milliseconds at a named point of the step
+// on the given ranks (read_value and value_json in runner/config/field_walk.h).
 #pragma once
-#include <yaml-cpp/yaml.h>
-
-#include <string>
+#include <optional>
 #include <vector>
 
-#include "parallelisms/comm/delay.h"
-#include "runner/config/yaml_reader.h"
+#include "runner/config/field_walk.h"
 
 namespace composer {
 
-// `node` is debug.delay (at `path`); ranks must be below `world_size`.
-std::vector<parallel::Delay> read_delays(const YAML::Node& node, const std::string& path, const ReadContext& ctx,
-                                         int64_t world_size);
+// The first rank of `delays` outside a `world_size`-rank mesh, keyed below
+// debug ("delay[i].ranks"; ref_at reads [0] of a mapping written alone as the mapping).
+std::optional<FieldError> delay_ranks_error(const std::vector<parallel::Delay>& delays, int64_t world_size);
 
 }  // namespace composer

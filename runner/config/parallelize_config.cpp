@@ -4,6 +4,8 @@
 // (tensor-parallel styles, reshard_after_forward).
 #include "runner/config/parallelize_config.h"
 
+#include "runner/config/field_walk.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <type_traits>
@@ -16,16 +18,6 @@ const EnumName<models::TpStyle> kTpStyles[] = {{models::TpStyle::kColwise, "colw
                                                {models::TpStyle::kSequenceParallel, "sequence_parallel"},
                                                {models::TpStyle::kPrepareInput, "prepare_input"}};
 
-template <class T>
-struct IsOptional : std::false_type {};
-template <class T>
-struct IsOptional<std::optional<T>> : std::true_type {};
-// Whether a Config checks its fields after reading (config_fields.h).
-template <class C, class = void>
-struct HasCheck : std::false_type {};
-template <class C>
-struct HasCheck<C, std::void_t<decltype(std::declval<C&>().check(std::declval<const std::set<std::string>&>()))>>
-    : std::true_type {};
 // Whether a Config spans mesh dims.
 template <class C, class = void>
 struct HasMeshDim : std::false_type {};
@@ -47,6 +39,55 @@ models::Layout read_layout(YamlMap& m, const std::string& key, models::Layout de
 std::string layout_name(const models::Layout& l) {
   return l.sharded ? "shard(" + std::to_string(l.dim) + ")" : std::string("replicate");
 }
+
+template <class C>
+C read_config(YamlMap& m, std::map<std::string, SourceRef>& refs) {
+  C c;
+  FieldReader r{m, {}, &refs};
+  c.fields(r);
+  if constexpr (fields_detail::HasCheck<C>::value) {
+    if (auto e = c.check(r.given)) throw ConfigError(e->key.empty() ? m.self_ref() : m.ref(e->key), e->message);
+  }
+  return c;
+}
+
+// The registered transforms' keys and readers, by walking the variant's alternatives.
+template <size_t... I>
+bool read_alternative(std::index_sequence<I...>, const std::string& key, YamlMap& m, TransformConfig& t) {
+  return ((key == std::variant_alternative_t<I, parallel::Transform>::kKey
+               ? (t.options = read_config<std::variant_alternative_t<I, parallel::Transform>>(m, t.refs), true)
+               : false) ||
+          ...);
+}
+constexpr auto kAlternatives = std::make_index_sequence<std::variant_size_v<parallel::Transform>>{};
+
+template <size_t... I>
+std::vector<parallel::Transform> all_defaults(std::index_sequence<I...>) {
+  return {parallel::Transform(std::variant_alternative_t<I, parallel::Transform>{})...};
+}
+
+TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
+  const std::vector<std::string> kinds = transform_names();
+  if (!node.IsMap() || node.size() != 1) {
+    throw ConfigError(ref_of(node, path, ctx),
+                      "each parallelize entry is a mapping with one key naming the transform: " + YamlMap::join(kinds));
+  }
+  YamlMap outer(node, path, ctx);
+  const std::string key = node.begin()->first.as<std::string>();
+  TransformConfig t;
+  t.ref = ref_of(node.begin()->first, path, ctx);
+  if (std::find(kinds.begin(), kinds.end(), key) == kinds.end()) {
+    const std::string hint = nearest(key, kinds);
+    throw ConfigError(t.ref, "unknown transform '" + key + "'" + (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                                 " valid transforms: " + YamlMap::join(kinds));
+  }
+  YamlMap m(outer.node(key), path + "." + key, ctx);
+  read_alternative(kAlternatives, key, m, t);
+  m.finish();
+  return t;
+}
+
+}  // namespace
 
 // tensor_parallel's styles: a list of {module, style, input, output, desired_input}.
 void read_value(YamlMap& parent, const std::string& key, models::TpPlan& plan) {
@@ -111,125 +152,20 @@ nlohmann::json value_json(const parallel::ReshardAfterForward& r) {
   return r.size;
 }
 
-template <class T>
-nlohmann::json value_json(const T& v) {
-  if constexpr (std::is_enum_v<T>) {
-    return lookup(names_of(T{}), v);
-  } else if constexpr (IsOptional<T>::value) {
-    return v ? value_json(*v) : nlohmann::json("");
-  } else {
-    return v;
-  }
-}
-
-// Reads each field the YAML map gives, checks its rules and remembers where it was written.
-struct FieldReader {
-  YamlMap& m;
-  std::set<std::string> given;
-  std::map<std::string, SourceRef>& refs;
-
-  template <class T>
-  void operator()(const char* key, T& out, unsigned rules = kAnyValue) {
-    if (!m.has(key)) return;
-    given.insert(key);
-    refs[key] = m.ref(key);
-    read(key, out, rules);
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-      if (rules & kPositive) require_positive(m.ref(key), static_cast<double>(out), key);
-      if (rules & kNonNegative) require_non_negative(m.ref(key), static_cast<double>(out), key);
-    }
-  }
-
-  template <class T>
-  void read(const std::string& key, T& out, unsigned rules) {
-    if constexpr (std::is_enum_v<T>) {
-      m.get_enum(key, out, names_of(T{}));
-    } else if constexpr (IsOptional<T>::value) {
-      typename T::value_type v{};
-      read(key, v, rules);
-      out = v;
-    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-      const YAML::Node n = m.node(key);
-      out = (rules & kOneOrList) && !n.IsSequence()
-                ? std::vector<std::string>{m.convert<std::string>(n, m.child_path(key))}
-                : m.convert<std::vector<std::string>>(n, m.child_path(key));
-    } else if constexpr (std::is_same_v<T, models::TpPlan> || std::is_same_v<T, parallel::ReshardAfterForward>) {
-      read_value(m, key, out);
-    } else {
-      m.get(key, out);
-    }
-  }
-};
-
-struct FieldWriter {
-  nlohmann::json& j;
-  template <class T>
-  void operator()(const char* key, const T& v, unsigned = kAnyValue) {
-    nlohmann::json x = value_json(v);
-    if (!x.is_null()) j[key] = std::move(x);
-  }
-};
-
-template <class C>
-C read_config(YamlMap& m, std::map<std::string, SourceRef>& refs) {
-  C c;
-  FieldReader r{m, {}, refs};
-  c.fields(r);
-  if constexpr (HasCheck<C>::value) {
-    if (auto e = c.check(r.given)) throw ConfigError(e->key.empty() ? m.self_ref() : m.ref(e->key), e->message);
-  }
-  return c;
-}
-
-// The registered transforms' keys and readers, by walking the variant's alternatives.
-template <size_t... I>
-bool read_alternative(std::index_sequence<I...>, const std::string& key, YamlMap& m, TransformConfig& t) {
-  return ((key == std::variant_alternative_t<I, parallel::Transform>::kKey
-               ? (t.options = read_config<std::variant_alternative_t<I, parallel::Transform>>(m, t.refs), true)
-               : false) ||
-          ...);
-}
-constexpr auto kAlternatives = std::make_index_sequence<std::variant_size_v<parallel::Transform>>{};
-
-template <size_t... I>
-std::vector<parallel::Transform> all_defaults(std::index_sequence<I...>) {
-  return {parallel::Transform(std::variant_alternative_t<I, parallel::Transform>{})...};
-}
-
-TransformConfig read_transform(const YAML::Node& node, const std::string& path, const ReadContext& ctx) {
-  const std::vector<std::string> kinds = transform_names();
-  if (!node.IsMap() || node.size() != 1) {
-    throw ConfigError(ref_of(node, path, ctx),
-                      "each parallelize entry is a mapping with one key naming the transform: " + YamlMap::join(kinds));
-  }
-  YamlMap outer(node, path, ctx);
-  const std::string key = node.begin()->first.as<std::string>();
-  TransformConfig t;
-  t.ref = ref_of(node.begin()->first, path, ctx);
-  if (std::find(kinds.begin(), kinds.end(), key) == kinds.end()) {
-    const std::string hint = nearest(key, kinds);
-    throw ConfigError(t.ref, "unknown transform '" + key + "'" + (hint.empty() ? "" : "; did you mean " + hint + "?") +
-                                 " valid transforms: " + YamlMap::join(kinds));
-  }
-  YamlMap m(outer.node(key), path + "." + key, ctx);
-  read_alternative(kAlternatives, key, m, t);
-  m.finish();
-  return t;
-}
-
-}  // namespace
-
-std::vector<TransformConfig> read_parallelize(YamlMap& root) {
-  std::vector<TransformConfig> out;
-  if (!root.has("parallelize")) return out;
-  YAML::Node list = root.node("parallelize");
+void read_value(YamlMap& root, const std::string& key, std::vector<TransformConfig>& out) {
+  YAML::Node list = root.node(key);
   if (!list.IsSequence()) {
-    throw ConfigError(root.ref("parallelize"), "expected a list of transforms, e.g. - fully_shard: {}");
+    throw ConfigError(root.ref(key), "expected a list of transforms, e.g. - fully_shard: {}");
   }
   for (size_t i = 0; i < list.size(); ++i) {
-    out.push_back(read_transform(list[i], "parallelize[" + std::to_string(i) + "]", root.context()));
+    out.push_back(read_transform(list[i], key + "[" + std::to_string(i) + "]", root.context()));
   }
-  return out;
+}
+
+nlohmann::json value_json(const std::vector<TransformConfig>& transforms) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& t : transforms) j.push_back(to_json(t.options));
+  return j;
 }
 
 std::vector<parallel::Transform> default_transforms() { return all_defaults(kAlternatives); }
@@ -245,7 +181,7 @@ nlohmann::json to_json(const parallel::Transform& t) {
   std::visit(
       [&fields](auto c) {  // a copy: fields() hands out its members
         FieldWriter w{fields};
-        c.fields(w);
+        c.fields(w);  // NOLINT: the walk only reads
       },
       t);
   return {{parallel::name_of(t), fields}};
@@ -270,8 +206,7 @@ const SourceRef& TransformConfig::ref_of(const std::string& key) const {
   return it == refs.end() ? ref : it->second;
 }
 
-void read_dtype(YamlMap& m, const std::string& key, DType& out) { m.get_enum(key, out, kDTypeNames); }
-
 const char* name_of(models::TpStyle v) { return lookup(kTpStyles, v); }
 
 }  // namespace composer
+

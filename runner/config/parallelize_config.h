@@ -50,12 +50,6 @@ struct TransformConfig {
 // The YAML keys of the transforms, in the order parallelisms/transforms.h registers them.
 std::vector<std::string> transform_names();
 
-// Reads a dtype-valued key (float32, float64, bfloat16, float16) into `out` when present.
-void read_dtype(YamlMap& m, const std::string& key, DType& out);
-
-// The parallelize section of `root`: its transforms in the order written.
-std::vector<TransformConfig> read_parallelize(YamlMap& root);
-
 // {KEY: {field: value, ...}} as the resolved config writes an entry: every
 // field, enums by name, an unset dtype as "".
 nlohmann::json to_json(const parallel::Transform& t);

@@ -20,19 +20,20 @@ std::vector<std::pair<std::string, nn::Linear*>> fp8_layers(nn::Module& model, c
   return out;
 }
 
-void mark_fp8_layers(nn::Module& model, const Fp8Config& f) {
-  if (!f.enabled) return;
-  for (auto& [name, layer] : fp8_layers(model, f)) layer->fp8 = true;
+void mark_fp8_layers(nn::Module& model, const std::optional<Fp8Config>& f) {
+  if (!f) return;
+  for (auto& [name, layer] : fp8_layers(model, *f)) layer->fp8 = true;
 }
 
-void reduce_fp8_scales(nn::Module& model, const Fp8Config& f, parallel::Group* batch, parallel::Group* sequence) {
-  if (!f.enabled) return;
+void reduce_fp8_scales(nn::Module& model, const std::optional<Fp8Config>& f, parallel::Group* batch,
+                       parallel::Group* sequence) {
+  if (!f) return;
   std::vector<parallel::Group*> groups;
   for (parallel::Group* g : {batch, sequence}) {
     if (g && g->size > 1) groups.push_back(g);
   }
   if (groups.empty()) return;
-  for (auto& [name, layer] : fp8_layers(model, f)) {
+  for (auto& [name, layer] : fp8_layers(model, *f)) {
     layer->fp8_amax = [sharded = layer->fp8_amax, groups](torch::Tensor& amax, nn::Fp8Operand which) {
       if (sharded) sharded(amax, which);
       // The weight is whole on every rank that splits the batch or the sequences.
@@ -46,8 +47,8 @@ void reduce_fp8_scales(nn::Module& model, const Fp8Config& f, parallel::Group* b
 
 std::string plan_fp8(const ExperimentConfig& c, nn::Module& model, int64_t rows_per_microbatch, int64_t tp_size,
                      int64_t dp_size, int64_t microbatches) {
-  const Fp8Config& f = c.train.fp8;
-  if (!f.enabled) return "";
+  if (!c.train.fp8) return "";
+  const Fp8Config& f = *c.train.fp8;
   const auto layers = fp8_layers(model, f);
   if (layers.empty()) {
     throw PlanError(f.modules_ref, "[" + YamlMap::join(f.modules) + "] selects no Linear layer of model " +

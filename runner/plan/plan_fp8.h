@@ -15,13 +15,14 @@ std::vector<std::pair<std::string, nn::Linear*>> fp8_layers(nn::Module& model, c
 
 // Marks the selected layers float8; call before the transforms (tensor_parallel installs its amax
 // reduction on the layers it shards).
-void mark_fp8_layers(nn::Module& model, const Fp8Config& f);
+void mark_fp8_layers(nn::Module& model, const std::optional<Fp8Config>& f);  // nothing without train.fp8
 
 // After the transforms: each float8 layer's input and output-gradient scales become those of the
 // step's whole microbatch, as one device computes them: the largest magnitude over the ranks that
 // split its samples (`batch`, the data-parallel group) and its sequences (`sequence`, context
 // parallelism's). Either may be null (no such split).
-void reduce_fp8_scales(nn::Module& model, const Fp8Config& f, parallel::Group* batch, parallel::Group* sequence);
+void reduce_fp8_scales(nn::Module& model, const std::optional<Fp8Config>& f, parallel::Group* batch,
+                       parallel::Group* sequence);
 
 // Refuses, at train.fp8, what the float8 layers cannot compute: no layer selected; a zero-bubble
 // pipeline schedule (its deferred weight gradients are computed in high precision); data
