@@ -1,5 +1,8 @@
 // The typed experiment config: one struct per YAML section, defaults in the
-// struct, one line per field. Keys, fields and --set paths share one name.
+// struct, one line per field. Each section lists its keys once, in
+// fields() (runner/config/field_walk.h): the YAML reader, --set, the resolved
+// JSON and the docs' key table test all walk that list. Keys, fields and
+// --set paths share one name.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "models/registry.h"
 #include "runner/config/config.h"
@@ -553,6 +554,66 @@ TEST(Config, TheDocsKeyTableListsEveryTransformFieldWithItsDefault) {
                               << (keys.empty() ? "" : *keys.begin());
   }
   for (const auto& [kind, n] : documented) EXPECT_TRUE(kinds.count(kind)) << kind << " is documented but not a transform";
+}
+
+
+// docs/configuration.md's "Every key, with its default" block, read as YAML:
+// each key below a section (a mapping) by its dotted path.
+void documented_keys(const YAML::Node& n, const std::string& prefix, std::map<std::string, YAML::Node>& out) {
+  for (const auto& kv : n) {
+    const std::string path = prefix + kv.first.as<std::string>();
+    if (kv.second.IsMap() && kv.second.size() > 0) {
+      documented_keys(kv.second, path + ".", out);
+    } else {
+      out[path] = kv.second;
+    }
+  }
+}
+
+std::map<std::string, YAML::Node> documented_sections() {
+  std::ifstream in("docs/configuration.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const size_t begin = doc.find("```yaml\n", doc.find("## Every key, with its default")) + 8;
+  std::map<std::string, YAML::Node> out;
+  documented_keys(YAML::Load(doc.substr(begin, doc.find("```", begin) - begin)), "", out);
+  return out;
+}
+
+TEST(Config, TheDocsKeyTableListsEverySectionFieldWithItsDefault) {
+  // Keys the table shows another way, and why.
+  const std::map<std::string, std::string> shown_otherwise = {
+      {"data.documents.mask", "shown as true, the one value data.documents accepts"},
+      {"data.documents.eos_id", "shown commented out: left out, each file's document index gives the ends"},
+      {"data.token_dtype", "uint16 with source: tokens, absent with the others"},
+      {"eval.data.source", "eval.data: {} names data's keys"},
+      {"eval.data.path", "eval.data: {} names data's keys"},
+      {"eval.data.token_dtype", "eval.data: {} names data's keys"},
+      {"eval.data.sources", "eval.data: {} names data's keys"}};
+  const auto documented = documented_sections();
+  ExperimentConfig c;
+  std::map<std::string, FieldLister::Entry> fields;
+  FieldLister lister{fields, ""};
+  c.fields(lister);
+  std::set<std::string> keys;
+  for (const auto& kv : documented) keys.insert(kv.first);
+  keys.erase("eval.data");
+  for (const auto& [path, entry] : fields) {
+    if (shown_otherwise.count(path)) {
+      keys.erase(path);
+      continue;
+    }
+    auto it = documented.find(path);
+    ASSERT_NE(it, documented.end()) << path << " is not in docs/configuration.md";
+    keys.erase(path);
+    if (entry.rules & kRequired) continue;  // the table shows an example
+    const std::string want = entry.value.is_object() ? "{}" : canonical(entry.value);
+    const std::string given = it->second.IsMap() ? "{}" : it->second.IsNull() ? "" : canonical(it->second);
+    EXPECT_EQ(given, want) << path << ": the docs give another default";
+  }
+  EXPECT_TRUE(keys.empty()) << "docs/configuration.md lists keys the code does not have: "
+                            << (keys.empty() ? "" : *keys.begin());
 }
 
 }  // namespace
