@@ -319,6 +319,8 @@ void check_llama_tp(const ModelArgs& a, int64_t tp, bool sp) {
 
 }  // namespace
 
+std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
+
 std::vector<ModelSpec> llama_specs() {
   return {
       ModelDecl<Llama>("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU")
@@ -354,7 +356,8 @@ std::vector<ModelSpec> llama_specs() {
           .context_parallel(&Llama::slot, check_llama_cp)
           .tp_plan(llama_tp_plan, check_llama_tp)
           .logits("output")
-          .experts([](const ModelArgs& a) { return a.i("n_experts"); })};
+          .experts([](const ModelArgs& a) { return a.i("n_experts"); })
+          .hf(llama_hf_adapter())};
 }
 
 }  // namespace composer::models

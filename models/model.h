@@ -117,7 +117,10 @@ enum class Capability {
   kContextParallel,  // has attention context parallelism can split over the sequence
   kLogits,           // has vocabulary logits for loss parallel
   kExperts,          // may have routed experts (expert parallelism)
+  kHuggingFace,      // reads and writes Hugging Face folders (an HfAdapter)
 };
+
+class HfAdapter;  // models/hf_adapter.h
 
 // A registry entry: the name used in YAML (model.name), its arguments, a
 // validity check (throws ArgError) and the builder. Each model writes its
@@ -146,6 +149,9 @@ struct ModelSpec {
   // is; `build` binds both to every model it returns. Unset: it cannot.
   Model::PiecesFn pipeline;
   Model::SlotFn sequence_slot;
+  // The family's Hugging Face adapter (models/hf_adapter.h); null: the model
+  // has no Hugging Face layout.
+  std::shared_ptr<const HfAdapter> hf;
 
   // Whether the declaration gives the model `c`.
   bool has(Capability c) const;

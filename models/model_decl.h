@@ -87,6 +87,12 @@ class ModelDecl {
     return *this;
   }
 
+  // The family's Hugging Face adapter (models/hf_adapter.h).
+  ModelDecl& hf(std::shared_ptr<const HfAdapter> adapter) {
+    spec_.hf = std::move(adapter);
+    return *this;
+  }
+
   // Every model `build` returns carries the declared pieces and slot.
   operator ModelSpec() const {
     TORCH_INTERNAL_ASSERT(make_, "model ", spec_.name, " is declared without build");

@@ -1,5 +1,7 @@
 #include "models/registry.h"
 
+#include "models/hf_adapter.h"
+
 namespace composer::models {
 
 const ArgValue& ModelArgs::at(const std::string& name) const {
@@ -47,6 +49,8 @@ bool ModelSpec::has(Capability c) const {
       return !logits.empty();
     case Capability::kExperts:
       return static_cast<bool>(experts);
+    case Capability::kHuggingFace:
+      return static_cast<bool>(hf);
   }
   return false;
 }
@@ -83,6 +87,25 @@ const ModelSpec* find_model(const std::string& name) {
     if (s.name == name) return &s;
   }
   return nullptr;
+}
+
+const ModelSpec* find_hf_model(const std::string& model_type) {
+  for (const auto& s : registry()) {
+    if (!s.hf) continue;
+    for (const auto& t : s.hf->model_types()) {
+      if (t == model_type) return &s;
+    }
+  }
+  return nullptr;
+}
+
+std::string listed_hf_model_types() {
+  std::string out;
+  for (const auto& s : registry()) {
+    if (!s.hf) continue;
+    for (const auto& t : s.hf->model_types()) out += (out.empty() ? "" : ", ") + ("\"" + t + "\" (model " + s.name + ")");
+  }
+  return out;
 }
 
 std::vector<std::string> model_names() {

@@ -17,6 +17,11 @@ const ModelSpec* find_model(const std::string& name);
 
 std::vector<std::string> model_names();
 
+// The spec whose Hugging Face adapter reads config.json's `model_type`, or nullptr.
+const ModelSpec* find_hf_model(const std::string& model_type);
+// Every model_type the adapters read, for messages: "llama" (model llama), "mixtral" (model llama).
+std::string listed_hf_model_types();
+
 // The names of the registered models that have `c`, in registration order.
 std::vector<std::string> names_with(Capability c);
 

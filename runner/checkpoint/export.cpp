@@ -358,38 +358,63 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option) {
   throw UserError(option + " " + text + ": expected a positive size such as 5GB, 500MB, 64KiB or a byte count");
 }
 
+// The model's adapter for --format hf: refuses a model without one, or
+// arguments no Hugging Face architecture it writes computes.
+const models::HfAdapter& hf_adapter(const ExperimentConfig& c) {
+  const models::ModelSpec& spec = *models::find_model(c.model.name);
+  if (!spec.hf) {
+    throw UserError("composer export --format hf writes Hugging Face folders of model " +
+                    models::listed_names_with(models::Capability::kHuggingFace) + "; model " + c.model.name +
+                    " has no Hugging Face adapter; use --format pt");
+  }
+  hf_call("", [&] { spec.hf->check_export(c.model.args); });
+  return *spec.hf;
+}
+
+// `items` under Hugging Face's names: a tied weight once, under the
+// embedding's name; a weight stored one tensor per expert, expert by expert.
+std::vector<Item> hf_items(const std::vector<Item>& items, const models::HfAdapter& hf, const models::ModelArgs& args) {
+  std::vector<Item> renamed;
+  for (const auto& it : items) {
+    if (it.name != it.key) continue;
+    if (hf.per_expert(it.name, args)) {
+      for (int64_t j = 0; j < it.shape.at(0); ++j) {
+        renamed.push_back({hf.hf_name(it.name, args, j), it.key,
+                           std::vector<int64_t>(it.shape.begin() + 1, it.shape.end()), j, it.shape});
+      }
+      continue;
+    }
+    renamed.push_back(it);
+    renamed.back().name = hf.hf_name(it.name, args);
+    TORCH_INTERNAL_ASSERT(!renamed.back().name.empty(), "parameter ", it.name, " has no Hugging Face name");
+  }
+  return renamed;
+}
+
+// Writes the config.json of a model with `items` (by the model's names) beside its weights.
+std::string write_hf_config(const ExperimentConfig& c, const models::HfAdapter& hf, const std::vector<Item>& items,
+                            const std::string& out) {
+  const auto shape = [&](const std::string& name) {
+    for (const auto& it : items) {
+      if (it.name == name) return it.shape;
+    }
+    TORCH_INTERNAL_ASSERT(false, "the model has no parameter ", name);
+    return std::vector<int64_t>{};
+  };
+  const nlohmann::ordered_json j = hf.write_config(c.model.args, shape);
+  const std::string config = (fs::path(out) / "config.json").string();
+  std::ofstream f(config);
+  f << j.dump(2) << "\n";
+  if (!f) throw RuntimeFailure("cannot write " + config);
+  return "wrote " + config + " (" + j.at("architectures").at(0).get<std::string>() + ")";
+}
+
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
   const bool hf = o.format == ExportFormat::kHf;
-  if (hf && c.model.name != "llama") {
-    throw UserError(
-        "composer export --format hf writes Llama and Mixtral folders (LlamaForCausalLM, "
-        "MixtralForCausalLM); model " +
-        c.model.name + " has no Hugging Face layout composer knows; use --format pt");
-  }
-  if (hf) check_hf_exportable(c.model.args);
+  const models::HfAdapter* adapter = hf ? &hf_adapter(c) : nullptr;
   ExportSource source(c, o);
-  std::vector<Item> items = model_items(c);
-  int64_t intermediate_size = 0;
-  const bool moe = hf && c.model.args.i("n_experts") > 0;
-  if (hf) {  // Hugging Face's names; a tied weight once, under the embedding's name; Mixtral's experts one by one
-    std::vector<Item> renamed;
-    for (const auto& it : items) {
-      if (it.name == "layers.0.feed_forward.w1.weight") intermediate_size = it.shape.at(0);
-      if (it.name == "layers.0.feed_forward.experts.w1") intermediate_size = it.shape.at(1);
-      if (it.name != it.key) continue;
-      if (moe && is_llama_expert_weight(it.name)) {
-        for (int64_t j = 0; j < it.shape.at(0); ++j) {
-          renamed.push_back({hf_name_of_llama(it.name, true, j), it.key,
-                             std::vector<int64_t>(it.shape.begin() + 1, it.shape.end()), j, it.shape});
-        }
-        continue;
-      }
-      renamed.push_back(it);
-      renamed.back().name = hf_name_of_llama(it.name, moe);
-      TORCH_INTERNAL_ASSERT(!renamed.back().name.empty(), "llama parameter ", it.name, " has no Hugging Face name");
-    }
-    items = renamed;
-  }
+  const std::vector<Item> model = model_items(c);
+  const std::vector<Item> items = hf ? hf_items(model, *adapter, c.model.args) : model;
   const std::vector<SafetensorsWriter::Entry> entries = export_entries(items, source);
   const uint64_t total = total_bytes(entries);
   const std::vector<std::vector<size_t>> shards = plan_shards(entries, o.max_shard_bytes);
@@ -397,23 +422,16 @@ std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportO
   const std::string stem = shard_stem(out);
   const std::vector<std::string> names = shard_names(out, stem, shards.size());
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-  const int64_t heads = hf ? c.model.args.i("n_heads") : 0;
-  const int64_t kv_heads = hf && c.model.args.i("n_kv_heads") ? c.model.args.i("n_kv_heads") : heads;
   const nlohmann::ordered_json weight_map =
       write_shards(source, items, entries, shards, names, [&](const Item& it, torch::Tensor t) {
-        return hf ? llama_to_hf_layout(it.key, t, heads, kv_heads).contiguous() : t;
+        const int64_t groups = hf ? adapter->row_groups(it.key, c.model.args) : 0;
+        return groups ? adapter->to_hf_rows(t, groups).contiguous() : t;
       });
   char line[300];
   std::snprintf(line, sizeof line, "exported %s: %zu tensors, %.3f MB", source.what().c_str(), entries.size(),
                 total / 1e6);
   std::vector<std::string> report{line};
-  if (hf) {
-    const std::string config = (fs::path(o.out) / "config.json").string();
-    std::ofstream f(config);
-    f << hf_llama_config(c.model.args, intermediate_size).dump(2) << "\n";
-    if (!f) throw RuntimeFailure("cannot write " + config);
-    report.push_back("wrote " + config + (moe ? " (MixtralForCausalLM)" : " (LlamaForCausalLM)"));
-  }
+  if (hf) report.push_back(write_hf_config(c, *adapter, model, o.out));
   if (shards.size() == 1) {
     report.push_back("wrote " + out.string());
     return report;

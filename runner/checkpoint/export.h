@@ -3,7 +3,7 @@
 // ranks' pieces one tensor at a time; `composer export` writes a checkpoint's
 // weights (sharded with a model.safetensors.index.json when large) from its
 // chunks, or a weights file's, in one process, as PyTorch names or as a
-// Hugging Face Llama or Mixtral folder.
+// Hugging Face folder through the model's adapter (models/hf_adapter.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,7 +24,7 @@ void write_final_weights(models::Model& model, const parallel::Placements* place
 
 enum class ExportFormat {
   kPt,  // PyTorch names in one safetensors file (or shards beside it)
-  kHf,  // a Hugging Face Llama (or Mixtral) folder: config.json and model.safetensors (or shards and their index)
+  kHf,  // a Hugging Face folder: config.json and model.safetensors (or shards and their index)
 };
 
 struct ExportOptions {
@@ -42,11 +42,11 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option);
 // under any plan) or of weights file `o.weights`. pt: under every PyTorch
 // name, tied weights under each of theirs; up to max_shard_bytes one file,
 // o.out, above it <stem>-0000k-of-0000n.safetensors and
-// <stem>.safetensors.index.json beside o.out (Hugging Face's layout). hf (llama
-// only): folder o.out with config.json and model.safetensors (or its shards),
-// in Hugging Face's names and rotary row order, a tied weight once; a mixture
-// of experts as Mixtral (each expert's weights its own tensors, read as boxes
-// of the stacked ones), refused unless it routes as Mixtral does.
+// <stem>.safetensors.index.json beside o.out (Hugging Face's layout). hf (a
+// model with a Hugging Face adapter): folder o.out with the adapter's
+// config.json and model.safetensors (or its shards), in its names and row
+// order, a tied weight once, weights it stores one tensor per expert read as
+// boxes of the stacked ones; arguments the adapter cannot write are refused.
 // Returns the lines it reports.
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o);
 

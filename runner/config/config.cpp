@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/depthguard.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -38,11 +39,12 @@ const models::ModelSpec& model_spec(YamlMap& model, const std::string& name) {
                                            " known models: " + YamlMap::join(names));
 }
 
-// from_hf's refusals: another model than llama, or init_from beside it.
-void check_from_hf(YamlMap& model, const std::string& name) {
-  if (name != "llama") {
-    throw ConfigError(model.ref("name"), "from_hf reads a Hugging Face Llama or Mixtral folder into model llama, not " +
-                                             name + "; set model.name: llama");
+// from_hf's refusals: a model without a Hugging Face adapter, or init_from beside it.
+void check_from_hf(YamlMap& model, const models::ModelSpec& spec) {
+  if (!spec.hf) {
+    const std::string with = models::listed_names_with(models::Capability::kHuggingFace);
+    throw ConfigError(model.ref("name"), "model " + spec.name + " has no Hugging Face adapter; from_hf reads "
+                                         "Hugging Face folders into model " + with + "; set model.name to it");
   }
   if (model.has("init_from")) {
     throw ConfigError(model.ref("init_from"), "init_from and from_hf both give the initial weights; keep one");
@@ -88,7 +90,7 @@ std::optional<FieldError> debug_error(const DebugConfig& d, int64_t world_size, 
 }  // namespace
 
 // model.args: each argument of name's registry entry, given or its default;
-// with from_hf, config.json gives them (only max_seq_len may be written).
+// with from_hf, config.json gives them (only the adapter's yaml_args() may be written).
 void read_value(YamlMap& model, const std::string& key, models::ModelArgs& args) {
   std::string name;
   model.require("name", name);
@@ -96,19 +98,22 @@ void read_value(YamlMap& model, const std::string& key, models::ModelArgs& args)
   std::string from_hf;
   model.get("from_hf", from_hf);
   const bool hf = model.has("from_hf");
-  if (hf) check_from_hf(model, name);
+  if (hf) check_from_hf(model, spec);
+  const std::vector<std::string> settable = hf ? spec.hf->yaml_args() : std::vector<std::string>{};
+  std::vector<std::string> written;  // of settable, what the YAML gave
   YamlMap given(model.has(key) ? model.node(key) : YAML::Node(), model.child_path(key), model.context());
   for (const auto& a : spec.args) {
-    if (hf && given.has(a.name) && a.name != "max_seq_len") {
-      throw ConfigError(given.ref(a.name), "this argument comes from from_hf's config.json; remove it (only "
-                                           "max_seq_len may be given, to shorten the rotary tables)");
+    const bool may = std::find(settable.begin(), settable.end(), a.name) != settable.end();
+    if (hf && given.has(a.name) && !may) {
+      throw ConfigError(given.ref(a.name), "this argument comes from from_hf's config.json; remove it" +
+                                               (settable.empty() ? std::string()
+                                                                 : " (only " + YamlMap::join(settable) + " may be given)"));
     }
+    if (given.has(a.name) && may) written.push_back(a.name);
     args.set(a.name, given.has(a.name) ? read_arg(given, a) : a.default_value);
   }
   given.finish();
-  if (hf) {
-    naming_config_key(model.ref("from_hf"), [&] { read_hf_llama_config(from_hf, args, given.has("max_seq_len")); });
-  }
+  if (hf) naming_config_key(model.ref("from_hf"), [&] { read_hf_config(from_hf, spec, args, written); });
   if (!spec.check) return;
   try {
     spec.check(args);

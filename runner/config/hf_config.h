@@ -1,40 +1,33 @@
-// Hugging Face Llama's and Mixtral's config.json and composer's llama
-// arguments, both ways: model.from_hf reads one into the arguments, `composer
-// export --format hf` writes one from them. Only what llama computes exactly is
-// accepted.
+// A Hugging Face folder's config.json, read into a model's arguments through
+// the model's Hugging Face adapter (models/hf_adapter.h): model.from_hf.
 #pragma once
-#include <nlohmann/json.hpp>
-
 #include <string>
+#include <vector>
 
+#include "models/hf_adapter.h"
 #include "models/model.h"
+#include "runner/base/errors.h"
 
 namespace composer {
 
-// Sets llama's arguments from `dir`/config.json (hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, num_key_value_heads, rms_norm_eps,
-// vocab_size, max_position_embeddings, tie_word_embeddings and the rotary base,
-// top-level rope_theta or transformers 5's rope_parameters). A model llama
-// cannot represent exactly (another model_type or architecture, rope scaling,
-// biases, a head_dim other than hidden_size / num_attention_heads, another
-// activation, attention dropout) is a FileError naming the field and its
-// value. `keep_max_seq_len`: the config gave max_seq_len, which then stays.
-//
-// A Mixtral folder (model_type mixtral) gives llama's mixture of experts as
-// Mixtral routes: n_experts (num_local_experts), top_k (num_experts_per_tok),
-// moe_hidden_dim (intermediate_size), softmax scores, route_norm, no shared
-// experts. Refused: router_jitter_noise other than 0, output_router_logits
-// true (the load-balancing loss joins the loss), a sliding_window shorter than
-// max_seq_len.
-void read_hf_llama_config(const std::string& dir, models::ModelArgs& args, bool keep_max_seq_len);
+// Sets `args` (their defaults, and the adapter's yaml_args() the YAML gave,
+// listed in `given`) from `dir`/config.json through `spec`'s adapter. A
+// folder without a readable config.json, a model_type the adapter does not
+// read, or a value the model cannot compute exactly is a FileError naming the
+// file, the field and the fix.
+void read_hf_config(const std::string& dir, const models::ModelSpec& spec, models::ModelArgs& args,
+                    const std::vector<std::string>& given);
 
-// Refuses (UserError) llama arguments that no Hugging Face folder composer
-// writes computes: a mixture of experts other than Mixtral's.
-void check_hf_exportable(const models::ModelArgs& args);
-
-// The config.json of llama with `args` (and its feed-forward width, which
-// llama may derive; an expert's, for a mixture of experts) as transformers'
-// LlamaForCausalLM, or MixtralForCausalLM when args.n_experts > 0, reads it.
-nlohmann::ordered_json hf_llama_config(const models::ModelArgs& args, int64_t intermediate_size);
+// Runs `f`, an adapter's call, turning its HfError into a FileError (`where`)
+// or, with `where` empty, a UserError.
+template <class F>
+auto hf_call(const std::string& where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const models::HfError& e) {
+    if (where.empty()) throw UserError(e.what());
+    throw FileError(where, e.what());
+  }
+}
 
 }  // namespace composer

@@ -1,0 +1,300 @@
+// llama's Hugging Face adapter: LlamaForCausalLM folders (model_type llama)
+// for a dense llama, MixtralForCausalLM (mixtral) for a mixture of experts.
+//
+// Names: model.layers.N.self_attn.q_proj.weight is layers.N.attention.wq.weight
+// and so on (kLayerNames); Mixtral's block_sparse_moe.gate is the router, and
+// its block_sparse_moe.experts.J.w{1,2,3}.weight is slice J of the stacked
+// feed_forward.experts.w{1,2,3}.
+//
+// Rotary: Hugging Face rotates the two halves of each head's dimensions
+// (rotate_half); composer's llama, like torchtitan and Meta's code, rotates
+// interleaved pairs. Each head's rows of wq and wk are permuted between the
+// two; wv, wo and the rest are the same matrices.
+//
+// config.json: hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, rms_norm_eps, vocab_size,
+// max_position_embeddings, tie_word_embeddings and the rotary base (top-level
+// rope_theta or transformers 5's rope_parameters). What llama cannot compute
+// exactly is refused by field: another architecture, rope scaling, biases, a
+// head_dim other than hidden_size / num_attention_heads, another activation,
+// attention dropout; for Mixtral router_jitter_noise, output_router_logits
+// true (the load-balancing loss joins the loss) and a sliding_window shorter
+// than max_seq_len.
+#include <algorithm>
+#include <regex>
+
+#include "models/hf_adapter.h"
+
+namespace composer::models {
+namespace {
+
+// Hugging Face's per-layer names and composer llama's.
+const std::pair<const char*, const char*> kLayerNames[] = {
+    {"input_layernorm.weight", "attention_norm.weight"},
+    {"self_attn.q_proj.weight", "attention.wq.weight"},
+    {"self_attn.k_proj.weight", "attention.wk.weight"},
+    {"self_attn.v_proj.weight", "attention.wv.weight"},
+    {"self_attn.o_proj.weight", "attention.wo.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "feed_forward.w1.weight"},
+    {"mlp.down_proj.weight", "feed_forward.w2.weight"},
+    {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
+// Mixtral's router (its experts' weights are block_sparse_moe.experts.J.w{1,2,3}.weight).
+const char* const kRouterName = "block_sparse_moe.gate.weight";
+const std::pair<const char*, const char*> kTopNames[] = {
+    {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
+    {"lm_head.weight", "output.weight"}};
+// config.json's integer fields and the llama arguments they give.
+const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"},
+                                                          {"intermediate_size", "hidden_dim"},
+                                                          {"num_hidden_layers", "n_layers"},
+                                                          {"num_attention_heads", "n_heads"},
+                                                          {"num_key_value_heads", "n_kv_heads"},
+                                                          {"vocab_size", "vocab_size"},
+                                                          {"max_position_embeddings", "max_seq_len"}};
+const char* const kWhat = "a Llama or Mixtral config.json";
+
+bool moe(const ModelArgs& a) { return a.i("n_experts") > 0; }
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The rotary base: transformers 5's rope_parameters, else the older top-level
+// rope_theta and rope_scaling (`fallback` without either); scaled or other
+// kinds of rotary are refused.
+double rope_theta_of(const nlohmann::json& j, double fallback) {
+  if (hf::given(j, "rope_scaling")) {
+    const auto& s = j.at("rope_scaling");
+    const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string("default"))) : "";
+    if (type != "default") {
+      throw HfError("rope_scaling " + hf::shown(s) +
+                    ": composer's llama implements only the default rotary embedding (no scaling); "
+                    "use a model without rope_scaling");
+    }
+  }
+  double theta = hf::float_field(j, "rope_theta", fallback);
+  if (!hf::given(j, "rope_parameters")) return theta;
+  const auto& r = j.at("rope_parameters");
+  if (!r.is_object()) throw HfError("rope_parameters " + hf::shown(r) + ": expected an object");
+  const std::string type = r.value("rope_type", std::string("default"));
+  if (type != "default") {
+    throw HfError("rope_parameters.rope_type '" + type +
+                  "': composer's llama implements only the default rotary embedding; use a model "
+                  "whose rope_type is default");
+  }
+  for (const auto& [key, value] : r.items()) {
+    if (key != "rope_type" && key != "rope_theta") {
+      throw HfError("rope_parameters." + key + " " + hf::shown(value) +
+                    ": the default rotary embedding has no such parameter; remove it");
+    }
+  }
+  return hf::float_field(r, "rope_theta", theta);
+}
+
+// What a Mixtral config.json adds to a Llama one: its experts, and what
+// composer's routed feed-forward does not compute, refused.
+void read_mixtral_fields(const nlohmann::json& j, ModelArgs& args) {
+  const char* experts_key =
+      j.contains("num_local_experts") || !j.contains("num_experts") ? "num_local_experts" : "num_experts";
+  const int64_t experts = hf::positive_field(j, experts_key, nullptr, kWhat);
+  const int64_t top_k = hf::int_field(j, "num_experts_per_tok", nullptr, kWhat);
+  if (top_k < 1 || top_k > experts) {
+    throw HfError("num_experts_per_tok " + std::to_string(top_k) + ": expected between 1 and " + experts_key + " " +
+                  std::to_string(experts));
+  }
+  if (hf::float_field(j, "router_jitter_noise", 0.0) != 0.0) {
+    throw HfError("router_jitter_noise " + hf::shown(j.at("router_jitter_noise")) +
+                  ": composer's router scales no hidden states by random noise in training; set it to 0.0");
+  }
+  if (hf::bool_field(j, "output_router_logits", false)) {
+    throw HfError(
+        "output_router_logits true: transformers then adds router_aux_loss_coef times the load-balancing loss to "
+        "the loss, which composer does not compute; set it to false");
+  }
+  // Mixtral's attention masks keys sliding_window or more positions back: the
+  // same as causal when no sequence is that long.
+  if (hf::given(j, "sliding_window")) {
+    const auto& v = j.at("sliding_window");
+    if (!v.is_number_integer() || v.get<int64_t>() < args.i("max_seq_len")) {
+      throw HfError("sliding_window " + hf::shown(v) +
+                    ": composer's attention is causal over the whole sequence, which equals a sliding window only "
+                    "as long as max_seq_len (" +
+                    std::to_string(args.i("max_seq_len")) +
+                    "); set sliding_window to null, or model.args.max_seq_len to at most it");
+    }
+  }
+  args.set("n_experts", experts);
+  args.set("top_k", top_k);
+  args.set("moe_hidden_dim", args.i("hidden_dim"));
+  args.set("n_shared_experts", int64_t{0});
+  args.set("score_func", std::string("softmax"));
+  args.set("route_norm", true);
+  args.set("route_scale", 1.0);
+}
+
+// What llama has that neither Llama's nor Mixtral's folders switch on, refused.
+void refuse_unsupported(const nlohmann::json& j, bool mixtral) {
+  hf::require_architecture(j, mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM");
+  if (!mixtral) {  // Mixtral's attention and experts have no biases to switch on
+    hf::require_field(j, "attention_bias", false, "composer's llama has no attention biases");
+    hf::require_field(j, "mlp_bias", false, "composer's llama has no MLP biases");
+  }
+  hf::require_field(j, "hidden_act", "silu", "composer's llama's feed-forward is SwiGLU (silu)");
+  if (hf::float_field(j, "attention_dropout", 0.0) != 0.0) {
+    throw HfError("attention_dropout " + hf::shown(j.at("attention_dropout")) +
+                  ": composer's llama applies no attention dropout; set it to 0.0");
+  }
+}
+
+class LlamaHf final : public HfAdapter {
+ public:
+  std::vector<std::string> model_types() const override { return {"llama", "mixtral"}; }
+  std::vector<std::string> yaml_args() const override { return {"max_seq_len"}; }
+
+  void read_config(const nlohmann::json& j, ModelArgs& args, const std::vector<std::string>& given) const override {
+    const bool mixtral = j.value("model_type", std::string()) == "mixtral";
+    refuse_unsupported(j, mixtral);
+    for (const auto& [field, arg] : kIntFields) {
+      if (std::find(given.begin(), given.end(), arg) != given.end()) continue;
+      const int64_t heads = args.i("n_heads");
+      args.set(arg, hf::positive_field(j, field, std::string(arg) == "n_kv_heads" ? &heads : nullptr, kWhat));
+    }
+    const int64_t head_dim = args.i("dim") / args.i("n_heads");
+    if (hf::given(j, "head_dim") &&
+        (!j.at("head_dim").is_number_integer() || j.at("head_dim").get<int64_t>() != head_dim ||
+         args.i("dim") % args.i("n_heads") != 0)) {
+      throw HfError("head_dim " + hf::shown(j.at("head_dim")) +
+                    ": composer's llama has head_dim = hidden_size / num_attention_heads (" +
+                    std::to_string(head_dim) + ")");
+    }
+    // transformers' defaults where the file leaves them out differ between the two.
+    args.set("norm_eps", hf::float_field(j, "rms_norm_eps", mixtral ? 1e-5 : 1e-6));
+    args.set("rope_theta", rope_theta_of(j, mixtral ? 1e6 : 1e4));
+    args.set("weight_tying", hf::bool_field(j, "tie_word_embeddings", false));
+    if (mixtral) read_mixtral_fields(j, args);
+  }
+
+  void check_export(const ModelArgs& a) const override {
+    if (!moe(a)) return;
+    auto refuse = [](const std::string& what) {
+      throw HfError(
+          "composer export --format hf writes a mixture-of-experts llama as Mixtral "
+          "(MixtralForCausalLM: softmax router, top-k weights divided by their sum, no shared experts); "
+          "this model has " +
+          what + ", which Mixtral does not compute; use --format pt");
+    };
+    if (a.s("score_func") != "softmax") refuse("score_func " + a.s("score_func"));
+    if (!a.b("route_norm")) refuse("route_norm false");
+    if (a.f("route_scale") != 1.0) refuse("route_scale " + hf::shown(a.f("route_scale")));
+    if (a.i("n_shared_experts") != 0) refuse("n_shared_experts " + std::to_string(a.i("n_shared_experts")));
+    // Mixtral is dropless and routes by the scores alone (the load-balancing
+    // loss only trains; its forward is the same).
+    if (a.f("capacity_factor") != 0) refuse("capacity_factor " + hf::shown(a.f("capacity_factor")));
+    if (a.f("bias_update_rate") != 0) {
+      refuse("an expert bias (bias_update_rate " + hf::shown(a.f("bias_update_rate")) + ")");
+    }
+  }
+
+  nlohmann::ordered_json write_config(const ModelArgs& a, const ShapeOf& shape) const override {
+    const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+    const bool mixtral = moe(a);
+    // The feed-forward width llama may derive: an expert's, for a mixture of experts.
+    const int64_t intermediate_size =
+        mixtral ? shape("layers.0.feed_forward.experts.w1").at(1) : shape("layers.0.feed_forward.w1.weight").at(0);
+    nlohmann::ordered_json j;
+    j["architectures"] = {mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = mixtral ? "mixtral" : "llama";
+    if (!mixtral) j["attention_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["dtype"] = "float32";
+    j["head_dim"] = a.i("dim") / a.i("n_heads");
+    j["hidden_act"] = "silu";
+    for (const auto& [field, arg] : kIntFields) j[field] = a.i(arg);
+    j["intermediate_size"] = intermediate_size;
+    j["num_key_value_heads"] = kv;
+    if (mixtral) {
+      j["num_local_experts"] = a.i("n_experts");
+      j["num_experts_per_tok"] = a.i("top_k");
+      j["output_router_logits"] = false;
+      j["router_aux_loss_coef"] = 0.001;  // transformers' default; used only with output_router_logits
+      j["router_jitter_noise"] = 0.0;
+      j["sliding_window"] = nullptr;
+    } else {
+      j["mlp_bias"] = false;
+    }
+    j["rms_norm_eps"] = a.f("norm_eps");
+    j["rope_parameters"] = {{"rope_theta", a.f("rope_theta")}, {"rope_type", "default"}};
+    j["tie_word_embeddings"] = a.b("weight_tying");
+    return j;
+  }
+
+  std::string hf_name(const std::string& name, const ModelArgs& a, int64_t expert) const override {
+    for (const auto& [h, c] : kTopNames) {
+      if (name == c) return h;
+    }
+    static const std::regex layer(R"(layers\.(\d+)\.(.+))");
+    std::smatch m;
+    if (!std::regex_match(name, m, layer)) return "";
+    const std::string at = "model.layers." + m[1].str() + ".", rest = m[2].str();
+    const bool routed = moe(a);
+    for (const auto& [h, c] : kLayerNames) {
+      if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return at + h;
+    }
+    if (!routed) return "";
+    if (rest == "feed_forward.router.weight") return at + kRouterName;
+    static const std::regex expert_weight(R"(feed_forward\.experts\.(w[123]))");
+    std::smatch e;
+    if (!std::regex_match(rest, e, expert_weight) || expert < 0) return "";
+    return at + "block_sparse_moe.experts." + std::to_string(expert) + "." + e[1].str() + ".weight";
+  }
+
+  std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
+    if (expert) *expert = -1;
+    for (const auto& [h, c] : kTopNames) {
+      if (hf == h) return c;
+    }
+    static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+    std::smatch m;
+    if (!std::regex_match(hf, m, layer)) return "";
+    const std::string at = "layers." + m[1].str() + ".", rest = m[2].str();
+    const bool routed = moe(a);
+    for (const auto& [h, c] : kLayerNames) {
+      if (routed && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
+      if (rest == h) return at + c;
+    }
+    if (!routed) return "";
+    if (rest == kRouterName) return at + "feed_forward.router.weight";
+    static const std::regex expert_weight(R"(block_sparse_moe\.experts\.(0|[1-9]\d{0,8})\.(w[123])\.weight)");
+    std::smatch e;
+    if (!std::regex_match(rest, e, expert_weight)) return "";
+    if (expert) *expert = std::stoll(e[1].str());
+    return at + "feed_forward.experts." + e[2].str();
+  }
+
+  bool per_expert(const std::string& name, const ModelArgs& a) const override {
+    static const std::regex expert_weight(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
+    return moe(a) && std::regex_match(name, expert_weight);
+  }
+
+  // Older folders kept the rotary tables as a buffer.
+  bool ignored(const std::string& hf) const override { return ends_with(hf, "rotary_emb.inv_freq"); }
+
+  int64_t row_groups(const std::string& name, const ModelArgs& a) const override {
+    if (ends_with(name, "attention.wq.weight")) return a.i("n_heads");
+    if (ends_with(name, "attention.wk.weight")) return a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+    return 0;
+  }
+  torch::Tensor to_hf_rows(const torch::Tensor& w, int64_t groups) const override {
+    return rotary_pairs_to_halves(w, groups);
+  }
+  torch::Tensor from_hf_rows(const torch::Tensor& w, int64_t groups) const override {
+    return rotary_halves_to_pairs(w, groups);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const HfAdapter> llama_hf_adapter() { return std::make_shared<LlamaHf>(); }
+
+}  // namespace composer::models
