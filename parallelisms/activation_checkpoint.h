@@ -41,6 +41,8 @@ inline const auto& names_of(CheckpointMode) { return kCheckpointModeNames; }
 // The `activation_checkpointing` transform's options (docs/configuration.md).
 struct ActivationCheckpointingConfig {
   static constexpr const char* kKey = "activation_checkpointing";
+  static constexpr Splits kSplits = Splits::kNothing;
+  static constexpr bool kMovesActivations = false;  // recomputes, on the rank that ran it
   std::vector<std::string> units;
   int64_t every = 1;
   CheckpointMode mode = CheckpointMode::kFull;

@@ -73,6 +73,28 @@ enum FieldRule : unsigned {
   kOneOrList = 8,    // a list of strings that may be written as one string
 };
 
+// What a transform's mesh dims split of a step's activations (its Config's
+// kSplits). The planner, the step, the recorder and diff read it from the
+// Config, never from a list of transforms (parallelisms/transforms.h states
+// what each kind must provide):
+//   kBatch: each rank takes its own samples; the dims join the data-parallel
+//     group, which the loader splits the batch over, the loss averages over,
+//     and the recorder and diff place pieces by (first sample, samples).
+//   kSequence: each rank takes part of every sequence; the step slices inputs,
+//     and the recorder and diff place pieces, by the positions its runtime
+//     (an nn::SequenceSplit) gives each rank.
+//   kWidth: each rank holds a slice of hidden widths (heads, features); the
+//     recorder records the rank, and diff reads a dim smaller than the whole
+//     as that rank's torch.chunk piece.
+//   kLayers: each rank runs some of the model's layers; every module's
+//     activations are recorded whole where it runs.
+//   kNothing: the activations are what one device computes.
+// kMovesActivations: the transform sends activations between ranks within a
+// step (its collectives run in the forward and backward, where a rank that
+// stops holds up its peers; flight reports name them). The activations a
+// module returns are still placed by kSplits.
+enum class Splits { kNothing, kBatch, kSequence, kWidth, kLayers };
+
 // A Config's refusal of its fields: the key it points at ("" = the transform) and why.
 struct FieldError {
   std::string key;

@@ -43,9 +43,14 @@ inline constexpr EnumName<Rotate> kRotateNames[] = {
 inline const auto& names_of(Rotate) { return kRotateNames; }
 const char* name_of(Rotate r);
 
+class ContextParallel;
+
 // The `context_parallel` transform's options (docs/configuration.md).
 struct ContextParallelConfig {
   static constexpr const char* kKey = "context_parallel";
+  static constexpr Splits kSplits = Splits::kSequence;
+  static constexpr bool kMovesActivations = true;  // keys and values pass between the cp ranks
+  using Runtime = ContextParallel;
   std::vector<std::string> mesh_dim{"cp"};
   bool load_balance = true;
   Rotate rotate = Rotate::kRing;

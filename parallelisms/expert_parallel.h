@@ -22,6 +22,8 @@ namespace composer::parallel {
 // The `expert_parallel` transform's options (docs/configuration.md).
 struct ExpertParallelConfig {
   static constexpr const char* kKey = "expert_parallel";
+  static constexpr Splits kSplits = Splits::kBatch;
+  static constexpr bool kMovesActivations = true;  // tokens go to their experts' ranks and back
   std::vector<std::string> mesh_dim{"ep"};
 
   template <class V>

@@ -118,6 +118,8 @@ struct ReshardAfterForward {
 // The `fully_shard` transform's options (docs/configuration.md).
 struct FullyShardConfig : PerRankFields {
   static constexpr const char* kKey = "fully_shard";
+  static constexpr Splits kSplits = Splits::kBatch;
+  static constexpr bool kMovesActivations = false;  // it moves parameters and gradients only
   std::vector<std::string> mesh_dim{"dp"};
   std::vector<std::string> units;
   ReshardAfterForward reshard_after_forward;

@@ -25,6 +25,8 @@ namespace composer::parallel {
 // The `replicate` transform's options (docs/configuration.md).
 struct ReplicateConfig : PerRankFields {
   static constexpr const char* kKey = "replicate";
+  static constexpr Splits kSplits = Splits::kBatch;
+  static constexpr bool kMovesActivations = false;  // it moves gradients only
   std::vector<std::string> mesh_dim{"dp"};
   double bucket_mb = GradSyncOptions{}.bucket_mb;
 

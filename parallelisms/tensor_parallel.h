@@ -33,9 +33,14 @@
 
 namespace composer::parallel {
 
+class TensorParallel;
+
 // The `tensor_parallel` transform's options (docs/configuration.md).
 struct TensorParallelConfig {
   static constexpr const char* kKey = "tensor_parallel";
+  static constexpr Splits kSplits = Splits::kWidth;
+  static constexpr bool kMovesActivations = true;  // layouts change by collectives
+  using Runtime = TensorParallel;
   std::vector<std::string> mesh_dim{"tp"};
   std::string plan = "default";
   models::TpPlan styles;

@@ -32,6 +32,8 @@ namespace composer::parallel {
 // dim whose ranks hold the stages, the schedule and how the model is cut.
 struct PipelineConfig {
   static constexpr const char* kKey = "pipeline";
+  static constexpr Splits kSplits = Splits::kLayers;
+  static constexpr bool kMovesActivations = true;  // a stage sends its outputs to the next
   std::vector<std::string> mesh_dim{"pp"};
   ScheduleKind schedule = ScheduleKind::k1f1b;
   int64_t microbatches = 0;  // the planner resolves 0 to the step's count

@@ -104,17 +104,15 @@ void check_mesh(const ExperimentConfig& c, int64_t world_size) {
   }
 }
 
-// Whether the transform's dims split the batch: fully_shard and replicate,
-// and expert_parallel (each ep rank routes its own tokens).
-bool data_parallel(const TransformConfig& t) {
-  return std::holds_alternative<FullyShardConfig>(t.options) || std::holds_alternative<ReplicateConfig>(t.options) ||
-         std::holds_alternative<ExpertParallelConfig>(t.options);
-}
+// Whether the transform's dims split the batch (its Config's kSplits: today
+// fully_shard, replicate and expert_parallel, whose ranks route their own tokens).
+bool data_parallel(const TransformConfig& t) { return parallel::splits_of(t.options) == Splits::kBatch; }
 
-// The mesh dim context_parallel splits sequences over ("" without it).
+// The mesh dim the sequence-splitting transform (kSplits kSequence:
+// context_parallel) splits sequences over ("" without one).
 std::string context_parallel_dim(const ExperimentConfig& c) {
   for (const auto& t : c.parallelize) {
-    if (std::holds_alternative<ContextParallelConfig>(t.options)) return t.mesh_dim().front();
+    if (parallel::splits_of(t.options) == Splits::kSequence) return t.mesh_dim().front();
   }
   return "";
 }
