@@ -32,13 +32,11 @@ struct OptionSpec {
   bool hidden = false;          // internal: set by composer diff for the runs it starts
 };
 
-// Every option. One that belongs to some commands only is refused by the
-// others, naming the commands it belongs to.
-const std::vector<OptionSpec>& options_table() {
-  using C = Command;
-  // A table, one row per option.
+// The options every command reads: help, the config, the outputs and the
+// nodes of a job. A table, one row per option.
+std::vector<OptionSpec> common_options() {
   // clang-format off
-  static const std::vector<OptionSpec> kOptions = {
+  return {
       {"help,h", "", "print this help (composer COMMAND --help: that command's)", {}, nullptr},
       {"version", "", "print the version", {}, nullptr},
       {"config,c", "FILE", "experiment YAML file", {}, [](CliOptions& o) { return value(&o.config); }},
@@ -54,6 +52,16 @@ const std::vector<OptionSpec>& options_table() {
        [](CliOptions& o) { return value(&o.node.master_addr); }},
       {"master-port", "PORT", "rendezvous port on node 0 (default: a free port)", {},
        [](CliOptions& o) { return value(&o.node.master_port); }},
+  };
+  // clang-format on
+}
+
+// The options of some commands only, which the others refuse, naming the
+// commands they belong to. A table, one row per option.
+std::vector<OptionSpec> command_options() {
+  using C = Command;
+  // clang-format off
+  return {
       {"json", "", "print one JSON object for tools (plan: the resolved config and the plan's figures)",
        {C::kPlan, C::kDiff}, [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.json); }},
       {"samples", "N", "where the first N global samples come from (token files: source, window, documents)",
@@ -93,6 +101,15 @@ const std::vector<OptionSpec>& options_table() {
        [](CliOptions& o) { return value(&o.exporting.max_shard_size); }},
   };
   // clang-format on
+}
+
+// Every option: the common ones, then each command's.
+const std::vector<OptionSpec>& options_table() {
+  static const std::vector<OptionSpec> kOptions = [] {
+    std::vector<OptionSpec> all = common_options();
+    for (auto& o : command_options()) all.push_back(std::move(o));
+    return all;
+  }();
   return kOptions;
 }
 

@@ -150,6 +150,26 @@ std::vector<std::vector<int64_t>> pieces_at(const std::vector<parallel::ShardSpe
   return out;
 }
 
+// Rank `r`'s figures from its dry run; `data`: the data set's bytes.
+MemoryEstimate estimate_of(const DryRun& run, const ExperimentConfig& c, int r, int64_t data) {
+  MemoryEstimate e;
+  e.rank = r;
+  e.params = run.terms.params;
+  e.grads = run.terms.grads;
+  e.optimizer = run.terms.optimizer;
+  e.buffers = run.terms.buffers;
+  e.step_peak = *std::max_element(run.step_peaks.begin(), run.step_peaks.end());
+  e.activations = std::max<int64_t>(0, e.step_peak - e.params - e.optimizer - e.buffers);
+  // The data set's tensors, and the next step's share the loader reads ahead (Prefetcher).
+  e.data = data + run.batch_bytes;
+  // checkpoint.async: the host copy of the pieces a save writes lives into
+  // the next steps: at most every parameter and optimizer state this rank
+  // holds (a piece replicated over ranks is written, and copied, by one).
+  if (c.checkpoint.enabled && c.checkpoint.async_save) e.checkpoint_copy = e.params + e.optimizer;
+  e.comm = run.comm;
+  return e;
+}
+
 }  // namespace
 
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
@@ -189,21 +209,7 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     std::optional<memory::CpuMatmulWorkspaces> workspaces;
     if (c.mesh.device == DeviceKind::kCpu) workspaces.emplace(rank_threads(c.train, local_ranks ? local_ranks : plan.world_size));
     DryRun run = dry_run(c, plan, r, 2, meta_batch);  // not const: its specs move into the position
-    MemoryEstimate e;
-    e.rank = r;
-    e.params = run.terms.params;
-    e.grads = run.terms.grads;
-    e.optimizer = run.terms.optimizer;
-    e.buffers = run.terms.buffers;
-    e.step_peak = *std::max_element(run.step_peaks.begin(), run.step_peaks.end());
-    e.activations = std::max<int64_t>(0, e.step_peak - e.params - e.optimizer - e.buffers);
-    // The data set's tensors, and the next step's share the loader reads ahead (Prefetcher).
-    e.data = data + run.batch_bytes;
-    // checkpoint.async: the host copy of the pieces a save writes lives into
-    // the next steps: at most every parameter and optimizer state this rank
-    // holds (a piece replicated over ranks is written, and copied, by one).
-    if (c.checkpoint.enabled && c.checkpoint.async_save) e.checkpoint_copy = e.params + e.optimizer;
-    e.comm = run.comm;
+    const MemoryEstimate e = estimate_of(run, c, r, data);
     out.push_back(e);
     if (position.classes.empty()) {
       position.specs = std::move(run.specs);
