@@ -148,7 +148,7 @@ void write_assembled(const FinalWeights& w, parallel::Group* world, const Source
 
 // One tensor `composer export` writes: a PyTorch name, the checkpoint key that
 // holds it, and its shape; or (expert >= 0) slice `expert` of the key's dim 0
-// (a Mixtral expert's weight), `full` the key's shape.
+// (an expert's weight, stored one tensor per expert), `full` the key's shape.
 struct Item {
   std::string name, key;
   std::vector<int64_t> shape;

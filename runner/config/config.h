@@ -29,7 +29,7 @@ struct ModelConfig {
   models::ModelArgs args;       // the model's arguments, defaults filled in
   std::string init_from;        // safetensors file with initial weights by FQN ("" = seeded init)
   SourceRef init_from_ref;      // where init_from was given
-  std::string from_hf;          // a Hugging Face Llama or Mixtral folder: config.json gives args, weights the init
+  std::string from_hf;          // a Hugging Face folder (the model's adapter): config.json gives args, weights the init
   SourceRef from_hf_ref;        // where from_hf was given
   SourceRef ref;                // where the model section is, for errors
   template <class V>
