@@ -55,6 +55,8 @@ const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"}
 const char* const kWhat = "a Llama or Mixtral config.json";
 
 bool moe(const ModelArgs& a) { return a.i("n_experts") > 0; }
+// Key/value heads: n_kv_heads, 0 meaning n_heads.
+int64_t kv_heads(const ModelArgs& a) { return a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"); }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -197,7 +199,6 @@ class LlamaHf final : public HfAdapter {
   }
 
   nlohmann::ordered_json write_config(const ModelArgs& a, const ShapeOf& shape) const override {
-    const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
     const bool mixtral = moe(a);
     // The feed-forward width llama may derive: an expert's, for a mixture of experts.
     const int64_t intermediate_size =
@@ -212,7 +213,7 @@ class LlamaHf final : public HfAdapter {
     j["hidden_act"] = "silu";
     for (const auto& [field, arg] : kIntFields) j[field] = a.i(arg);
     j["intermediate_size"] = intermediate_size;
-    j["num_key_value_heads"] = kv;
+    j["num_key_value_heads"] = kv_heads(a);
     if (mixtral) {
       j["num_local_experts"] = a.i("n_experts");
       j["num_experts_per_tok"] = a.i("top_k");
@@ -282,7 +283,7 @@ class LlamaHf final : public HfAdapter {
 
   int64_t row_groups(const std::string& name, const ModelArgs& a) const override {
     if (ends_with(name, "attention.wq.weight")) return a.i("n_heads");
-    if (ends_with(name, "attention.wk.weight")) return a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+    if (ends_with(name, "attention.wk.weight")) return kv_heads(a);
     return 0;
   }
   torch::Tensor to_hf_rows(const torch::Tensor& w, int64_t groups) const override {
