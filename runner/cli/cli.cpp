@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <tuple>
@@ -74,10 +75,29 @@ int run_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Ran
   // Fail before training when it is missing or made for another experiment.
   Golden g = read_checked_golden(c);
   std::string dir = prepare_out_dir(o, c);
-  TrainResult r = train(c, p, rank, dir);
+  // A golden that carries its initial weights is checked from them (GoldenStart).
+  std::optional<GoldenStart> start;
+  const std::string init = golden_init_path(golden_path(c));
+  if (draws_initial_weights(c.model) && std::filesystem::exists(init)) start = GoldenStart{init};
+  TrainResult r = train(c, p, rank, dir, /*checkpoints=*/false, {}, start ? &*start : nullptr);
   if (!rank.is_main()) return 0;
   CompareReport rep = compare(g, c, r.steps, read_safetensors(dir + "/final.safetensors"));
   std::cout.precision(3);
+  if (start) {
+    std::cout << rank.log_prefix << "initial weights: drawn within " << start->worst
+              << " of each tensor's largest magnitude of the golden's (" << start->worst_name
+              << "); trained from the golden's\n";
+    if (start->worst > kGoldenInitTolerance) {
+      std::ostringstream why;
+      why.precision(9);
+      why << "the initial weights drawn are not those the golden was trained from: " << start->worst_name
+          << " element " << start->worst_index << " was drawn as " << start->worst_drawn << ", the golden's is "
+          << start->worst_golden << " (" << start->worst << " of the tensor's largest magnitude, beyond the "
+          << kGoldenInitTolerance << " another CPU's random fills explain). The model's initialisation changed: "
+          << "write the golden again (tools/reference/regenerate, docs/testing.md)";
+      throw CheckFailed(why.str());
+    }
+  }
   std::cout << rank.log_prefix << "check " << c.name << " against " << golden_path(c) << " ("
             << g.header["generator"].get<std::string>() << "): max loss rel err " << rep.max_loss_rel_err
             << ", max param abs err " << rep.max_param_abs_err << " (" << rep.worst_param << "), max param rel err "
@@ -124,6 +144,11 @@ int run_golden(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Ra
   }
   write_golden(golden_path(c), make_golden(c, r.steps, read_safetensors(dir + "/final.safetensors"), o.command_line));
   std::cout << "wrote " << golden_path(c) << "\n";
+  if (draws_initial_weights(c.model)) {  // what composer check trains from
+    const std::string init = golden_init_path(golden_path(c));
+    std::filesystem::copy_file(dir + "/init.safetensors", init, std::filesystem::copy_options::overwrite_existing);
+    std::cout << "wrote " << init << "\n";
+  }
   return 0;
 }
 

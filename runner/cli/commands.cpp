@@ -349,11 +349,11 @@ const std::vector<CommandSpec>& command_table() {
        "train the experiment (the default command); starts one process per rank of the mesh; outputs in "
        "runs/<name> or --out",
        Needs::kRanks, Preflight::kFilesAndResume, Devices::kHere, nullptr, nullptr, run_train, nullptr, false},
-      {C::kCheck, "check", "train and compare with the golden file (check.golden); exit 1 on a mismatch",
+      {C::kCheck, "check", "train from the golden file's initial weights (check.golden) and compare with it; exit 1 on a mismatch",
        Needs::kRanks, Preflight::kFilesAndGolden, Devices::kHere, nullptr, nullptr, run_check, nullptr, false},
       {C::kGolden, "golden",
        "train on one device (a plan's config: the same experiment without parallelize and mesh) and write the "
-       "golden file (check.golden)",
+       "golden file (check.golden), with the initial weights beside it when the config draws them",
        Needs::kRanks, Preflight::kFiles, Devices::kHere, golden_config, nullptr, run_golden, nullptr, false},
       {C::kPlan, "plan",
        "validate the config and summarise the plan: placements, memory and communication per rank (--json: the "

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <thread>
 
 #include <unistd.h>
@@ -56,6 +58,35 @@ void move_model(models::Model& model, c10::Device device, bool parameters) {
     return;
   }
   for (auto& b : model.buffers()) b.set_data(b.to(device));
+}
+
+// Records in `start` how far a drawn initial value is from the golden's (main rank).
+void measure_start(GoldenStart& start, const std::string& name, const torch::Tensor& drawn,
+                   const torch::Tensor& golden) {
+  const torch::Tensor d = drawn.to(torch::kDouble).reshape(-1), g = golden.to(torch::kDouble).reshape(-1);
+  if (g.numel() == 0) return;
+  const double scale = std::max(g.abs().max().item<double>(), std::numeric_limits<double>::min());
+  const torch::Tensor err = (d - g).abs();
+  const int64_t at = err.argmax().item<int64_t>();
+  const double share = err[at].item<double>() / scale;
+  if (!start.worst_name.empty() && share <= start.worst) return;
+  start = GoldenStart{start.path, share, name, at, d[at].item<double>(), g[at].item<double>()};
+}
+
+// A model built whole: the golden's initial weights replace the drawn ones.
+void take_golden_start(models::Model& model, GoldenStart& start, bool measure) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> golden;
+  for (auto& [name, t] : read_safetensors(start.path)) golden.emplace(name, t);
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    auto it = golden.find(name);
+    if (it == golden.end() || it->second.sizes() != p.sizes()) {
+      throw CheckFailed(start.path + " has no initial value for " + name + " (or one of another shape)" +
+                        ": the golden was written for another model; write it again (docs/testing.md)");
+    }
+    if (measure) measure_start(start, name, p, it->second);
+    p.copy_(it->second);
+  }
 }
 
 }  // namespace
@@ -178,7 +209,8 @@ parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, c
   return par;
 }
 
-RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir) {
+RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                           GoldenStart* start) {
   RankModel out;
   // A plan that shards or splits the model: the model is built on meta, the
   // transforms decide what this rank holds, and only that is given values
@@ -196,6 +228,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   }
   if (!owned_only) {
     out.model = build_model(c);
+    if (start) take_golden_start(*out.model, *start, rank.is_main());
     init_per_rank(c, plan, rank, *out.model);  // rank 0's own values are in init.safetensors
   }
   models::Model& model = *out.model;
@@ -236,8 +269,13 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
     m.dtype = scalar_type_of(c.train.dtype);
     m.placements = out.par.placements.get();
     if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
+    if (start && rank.is_main()) {
+      m.replaced = [start](const std::string& name, const torch::Tensor& drawn, const torch::Tensor& given) {
+        measure_start(*start, name, drawn, given);
+      };
+    }
     naming_config_key(weights_ref(c.model), [&] {
-      const std::unique_ptr<WeightSource> source = WeightSource::open(c.model);
+      const std::unique_ptr<WeightSource> source = start ? WeightSource::file(start->path) : WeightSource::open(c.model);
       m.init = source.get();
       materialise(model, init_steps, m);
     });

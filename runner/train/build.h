@@ -53,11 +53,28 @@ struct RankModel {
   std::unique_ptr<DataSet> eval_dataset;  // eval's held-out data (the training data's plan); null without eval
 };
 
+// The initial weights a golden was trained from (`composer check` of a golden
+// that carries them, runner/verify/golden.h): the run draws its own as usual,
+// the main rank measures how far each drawn tensor is from the golden's, and
+// every rank trains from the golden's. Another CPU's random-fill kernels round
+// differently (a few ulps); a changed initialisation moves whole tensors.
+struct GoldenStart {
+  std::string path;  // the golden's init file
+  // Filled on the main rank: the largest |drawn - golden| over the golden
+  // tensor's largest magnitude, and where it is.
+  double worst = 0;
+  std::string worst_name;
+  int64_t worst_index = 0;
+  double worst_drawn = 0, worst_golden = 0;
+};
+
 // Builds this rank's model for training: a plan that shards or splits the
 // model builds it on meta and gives values only to what the rank holds (equal
 // to a single-device build's); the main rank writes config.resolved.json and
 // init.safetensors into `out_dir`.
-RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir);
+// With `start`, its weights replace the drawn ones (GoldenStart).
+RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                           GoldenStart* start = nullptr);
 
 // The resolved config plus the decided data plan and the config hash: what
 // the PyTorch reference reads to reproduce a run.

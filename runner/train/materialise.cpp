@@ -164,7 +164,11 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
       }
       return;
     }
-    if (file) full = file->read(p);
+    if (file) {
+      torch::Tensor given = file->read(p);
+      if (o.replaced) o.replaced(m.params[i].first, full, given);
+      full = given;
+    }
     if (init) init->write(i, seeded && m.own(i) ? own_values.at(i) : full);
     if (m.own(i)) {  // the rank's own values, whole (not cut to the stacked placement)
       if (!seeded) m.place(i, full.to(o.dtype));

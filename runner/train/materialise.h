@@ -22,6 +22,9 @@ struct MaterialiseOptions {
   c10::ScalarType dtype = c10::kFloat;                // the training dtype each value is cast to
   const parallel::Placements* placements = nullptr;  // this rank's piece of each parameter (none: all of it)
   const WeightSource* init = nullptr;  // weights whose values replace the recorded initialisations
+  // Called with each parameter's name, its drawn full value and the value from
+  // `init` that replaces it, on a rank that draws it whole (the main rank: all).
+  std::function<void(const std::string&, const torch::Tensor& drawn, const torch::Tensor& given)> replaced;
   std::string write_init;  // where to write every full initial value (float32), or nothing
   // Where each parameter's piece goes (the values are always drawn on the CPU,
   // from the single-device generator stream); nullptr: the CPU. A piece going

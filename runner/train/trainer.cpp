@@ -337,10 +337,10 @@ void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_byte
 }  // namespace
 
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
-                  bool checkpoints, const RecordOptions& record) {
+                  bool checkpoints, const RecordOptions& record, GoldenStart* start) {
   torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
   parallel::mark_training_thread();
-  RankModel rm = build_rank_model(c, plan, rank, out_dir);
+  RankModel rm = build_rank_model(c, plan, rank, out_dir, start);
   const int64_t setup_peak_bytes = memory::peak_bytes();  // building the model and the transforms
   const double setup_peak_rss_mb = peak_rss_mb();
 

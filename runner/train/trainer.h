@@ -14,6 +14,8 @@
 
 namespace composer {
 
+struct GoldenStart;  // build.h
+
 struct TrainResult {
   std::vector<StepRecord> steps;
 };
@@ -24,8 +26,10 @@ struct TrainResult {
 // `checkpoints`, it resumes per checkpoint.resume and saves per
 // checkpoint.interval (composer run; check and golden always train afresh).
 // With `record.step` (composer diff), the rank records that step's tensors
-// (record.h) into record.dir and stops after it.
+// (record.h) into record.dir and stops after it. With `start` (composer check
+// of a golden that carries its initial weights) it trains from those
+// (GoldenStart, build.h).
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
-                  bool checkpoints = false, const RecordOptions& record = {});
+                  bool checkpoints = false, const RecordOptions& record = {}, GoldenStart* start = nullptr);
 
 }  // namespace composer

@@ -282,6 +282,14 @@ std::string base64_decode(const std::string& in) {
   return out;
 }
 
+std::string golden_init_path(const std::string& golden_path) {
+  const std::string ext = ".json";
+  const bool json = golden_path.size() >= ext.size() && golden_path.compare(golden_path.size() - ext.size(), ext.size(), ext) == 0;
+  return (json ? golden_path.substr(0, golden_path.size() - ext.size()) : golden_path) + ".init.safetensors";
+}
+
+bool draws_initial_weights(const ModelConfig& m) { return m.init_from.empty() && m.from_hf.empty(); }
+
 Golden make_golden(const ExperimentConfig& c, const std::vector<StepRecord>& steps, const NamedTensors& params,
                    const std::string& command) {
   Golden g;

@@ -33,6 +33,21 @@ struct Golden {
   std::vector<GoldenParam> params;
 };
 
+// The initial weights a golden was trained from, beside it (x.json:
+// x.init.safetensors, every parameter's float32 value by name). Its writers
+// (composer golden, tools/reference) write it when the config draws its own
+// (neither model.init_from nor from_hf); composer check then trains from
+// them, after measuring the weights it drew against them: a CPU whose
+// random-fill kernels round otherwise (ATen's without AVX2) draws values a few
+// ulps off, so the golden's training is checked from the golden's start.
+std::string golden_init_path(const std::string& golden_path);
+bool draws_initial_weights(const ModelConfig& m);
+// How far drawn initial weights may be from the golden's, as a share of each
+// tensor's largest magnitude: another kernel's rounding (at most 2.1e-6 over
+// the 50 goldens under ATEN_CPU_CAPABILITY=default), far from any change to
+// how a model initialises (which moves whole values).
+constexpr double kGoldenInitTolerance = 1e-5;
+
 Golden make_golden(const ExperimentConfig& c, const std::vector<StepRecord>& steps, const NamedTensors& params,
                    const std::string& command);
 void write_golden(const std::string& path, const Golden& g);

@@ -13,6 +13,7 @@ import base64
 import json
 import math
 import os
+import shutil
 import struct
 import sys
 
@@ -350,10 +351,17 @@ def build_model(cfg, run_dir, who="reference"):
     return model
 
 
-def write_golden(path, cfg, records, named_params, generator, command, policy, who="reference"):
+def golden_init_path(golden):
+    """Where the initial weights a golden was trained from go: x.json gives x.init.safetensors."""
+    return (golden[:-len(".json")] if golden.endswith(".json") else golden) + ".init.safetensors"
+
+
+def write_golden(path, cfg, records, named_params, generator, command, policy, who="reference", init=None):
     """Writes records (step, loss, grad_norm, lr) and the final parameters (name, tensor) as a golden
     file in composer's format, with the rounding policy a plan must use to be checked against it
-    (composer's comparator reads it); refuses a degenerate one."""
+    (composer's comparator reads it); refuses a degenerate one. `init`, the run's init.safetensors,
+    goes beside it when the config draws its initial weights (no init_from or from_hf): composer
+    check trains from it, so the golden holds where another CPU's random fills round otherwise."""
     dead = degenerate(records)
     if dead:
         sys.exit("%s: refusing to write %s: %s; change the seed, learning rate or loss so every step "
@@ -376,6 +384,9 @@ def write_golden(path, cfg, records, named_params, generator, command, policy, w
         f.write("\n")
     os.replace(tmp, path)
     print(f"wrote {path}")
+    if init and not cfg["model"].get("init_from") and not cfg["model"].get("from_hf"):
+        shutil.copyfile(init, golden_init_path(path))
+        print(f"wrote {golden_init_path(path)}")
 
 
 def main():
@@ -471,7 +482,8 @@ def main():
         policy = {"all_gather": args.all_gather}
     command = " ".join(["tools/reference/reference.py --run-dir", args.run_dir] +
                        ["--%s %s" % (k.replace("_", "-"), v) for k, v in policy.items()])
-    write_golden(args.golden, cfg, records, model.named_parameters(), "pytorch-reference", command, policy)
+    write_golden(args.golden, cfg, records, model.named_parameters(), "pytorch-reference", command, policy,
+                 init=os.path.join(args.run_dir, "init.safetensors"))
 
 
 if __name__ == "__main__":
