@@ -7,6 +7,7 @@
 #include "models/layers.h"
 #include "models/model_decl.h"
 #include "models/moe.h"
+#include "models/rope.h"
 
 namespace composer::models {
 namespace {
@@ -15,9 +16,10 @@ using nn::Linear;
 
 struct LlamaArgs {
   int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len, hidden_dim;
-  double ffn_dim_multiplier, norm_eps, rope_theta;
+  double ffn_dim_multiplier, norm_eps;
   bool depth_init, weight_tying;
   MoeArgs moe;  // moe.experts 0: every block's feed-forward is dense
+  ModelArgs rope;  // rope_theta and the rotary scaling (models/rope.h)
   int64_t head_dim() const { return dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
@@ -150,9 +152,9 @@ class Llama : public Model {
     tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
     layers = add("layers", std::make_shared<nn::ModuleList>());
     // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
-    auto inv = 1.0 / torch::pow(a.rope_theta, torch::arange(0, a.head_dim(), 2).to(torch::kFloat) / a.head_dim());
-    auto angles = torch::outer(torch::arange(2 * a.max_seq_len).to(torch::kFloat), inv);
-    auto cos = angles.cos().to(nn::buffer_options().device()), sin = angles.sin().to(nn::buffer_options().device());
+    auto [cos, sin] = rope_tables(a.rope, a.head_dim(), 2 * a.max_seq_len);
+    cos = cos.to(nn::buffer_options().device());
+    sin = sin.to(nn::buffer_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
       auto block = std::make_shared<TransformerBlock>(i, a, slot_);
       block->attention->set_rope(cos, sin);
@@ -200,6 +202,7 @@ void check_llama_args(const ModelArgs& a) {
     require_arg_positive(a, n);
   }
   require_arg_divides(a, "n_heads", "dim");
+  check_rope_args(a);
   if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
   if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
     throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
@@ -243,12 +246,12 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               a.i("hidden_dim"),
               a.f("ffn_dim_multiplier"),
               a.f("norm_eps"),
-              a.f("rope_theta"),
               a.b("depth_init"),
               a.b("weight_tying"),
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
                       a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
-                      a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")}};
+                      a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")},
+              a};
   return std::make_shared<Llama>(l);
 }
 
@@ -317,21 +320,15 @@ void check_llama_tp(const ModelArgs& a, int64_t tp, bool sp) {
   }
 }
 
-}  // namespace
-
-std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
-
-std::vector<ModelSpec> llama_specs() {
-  return {
-      ModelDecl<Llama>("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU")
-          .args({int_arg("dim", 256, "model width"), int_arg("n_layers", 8, "number of TransformerBlocks"),
+// The arguments: the widths, the rotary embedding (rope_args) and the mixture of experts.
+std::vector<ArgSpec> llama_args() {
+  std::vector<ArgSpec> args = {int_arg("dim", 256, "model width"), int_arg("n_layers", 8, "number of TransformerBlocks"),
                  int_arg("n_heads", 16, "query heads; must divide dim"),
                  int_arg("n_kv_heads", 0, "key/value heads; 0 means n_heads"),
                  int_arg("vocab_size", 256, "vocabulary size"),
                  int_arg("multiple_of", 256, "SwiGLU hidden width rounds up to this"),
                  float_arg("ffn_dim_multiplier", 0.0, "hidden width multiplier; 0 means none"),
                  float_arg("norm_eps", 1e-5, "RMSNorm epsilon"),
-                 float_arg("rope_theta", 10000.0, "rotary embedding base"),
                  int_arg("max_seq_len", 2048, "longest sequence"),
                  bool_arg("depth_init", true, "scale output-projection init by layer depth"),
                  int_arg("hidden_dim", 0,
@@ -349,7 +346,20 @@ std::vector<ModelSpec> llama_specs() {
                            "auxiliary-loss-free balancing: the expert bias's step per optimizer step; 0 is none"),
                  float_arg("capacity_factor", 0.0,
                            "rows each expert takes per sequence, x seq_len x top_k / n_experts; 0 is dropless"),
-                 float_arg("z_loss_coeff", 0.0, "router z-loss coefficient (per sequence, ST-MoE); 0 is none")})
+                 float_arg("z_loss_coeff", 0.0, "router z-loss coefficient (per sequence, ST-MoE); 0 is none")};
+  const std::vector<ArgSpec> rope = rope_args();
+  args.insert(args.begin() + 8, rope.begin(), rope.end());  // after norm_eps, where rope_theta stood
+  return args;
+}
+
+}  // namespace
+
+std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
+
+std::vector<ModelSpec> llama_specs() {
+  return {
+      ModelDecl<Llama>("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU")
+          .args(llama_args())
           .check(check_llama_args)
           .build(build_llama)
           .pipeline(&Llama::pieces)

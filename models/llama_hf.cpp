@@ -14,8 +14,9 @@
 // config.json: hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, rms_norm_eps, vocab_size,
 // max_position_embeddings, tie_word_embeddings and the rotary base (top-level
-// rope_theta or transformers 5's rope_parameters). What llama cannot compute
-// exactly is refused by field: another architecture, rope scaling, biases, a
+// rope_theta or transformers 5's rope_parameters, with llama3 or yarn scaling:
+// models/rope.h). What llama cannot compute exactly is refused by field:
+// another architecture, another rope_type, biases, a
 // head_dim other than hidden_size / num_attention_heads, another activation,
 // attention dropout; for Mixtral router_jitter_noise, output_router_logits
 // true (the load-balancing loss joins the loss) and a sliding_window shorter
@@ -24,6 +25,7 @@
 #include <regex>
 
 #include "models/hf_adapter.h"
+#include "models/rope.h"
 
 namespace composer::models {
 namespace {
@@ -60,38 +62,6 @@ int64_t kv_heads(const ModelArgs& a) { return a.i("n_kv_heads") ? a.i("n_kv_head
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// The rotary base: transformers 5's rope_parameters, else the older top-level
-// rope_theta and rope_scaling (`fallback` without either); scaled or other
-// kinds of rotary are refused.
-double rope_theta_of(const nlohmann::json& j, double fallback) {
-  if (hf::given(j, "rope_scaling")) {
-    const auto& s = j.at("rope_scaling");
-    const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string("default"))) : "";
-    if (type != "default") {
-      throw HfError("rope_scaling " + hf::shown(s) +
-                    ": composer's llama implements only the default rotary embedding (no scaling); "
-                    "use a model without rope_scaling");
-    }
-  }
-  double theta = hf::float_field(j, "rope_theta", fallback);
-  if (!hf::given(j, "rope_parameters")) return theta;
-  const auto& r = j.at("rope_parameters");
-  if (!r.is_object()) throw HfError("rope_parameters " + hf::shown(r) + ": expected an object");
-  const std::string type = r.value("rope_type", std::string("default"));
-  if (type != "default") {
-    throw HfError("rope_parameters.rope_type '" + type +
-                  "': composer's llama implements only the default rotary embedding; use a model "
-                  "whose rope_type is default");
-  }
-  for (const auto& [key, value] : r.items()) {
-    if (key != "rope_type" && key != "rope_theta") {
-      throw HfError("rope_parameters." + key + " " + hf::shown(value) +
-                    ": the default rotary embedding has no such parameter; remove it");
-    }
-  }
-  return hf::float_field(r, "rope_theta", theta);
 }
 
 // What a Mixtral config.json adds to a Llama one: its experts, and what
@@ -172,7 +142,7 @@ class LlamaHf final : public HfAdapter {
     }
     // transformers' defaults where the file leaves them out differ between the two.
     args.set("norm_eps", hf::float_field(j, "rms_norm_eps", mixtral ? 1e-5 : 1e-6));
-    args.set("rope_theta", rope_theta_of(j, mixtral ? 1e6 : 1e4));
+    hf::read_rope(j, mixtral ? 1e6 : 1e4, args);
     args.set("weight_tying", hf::bool_field(j, "tie_word_embeddings", false));
     if (mixtral) read_mixtral_fields(j, args);
   }
@@ -225,7 +195,7 @@ class LlamaHf final : public HfAdapter {
       j["mlp_bias"] = false;
     }
     j["rms_norm_eps"] = a.f("norm_eps");
-    j["rope_parameters"] = {{"rope_theta", a.f("rope_theta")}, {"rope_type", "default"}};
+    j["rope_parameters"] = hf::rope_json(a);
     j["tie_word_embeddings"] = a.b("weight_tying");
     return j;
   }

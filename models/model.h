@@ -25,6 +25,10 @@ struct ArgSpec {
   ArgType type;
   ArgValue default_value;
   std::string doc;
+  // Left out of the resolved config (and so of its hash) while at its
+  // default: an argument added to a model after goldens of it were written,
+  // whose configs keep their hash while they do not use it.
+  bool quiet_default = false;
 };
 
 // Resolved model arguments (every ArgSpec present, defaults filled in).
@@ -36,10 +40,17 @@ class ModelArgs {
   bool b(const std::string& name) const { return std::get<bool>(at(name)); }
   const std::string& s(const std::string& name) const { return std::get<std::string>(at(name)); }
   const std::map<std::string, ArgValue>& values() const { return values_; }
+  // The arguments (ArgSpec::quiet_default) the resolved config leaves out at `def`.
+  void quiet_at(const std::string& name, ArgValue def) { quiet_[name] = std::move(def); }
+  bool quiet(const std::string& name) const {
+    auto it = quiet_.find(name);
+    return it != quiet_.end() && values_.count(name) && values_.at(name) == it->second;
+  }
 
  private:
   const ArgValue& at(const std::string& name) const;
   std::map<std::string, ArgValue> values_;
+  std::map<std::string, ArgValue> quiet_;
 };
 
 // An invalid argument value; the config reader adds the YAML position.

@@ -111,6 +111,7 @@ void read_value(YamlMap& model, const std::string& key, models::ModelArgs& args)
     }
     if (given.has(a.name) && may) written.push_back(a.name);
     args.set(a.name, given.has(a.name) ? read_arg(given, a) : a.default_value);
+    if (a.quiet_default) args.quiet_at(a.name, a.default_value);
   }
   given.finish();
   if (hf) naming_config_key(model.ref("from_hf"), [&] { read_hf_config(from_hf, spec, args, written); });
@@ -124,7 +125,9 @@ void read_value(YamlMap& model, const std::string& key, models::ModelArgs& args)
 
 nlohmann::json value_json(const models::ModelArgs& args) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [key, value] : args.values()) std::visit([&, &key = key](const auto& x) { j[key] = x; }, value);
+  for (const auto& [key, value] : args.values()) {
+    if (!args.quiet(key)) std::visit([&, &key = key](const auto& x) { j[key] = x; }, value);
+  }
   return j;
 }
 

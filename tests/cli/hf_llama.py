@@ -16,6 +16,10 @@ far more than the tolerance) are saved with save_pretrained, offline. Parts:
              bit-identical, tensor by tensor, tied and untied.
   fsdp       the same from a sharded folder under fully_shard dp 2 (each rank
              reads its pieces from the shards), exported in shards again.
+  rope       Llama 3.1+'s llama3 rope scaling (tied, as Llama 3.2) and YaRN:
+             losses equal transformers' on one device and under tp 2 x cp 2
+             ring, cp 2 alltoall and pp 2 x fully_shard dp 2; the round trip
+             is bit-identical.
   refusals   a missing or mis-shaped tensor is refused before launch (exit 2)
              naming the tensor and its file.
 
@@ -52,11 +56,22 @@ fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run
 export, folder_tensors, load_export = H.export, H.folder_tensors, H.load_export
 
 
-def hf_model(tied, seed=0):
+# Rope scaling as Llama 3.1-3.3 publish it (llama3) and YaRN, at a context where each band of each moves
+# the 8 frequencies of a 16-dim head: llama3 keeps wavelengths below 32/4 (one pair), scales those above 32
+# (five) and blends between (two); yarn at theta 100 keeps pair 0, blends pair 1 and scales the rest, and
+# multiplies cos and sin by 0.1 ln 4 + 1.
+ROPE = {"llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        "yarn": {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                 "beta_fast": 32.0, "beta_slow": 1.0}}
+
+
+def hf_model(tied, seed=0, rope=None):
     torch.manual_seed(seed)
+    extra = {"rope_parameters": dict(ROPE[rope])} if rope else {}
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=0.25)
+                         rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=0.25, **extra)
     model = LlamaForCausalLM(config)
     return norms_away_from_one(model)
 
@@ -193,6 +208,41 @@ parallelize:
     print("the same weights as init_from (composer's names) under fully_shard dp 2: the same losses, bit for bit")
 
 
+def part_rope():
+    """Llama 3.2's layout (llama3 rope scaling, tied) and YaRN: the losses equal transformers' on one device and
+    under three plans (tp 2 with sequence parallelism x cp 2 ring, cp 2 alltoall, pp 2 x fully_shard dp 2), and
+    the folder comes back bit for bit with its rope_parameters."""
+    for rope, tied in (("llama3", True), ("yarn", False)):
+        hf_dir = os.path.join(WORK, f"hf_{rope}")
+        save(hf_model(tied, seed=5, rope=rope), hf_dir)
+        got = json.load(open(os.path.join(hf_dir, "config.json")))["rope_parameters"]
+        if got.get("rope_type") != rope:
+            fail(f"transformers wrote rope_parameters {got}: the test needs rope_type {rope}")
+        plans = [("one device", "")]
+        plans.append(("tp 2 x cp 2 (ring)", """mesh: {shape: [2, 2], names: [cp, tp]}
+parallelize:
+  - tensor_parallel: {mesh_dim: tp, sequence_parallel: true}
+  - context_parallel: {mesh_dim: cp}"""))
+        plans.append(("cp 2 (alltoall)", """mesh: {shape: [2], names: [cp]}
+parallelize:
+  - context_parallel: {mesh_dim: cp, rotate: alltoall}"""))
+        plans.append(("pp 2 x fully_shard dp 2", """mesh: {shape: [2, 2], names: [pp, dp]}
+parallelize:
+  - pipeline: {mesh_dim: pp, schedule: 1f1b, layers_per_stage: 1}
+  - fully_shard: {mesh_dim: dp, units: [tok_embeddings, layers.*, norm, output]}"""))
+        for i, (what, mesh) in enumerate(plans):
+            config = write_config(f"{rope}_{i}", hf_dir, mesh=mesh)
+            run_dir = run(config)
+            compare_losses(composer_losses(run_dir), train_in_torch(hf_model(tied, seed=5, rope=rope), run_dir, STEPS),
+                           f"{rope}, {what}")
+            if i == 0:
+                back = os.path.join(WORK, f"{rope}_back")
+                export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"))
+                n = bit_identical(hf_dir, back)
+                print(f"{rope}: Hugging Face -> composer -> Hugging Face: {n} tensors bit-identical, "
+                      f"rope_parameters {json.load(open(os.path.join(back, 'config.json')))['rope_parameters']}")
+
+
 def part_refusals():
     from safetensors.torch import save_file
     hf_dir = os.path.join(WORK, "hf_bad")
@@ -217,6 +267,6 @@ def part_refusals():
 
 
 os.makedirs(WORK, exist_ok=True)
-{"load": part_load, "plan3d": part_plan3d, "roundtrip": part_roundtrip, "fsdp": part_fsdp,
+{"load": part_load, "plan3d": part_plan3d, "roundtrip": part_roundtrip, "fsdp": part_fsdp, "rope": part_rope,
  "refusals": part_refusals}[PART]()
 print(f"hf_llama {PART}: passed")

@@ -212,11 +212,61 @@ class Transformer(nn.Module):
 
 # ---- M14: torchtitan's Llama ------------------------------------------------
 
-def precompute_freqs_cis(dim, end, theta):
+def rope_scaled(freqs, a):
+    """Each rotated pair's frequency after the config's rope scaling, one at a time in Python floats, and the
+    factor cos and sin are scaled by: llama3 as Meta's Llama 3.1 apply_scaling, yarn as the YaRN paper
+    (DeepSeek-V3's yarn_find_correction_range, linear ramp and mscale)."""
+    kind = a.get("rope_type", "default")
+    if kind == "default":
+        return freqs, 1.0
+    factor = a.get("rope_factor", 1.0)
+    original = a.get("rope_original_max_seq_len", 0) or a["max_seq_len"]
+    out = []
+    if kind == "llama3":
+        low, high = a.get("rope_low_freq_factor", 1.0), a.get("rope_high_freq_factor", 4.0)
+        for f in freqs.tolist():
+            wavelen = 2 * math.pi / f
+            if wavelen < original / high:
+                out.append(f)
+            elif wavelen > original / low:
+                out.append(f / factor)
+            else:
+                smooth = (original / wavelen - low) / (high - low)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        return torch.tensor(out, dtype=torch.float32), 1.0
+    assert kind == "yarn", kind
+    dim = 2 * len(freqs)
+    base = a["rope_theta"]
+
+    def correction(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = correction(a.get("rope_beta_fast", 32.0)), correction(a.get("rope_beta_slow", 1.0))
+    if a.get("rope_truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    for i, f in enumerate(freqs.tolist()):
+        keep = 1 - min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 1: the pair keeps its frequency
+        out.append(f / factor * (1 - keep) + f * keep)
+
+    def mscale(scale, m):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    scaling = a.get("rope_attention_factor", 0.0)
+    if not scaling:
+        m, m_all = a.get("rope_mscale", 0.0), a.get("rope_mscale_all_dim", 0.0)
+        scaling = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor, 1)
+    return torch.tensor(out, dtype=torch.float32), scaling
+
+
+def precompute_freqs_cis(dim, end, theta, a=None):
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    freqs, scaling = rope_scaled(freqs, a or {})
     t = torch.arange(end, device=freqs.device)
     freqs = torch.outer(t, freqs).float()
-    return torch.polar(torch.ones_like(freqs), freqs)
+    return torch.polar(torch.full_like(freqs, scaling), freqs)
 
 
 def apply_rotary_emb(xq, xk, freqs_cis):
@@ -412,7 +462,7 @@ class Llama(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(a["vocab_size"], a["dim"])
         self.register_buffer("freqs_cis", precompute_freqs_cis(
-            a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"]), persistent=True)
+            a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"], a), persistent=True)
         self.layers = nn.ModuleDict({str(i): LlamaBlock(a) for i in range(a["n_layers"])})
         self.norm = RMSNorm(a["dim"], a["norm_eps"])
         self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
