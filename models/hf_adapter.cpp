@@ -2,14 +2,15 @@
 
 namespace composer::models {
 
+// A vector (a per-head norm's weight) is one column.
 torch::Tensor rotary_pairs_to_halves(const torch::Tensor& w, int64_t heads) {
-  const int64_t head_dim = w.size(0) / heads, dim = w.size(1);
-  return w.view({heads, head_dim / 2, 2, dim}).transpose(1, 2).reshape({heads * head_dim, dim});
+  const int64_t head_dim = w.size(0) / heads, dim = w.dim() == 1 ? 1 : w.size(1);
+  return w.view({heads, head_dim / 2, 2, dim}).transpose(1, 2).reshape(w.sizes());
 }
 
 torch::Tensor rotary_halves_to_pairs(const torch::Tensor& w, int64_t heads) {
-  const int64_t head_dim = w.size(0) / heads, dim = w.size(1);
-  return w.view({heads, 2, head_dim / 2, dim}).transpose(1, 2).reshape({heads * head_dim, dim});
+  const int64_t head_dim = w.size(0) / heads, dim = w.dim() == 1 ? 1 : w.size(1);
+  return w.view({heads, 2, head_dim / 2, dim}).transpose(1, 2).reshape(w.sizes());
 }
 
 namespace hf {

@@ -67,7 +67,8 @@ class HfAdapter {
 
 // Rotary layouts: each head's rows in interleaved pairs (dims 2i, 2i+1; the
 // model's, torchtitan's and Meta's) and in two halves (Hugging Face's
-// rotate_half), for an adapter's to_hf_rows and from_hf_rows.
+// rotate_half), for an adapter's to_hf_rows and from_hf_rows; a vector (a
+// per-head norm's weight, its elements the rows) as a one-column matrix.
 torch::Tensor rotary_pairs_to_halves(const torch::Tensor& w, int64_t heads);
 torch::Tensor rotary_halves_to_pairs(const torch::Tensor& w, int64_t heads);
 

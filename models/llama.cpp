@@ -20,7 +20,9 @@ struct LlamaArgs {
   bool depth_init, weight_tying;
   MoeArgs moe;  // moe.experts 0: every block's feed-forward is dense
   ModelArgs rope;  // rope_theta and the rotary scaling (models/rope.h)
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim_given = 0;  // 0: dim / n_heads
+  bool qk_norm = false;        // Qwen3's per-head RMSNorm of q and k before the rotary
+  int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
     int64_t hidden = 2 * (4 * dim) / 3;
@@ -56,6 +58,10 @@ class Attention : public nn::Module {
     wk = add("wk", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
     wv = add("wv", std::make_shared<Linear>(a.dim, a.n_kv_heads * hd_, false));
     wo = add("wo", std::make_shared<Linear>(a.n_heads * hd_, a.dim, false));
+    if (a.qk_norm) {  // one weight over head_dim, shared by every head
+      q_norm = add("q_norm", std::make_shared<nn::RMSNorm>(hd_, a.norm_eps));
+      k_norm = add("k_norm", std::make_shared<nn::RMSNorm>(hd_, a.norm_eps));
+    }
   }
   void set_rope(torch::Tensor cos, torch::Tensor sin) {
     cos_ = std::move(cos);
@@ -65,6 +71,10 @@ class Attention : public nn::Module {
     const int64_t b = x.size(0), s = x.size(1);
     auto q = (*wq)(x).view({b, s, -1, hd_}), k = (*wk)(x).view({b, s, -1, hd_});
     auto v = (*wv)(x).view({b, s, -1, hd_});
+    if (q_norm) {
+      q = (*q_norm)(q);
+      k = (*k_norm)(k);
+    }
     torch::Tensor cos, sin;
     const torch::Tensor& docs = slot_->doc_start();
     if (slot_->split || docs.defined()) {
@@ -94,6 +104,7 @@ class Attention : public nn::Module {
     return (*wo)(out.transpose(1, 2).contiguous().view({b, s, -1}));
   }
   std::shared_ptr<Linear> wq, wk, wv, wo;
+  std::shared_ptr<nn::RMSNorm> q_norm, k_norm;  // qk_norm only
 
  private:
   int64_t hd_;
@@ -201,12 +212,14 @@ void check_llama_args(const ModelArgs& a) {
   for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
     require_arg_positive(a, n);
   }
-  require_arg_divides(a, "n_heads", "dim");
+  if (a.i("head_dim") < 0) throw ArgError("head_dim", "head_dim must be 0 (dim / n_heads) or positive");
+  if (a.i("head_dim") == 0) require_arg_divides(a, "n_heads", "dim");
   check_rope_args(a);
   if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
-  if ((a.i("dim") / a.i("n_heads")) % 2 != 0) {
+  if (a.i("head_dim") == 0 && (a.i("dim") / a.i("n_heads")) % 2 != 0) {
     throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
   }
+  if (a.i("head_dim") % 2 != 0) throw ArgError("head_dim", "head_dim must be even for rotary embeddings");
   if (a.i("n_experts") < 0) throw ArgError("n_experts", "n_experts must be 0 (a dense feed-forward) or positive");
   if (a.i("n_experts") > 0) {
     if (a.i("top_k") < 1 || a.i("top_k") > a.i("n_experts")) {
@@ -251,7 +264,9 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
                       a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
                       a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")},
-              a};
+              a,
+              a.i("head_dim"),
+              a.b("qk_norm")};
   return std::make_shared<Llama>(l);
 }
 
@@ -284,6 +299,10 @@ TpPlan llama_tp_plan(const ModelArgs& a, bool sp) {
     if (splits_ffn) p.push_back(rowwise(ffn + "w2"));
   }
   for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
+  // Qwen3's q and k norms act on each rank's own heads: their weights' gradients are partial sums over tp.
+  if (a.b("qk_norm")) {
+    for (auto n : {"attention.q_norm", "attention.k_norm"}) p.push_back(sequence_parallel(std::string("layers.*.") + n));
+  }
   if (splits_ffn) {
     p.push_back(colwise(ffn + "w1"));
     p.push_back(colwise(ffn + "w3"));
@@ -334,6 +353,8 @@ std::vector<ArgSpec> llama_args() {
                  int_arg("hidden_dim", 0,
                          "SwiGLU hidden width; 0 derives it from dim, ffn_dim_multiplier and multiple_of"),
                  bool_arg("weight_tying", false, "output.weight is tok_embeddings.weight"),
+                 quiet(int_arg("head_dim", 0, "each head's width; 0 means dim / n_heads")),
+                 quiet(bool_arg("qk_norm", false, "RMSNorm of each query and key head before the rotary (Qwen3)")),
                  int_arg("n_experts", 0, "routed experts in every block's feed-forward (mixture of experts); 0 is dense"),
                  int_arg("top_k", 1, "experts each token is routed to"),
                  int_arg("n_shared_experts", 0, "experts every token goes through besides its routed ones"),
@@ -355,19 +376,43 @@ std::vector<ArgSpec> llama_args() {
 }  // namespace
 
 std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
+std::shared_ptr<const HfAdapter> qwen3_hf_adapter();  // llama_hf.cpp
+
+namespace {
+
+// The decoder's declaration under `name`, with its arguments and Hugging Face adapter.
+ModelDecl<Llama> decoder_decl(std::string name, std::string doc, std::vector<ArgSpec> args,
+                              std::shared_ptr<const HfAdapter> hf) {
+  return std::move(ModelDecl<Llama>(std::move(name), std::move(doc))
+                       .args(std::move(args))
+                       .check(check_llama_args)
+                       .build(build_llama)
+                       .pipeline(&Llama::pieces)
+                       .context_parallel(&Llama::slot, check_llama_cp)
+                       .tp_plan(llama_tp_plan, check_llama_tp)
+                       .logits("output")
+                       .experts([](const ModelArgs& a) { return a.i("n_experts"); })
+                       .hf(std::move(hf)));
+}
+
+// Qwen3's defaults: the q and k norms on, RMSNorm epsilon 1e-6.
+std::vector<ArgSpec> qwen3_args() {
+  std::vector<ArgSpec> args = llama_args();
+  for (ArgSpec& a : args) {
+    a.quiet_default = false;  // llama's later arguments; qwen3's configs list every one
+    if (a.name == "qk_norm") a.default_value = true;
+    if (a.name == "norm_eps") a.default_value = 1e-6;
+  }
+  return args;
+}
+
+}  // namespace
 
 std::vector<ModelSpec> llama_specs() {
-  return {
-      ModelDecl<Llama>("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU")
-          .args(llama_args())
-          .check(check_llama_args)
-          .build(build_llama)
-          .pipeline(&Llama::pieces)
-          .context_parallel(&Llama::slot, check_llama_cp)
-          .tp_plan(llama_tp_plan, check_llama_tp)
-          .logits("output")
-          .experts([](const ModelArgs& a) { return a.i("n_experts"); })
-          .hf(llama_hf_adapter())};
+  return {decoder_decl("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU",
+                       llama_args(), llama_hf_adapter()),
+          decoder_decl("qwen3", "Qwen3: llama's decoder with an RMSNorm of each query and key head before the rotary",
+                       qwen3_args(), qwen3_hf_adapter())};
 }
 
 }  // namespace composer::models

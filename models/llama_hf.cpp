@@ -40,7 +40,9 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"post_attention_layernorm.weight", "ffn_norm.weight"},
     {"mlp.gate_proj.weight", "feed_forward.w1.weight"},
     {"mlp.down_proj.weight", "feed_forward.w2.weight"},
-    {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
+    {"mlp.up_proj.weight", "feed_forward.w3.weight"},
+    {"self_attn.q_norm.weight", "attention.q_norm.weight"},  // Qwen3's
+    {"self_attn.k_norm.weight", "attention.k_norm.weight"}};
 // Mixtral's router (its experts' weights are block_sparse_moe.experts.J.w{1,2,3}.weight).
 const char* const kRouterName = "block_sparse_moe.gate.weight";
 const std::pair<const char*, const char*> kTopNames[] = {
@@ -54,7 +56,7 @@ const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"}
                                                           {"num_key_value_heads", "n_kv_heads"},
                                                           {"vocab_size", "vocab_size"},
                                                           {"max_position_embeddings", "max_seq_len"}};
-const char* const kWhat = "a Llama or Mixtral config.json";
+const char* const kWhat = "a Llama, Mixtral or Qwen3 config.json";
 
 bool moe(const ModelArgs& a) { return a.i("n_experts") > 0; }
 // Key/value heads: n_kv_heads, 0 meaning n_heads.
@@ -105,9 +107,26 @@ void read_mixtral_fields(const nlohmann::json& j, ModelArgs& args) {
   args.set("route_scale", 1.0);
 }
 
+// Qwen3's attention: causal over the whole sequence (no sliding window).
+void refuse_qwen3_window(const nlohmann::json& j) {
+  if (hf::bool_field(j, "use_sliding_window", false)) {
+    throw HfError("use_sliding_window true: composer's attention is causal over the whole sequence, with no "
+                  "sliding window; set it to false");
+  }
+  if (hf::given(j, "layer_types")) {
+    for (const auto& t : j.at("layer_types")) {
+      if (t != "full_attention") {
+        throw HfError("layer_types " + hf::shown(j.at("layer_types")) + ": layer type " + hf::shown(t) +
+                      " is not full_attention, the only attention composer computes; use full_attention");
+      }
+    }
+  }
+}
+
 // What llama has that neither Llama's nor Mixtral's folders switch on, refused.
-void refuse_unsupported(const nlohmann::json& j, bool mixtral) {
-  hf::require_architecture(j, mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM");
+void refuse_unsupported(const nlohmann::json& j, bool mixtral, bool qwen3) {
+  hf::require_architecture(j, qwen3 ? "Qwen3ForCausalLM" : mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM");
+  if (qwen3) refuse_qwen3_window(j);
   if (!mixtral) {  // Mixtral's attention and experts have no biases to switch on
     hf::require_field(j, "attention_bias", false, "composer's llama has no attention biases");
     hf::require_field(j, "mlp_bias", false, "composer's llama has no MLP biases");
@@ -119,21 +138,29 @@ void refuse_unsupported(const nlohmann::json& j, bool mixtral) {
   }
 }
 
+// Llama and Mixtral folders for model llama; Qwen3 folders (the same
+// decoder with q and k norms and its own head_dim) for model qwen3.
 class LlamaHf final : public HfAdapter {
  public:
-  std::vector<std::string> model_types() const override { return {"llama", "mixtral"}; }
+  explicit LlamaHf(bool qwen3) : qwen3_(qwen3) {}
+  std::vector<std::string> model_types() const override {
+    return qwen3_ ? std::vector<std::string>{"qwen3"} : std::vector<std::string>{"llama", "mixtral"};
+  }
   std::vector<std::string> yaml_args() const override { return {"max_seq_len"}; }
 
   void read_config(const nlohmann::json& j, ModelArgs& args, const std::vector<std::string>& given) const override {
     const bool mixtral = j.value("model_type", std::string()) == "mixtral";
-    refuse_unsupported(j, mixtral);
+    refuse_unsupported(j, mixtral, qwen3_);
     for (const auto& [field, arg] : kIntFields) {
       if (std::find(given.begin(), given.end(), arg) != given.end()) continue;
       const int64_t heads = args.i("n_heads");
       args.set(arg, hf::positive_field(j, field, std::string(arg) == "n_kv_heads" ? &heads : nullptr, kWhat));
     }
     const int64_t head_dim = args.i("dim") / args.i("n_heads");
-    if (hf::given(j, "head_dim") &&
+    if (qwen3_) {  // its own head width: q_proj is [heads x head_dim, hidden]
+      const int64_t derived = head_dim;
+      args.set("head_dim", hf::positive_field(j, "head_dim", &derived, kWhat));
+    } else if (hf::given(j, "head_dim") &&
         (!j.at("head_dim").is_number_integer() || j.at("head_dim").get<int64_t>() != head_dim ||
          args.i("dim") % args.i("n_heads") != 0)) {
       throw HfError("head_dim " + hf::shown(j.at("head_dim")) +
@@ -142,12 +169,26 @@ class LlamaHf final : public HfAdapter {
     }
     // transformers' defaults where the file leaves them out differ between the two.
     args.set("norm_eps", hf::float_field(j, "rms_norm_eps", mixtral ? 1e-5 : 1e-6));
+    args.set("qk_norm", qwen3_);
     hf::read_rope(j, mixtral ? 1e6 : 1e4, args);
     args.set("weight_tying", hf::bool_field(j, "tie_word_embeddings", false));
     if (mixtral) read_mixtral_fields(j, args);
   }
 
   void check_export(const ModelArgs& a) const override {
+    if (!qwen3_ && (a.b("qk_norm") || (a.i("head_dim") != 0 && a.i("head_dim") != a.i("dim") / a.i("n_heads")))) {
+      throw HfError("Llama (LlamaForCausalLM) has no q and k norms and a head_dim of hidden_size / "
+                    "num_attention_heads; this llama has qk_norm " + std::string(a.b("qk_norm") ? "true" : "false") +
+                    " and head_dim " + std::to_string(a.i("head_dim")) + "; train it as model qwen3, or use --format pt");
+    }
+    if (qwen3_ && !a.b("qk_norm")) {
+      throw HfError("Qwen3 (Qwen3ForCausalLM) normalises each query and key head; this qwen3 has qk_norm false; "
+                    "use --format pt");
+    }
+    if (qwen3_ && moe(a)) {
+      throw HfError("composer export --format hf writes model qwen3 as dense Qwen3 (Qwen3ForCausalLM); this one has "
+                    "n_experts " + std::to_string(a.i("n_experts")) + "; use --format pt");
+    }
     if (!moe(a)) return;
     auto refuse = [](const std::string& what) {
       throw HfError(
@@ -174,12 +215,12 @@ class LlamaHf final : public HfAdapter {
     const int64_t intermediate_size =
         mixtral ? shape("layers.0.feed_forward.experts.w1").at(1) : shape("layers.0.feed_forward.w1.weight").at(0);
     nlohmann::ordered_json j;
-    j["architectures"] = {mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = mixtral ? "mixtral" : "llama";
+    j["architectures"] = {qwen3_ ? "Qwen3ForCausalLM" : mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = qwen3_ ? "qwen3" : mixtral ? "mixtral" : "llama";
     if (!mixtral) j["attention_bias"] = false;
     j["attention_dropout"] = 0.0;
     j["dtype"] = "float32";
-    j["head_dim"] = a.i("dim") / a.i("n_heads");
+    j["head_dim"] = a.i("head_dim") > 0 ? a.i("head_dim") : a.i("dim") / a.i("n_heads");
     j["hidden_act"] = "silu";
     for (const auto& [field, arg] : kIntFields) j[field] = a.i(arg);
     j["intermediate_size"] = intermediate_size;
@@ -191,6 +232,10 @@ class LlamaHf final : public HfAdapter {
       j["router_aux_loss_coef"] = 0.001;  // transformers' default; used only with output_router_logits
       j["router_jitter_noise"] = 0.0;
       j["sliding_window"] = nullptr;
+    } else if (qwen3_) {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = a.i("n_layers");
     } else {
       j["mlp_bias"] = false;
     }
@@ -254,6 +299,8 @@ class LlamaHf final : public HfAdapter {
   int64_t row_groups(const std::string& name, const ModelArgs& a) const override {
     if (ends_with(name, "attention.wq.weight")) return a.i("n_heads");
     if (ends_with(name, "attention.wk.weight")) return kv_heads(a);
+    // One head's norm weight, shared by every head: its elements in the head's row order.
+    if (ends_with(name, "attention.q_norm.weight") || ends_with(name, "attention.k_norm.weight")) return 1;
     return 0;
   }
   torch::Tensor to_hf_rows(const torch::Tensor& w, int64_t groups) const override {
@@ -262,10 +309,14 @@ class LlamaHf final : public HfAdapter {
   torch::Tensor from_hf_rows(const torch::Tensor& w, int64_t groups) const override {
     return rotary_halves_to_pairs(w, groups);
   }
+
+ private:
+  bool qwen3_;
 };
 
 }  // namespace
 
-std::shared_ptr<const HfAdapter> llama_hf_adapter() { return std::make_shared<LlamaHf>(); }
+std::shared_ptr<const HfAdapter> llama_hf_adapter() { return std::make_shared<LlamaHf>(false); }
+std::shared_ptr<const HfAdapter> qwen3_hf_adapter() { return std::make_shared<LlamaHf>(true); }
 
 }  // namespace composer::models

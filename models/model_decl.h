@@ -24,6 +24,12 @@ inline ArgSpec string_arg(std::string name, std::string def, std::string doc) {
   return {std::move(name), ArgType::kString, std::move(def), std::move(doc)};
 }
 
+// An argument the resolved config leaves out at its default (ArgSpec::quiet_default).
+inline ArgSpec quiet(ArgSpec a) {
+  a.quiet_default = true;
+  return a;
+}
+
 template <class M>
 class ModelDecl {
  public:

@@ -55,7 +55,7 @@ std::vector<ArgSpec> rope_args() {
           float_arg("rope_attention_factor", 0.0, "yarn: cos and sin are scaled by this; 0 derives it from rope_factor"),
           bool_arg("rope_truncate", true, "yarn: round the ramp's ends to whole dims")};
   // The resolved config lists the scaling only where a config uses it (the goldens' hashes predate it).
-  for (size_t i = 1; i < args.size(); ++i) args[i].quiet_default = true;
+  for (size_t i = 1; i < args.size(); ++i) args[i] = quiet(args[i]);
   return args;
 }
 

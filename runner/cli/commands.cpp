@@ -95,7 +95,7 @@ std::vector<OptionSpec> command_options() {
       {"weights", "FILE", "a weights file instead of a checkpoint (a run's final.safetensors or init.safetensors)",
        {C::kExport}, [](CliOptions& o) { return value(&o.exporting.weights); }},
       {"format", "pt|hf",
-       "pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face folder: Llama, Mixtral)",
+       "pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face folder: Llama, Mixtral, Qwen3)",
        {C::kExport}, [](CliOptions& o) { return value(&o.exporting.format); }},
       {"max-shard-size", "SIZE", "shard above this size (default 5GB; 500MB, 64KiB or bytes)", {C::kExport},
        [](CliOptions& o) { return value(&o.exporting.max_shard_size); }},
@@ -302,7 +302,7 @@ void check_export_options(const CliOptions& o) {
   }
   if (!e.format.empty() && e.format != "pt" && e.format != "hf") {
     throw UserError("--format " + e.format +
-                    ": use pt (a safetensors file) or hf (a Hugging Face Llama or Mixtral folder)");
+                    ": use pt (a safetensors file) or hf (a Hugging Face Llama, Mixtral or Qwen3 folder)");
   }
 }
 
@@ -370,7 +370,7 @@ const std::vector<CommandSpec>& command_table() {
       {C::kExport, "export",
        "write a checkpoint's (--checkpoint DIR) or a weights file's (--weights FILE) weights to --out as one "
        "safetensors file for PyTorch (in shards with an index above --max-shard-size), or with --format hf a "
-       "Hugging Face Llama or Mixtral folder (config.json and model.safetensors) that transformers loads; runs in "
+       "Hugging Face Llama, Mixtral or Qwen3 folder (config.json and model.safetensors) that transformers loads; runs in "
        "this process",
        Needs::kPlan, Preflight::kNothing, Devices::kHere, nullptr, check_export_options, run_export,
        "to resume a run, set checkpoint.resume (--set checkpoint.resume=DIR)", false},

@@ -1,14 +1,44 @@
-"""What tests/cli/hf_llama.py and hf_mixtral.py share: composer run as a subprocess, its losses, an
-exported Hugging Face folder loaded and compared. Each test makes one Harness for its part."""
+"""What tests/cli/hf_llama.py, hf_mixtral.py and hf_qwen3.py share: composer run as a subprocess, its
+losses, an exported Hugging Face folder loaded and compared, transformers' model trained by
+torch.optim.SGD on composer's batches. Each test makes one Harness for its part. Importing it first
+keeps transformers offline and quiet."""
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-import numpy as np
-import torch
-from safetensors.torch import load_file
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "reference"))
+from reference import Data, load_config  # noqa: E402
+
+
+def batch_loss(model, data, step):
+    """transformers' model on composer's batch of `step`: the cross-entropy loss and the logits."""
+    x, y = data.batch(step, 0, data.global_batch)
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), logits
+
+
+def sgd_losses(model, run_dir, steps, lr, dtype=torch.float32):
+    """transformers' model trained by torch.optim.SGD at `lr` on composer's batches: the losses."""
+    data = Data(load_config(run_dir), dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(1, steps + 1):
+        loss, _ = batch_loss(model, data, step)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
 
 
 def norms_away_from_one(model):
@@ -108,6 +138,15 @@ data: {{source: tokens, path: {self.tokens_file(vocab)}, token_dtype: uint16, se
         for f in files:
             out.update(load_file(os.path.join(folder, f)))
         return out
+
+    def roundtrip(self, hf_dir, config, tag, identical):
+        """Hugging Face -> composer (the run's init.safetensors) -> Hugging Face; `identical(a, b)` compares
+        the two folders and returns the tensor count."""
+        run_dir = self.run(config)
+        back = os.path.join(self.work, f"rt_back_{tag}")
+        self.export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"))
+        n = identical(hf_dir, back)
+        print(f"{tag}: Hugging Face -> composer -> Hugging Face: {n} tensors bit-identical, config.json equal")
 
     def bit_identical(self, a_dir, b_dir, config_class, keys, same=lambda key, want, got: False):
         """Every tensor of the two folders equal bit for bit, and their config.json's `keys` (or `same` says

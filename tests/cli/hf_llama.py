@@ -36,7 +36,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -49,7 +48,7 @@ VOCAB, LR, STEPS = 96, 0.1, 3
 LOSS_RTOL = 1e-5
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import Harness, norms_away_from_one, save  # noqa: E402
+from hf_common import Harness, batch_loss, norms_away_from_one, save, sgd_losses  # noqa: E402
 
 H = Harness("hf_llama", COMPOSER, WORK, PART, LlamaForCausalLM, LOSS_RTOL)
 fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run, H.composer_losses, H.compare_losses
@@ -80,24 +79,9 @@ def write_config(name, hf_dir, mesh="", extra=""):
     return H.write_config(name, "{name: llama, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB, mesh, extra)
 
 
-def batch_loss(model, data, step):
-    x, y = data.batch(step, 0, data.global_batch)
-    logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)), logits
-
-
 def train_in_torch(model, run_dir, steps, dtype=torch.float32):
     """transformers' model trained by torch.optim.SGD on composer's batches: the losses."""
-    data = Data(load_config(run_dir), dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for step in range(1, steps + 1):
-        loss, _ = batch_loss(model, data, step)
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return losses
+    return sgd_losses(model, run_dir, steps, LR, dtype)
 
 
 def bit_identical(a_dir, b_dir):
@@ -166,12 +150,7 @@ def part_roundtrip():
         tag = "tied" if tied else "untied"
         hf_dir = os.path.join(WORK, f"hf_rt_{tag}")
         save(hf_model(tied, seed=2), hf_dir)
-        config = write_config(f"rt_{tag}", hf_dir)
-        run_dir = run(config)
-        back = os.path.join(WORK, f"rt_back_{tag}")
-        export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"))
-        n = bit_identical(hf_dir, back)
-        print(f"{tag}: Hugging Face -> composer -> Hugging Face: {n} tensors bit-identical, config.json equal")
+        H.roundtrip(hf_dir, write_config(f"rt_{tag}", hf_dir), tag, bit_identical)
 
 
 def part_fsdp():

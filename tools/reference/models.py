@@ -296,11 +296,14 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.n_heads = a["n_heads"]
         self.n_kv_heads = a["n_kv_heads"] or a["n_heads"]
-        self.head_dim = a["dim"] // a["n_heads"]
+        self.head_dim = a.get("head_dim", 0) or a["dim"] // a["n_heads"]
         self.wq = nn.Linear(a["dim"], self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(a["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, a["dim"], bias=False)
+        if a.get("qk_norm"):  # Qwen3: one RMSNorm over each head's dims, before the rotary
+            self.q_norm = RMSNorm(self.head_dim, a["norm_eps"])
+            self.k_norm = RMSNorm(self.head_dim, a["norm_eps"])
         self.mask = None  # packed documents' (document_mask)
 
     def forward(self, x, freqs_cis):
@@ -308,6 +311,8 @@ class LlamaAttention(nn.Module):
         xq = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
         xk = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
         xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
         n_rep = self.n_heads // self.n_kv_heads
         if n_rep > 1:  # repeat_kv
@@ -462,7 +467,8 @@ class Llama(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(a["vocab_size"], a["dim"])
         self.register_buffer("freqs_cis", precompute_freqs_cis(
-            a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"], a), persistent=True)
+            a.get("head_dim", 0) or a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"], a),
+            persistent=True)
         self.layers = nn.ModuleDict({str(i): LlamaBlock(a) for i in range(a["n_layers"])})
         self.norm = RMSNorm(a["dim"], a["norm_eps"])
         self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
@@ -583,6 +589,7 @@ REGISTRY = {
     "simple_model_uneven": SimpleModelUneven,
     "transformer": Transformer,
     "llama": Llama,
+    "qwen3": Llama,  # llama's decoder with qk_norm on (model.args carries it)
     "unit_module": UnitModule,
     "composite_model": CompositeModel,
     "composite_param_model": CompositeParamModel,

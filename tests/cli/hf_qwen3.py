@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Hugging Face Qwen3 in and out, proven with transformers itself.
+
+Random Qwen3ForCausalLM models (grouped-query attention, a head_dim of 32 against hidden 64 / 4 heads,
+per-head q and k RMSNorms drawn away from one, tied and untied) are saved with save_pretrained,
+offline, and read as composer's model qwen3. Parts:
+
+  load       3 SGD steps on one device and under the PLANS below (tied: all four; untied: tp x
+             fully_shard), among them tensor_parallel, where the q and k norms act on each rank's own
+             heads and their gradients are summed over tp: each loss equals transformers' model
+             trained by torch.optim.SGD on the same batches. The export of the one-device result
+             loads in from_pretrained (no missing, unexpected or mis-shaped key) and gives the loss
+             transformers' own trained model gives on the last step's batch.
+  roundtrip  Hugging Face -> composer (its init.safetensors) -> Hugging Face is bit-identical, tensor
+             by tensor (the q/k norm weights permuted with their heads' rows and back), tied and untied.
+
+Usage: hf_qwen3.py COMPOSER WORK_DIR PART
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save, sgd_losses  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+COMPOSER, WORK, PART = sys.argv[1], sys.argv[2], sys.argv[3]
+VOCAB, LR, STEPS = 96, 0.1, 3
+LOSS_RTOL = 1e-5  # float32 on both sides; summation orders differ (~1e-7 relative per step)
+
+H = Harness("hf_qwen3", COMPOSER, WORK, PART, Qwen3ForCausalLM, LOSS_RTOL)
+fail, run, composer_losses, compare_losses = H.fail, H.run, H.composer_losses, H.compare_losses
+export, load_export = H.export, H.load_export
+
+PLANS = [("one device", ""),
+         ("tp 2 (sequence parallel) x fully_shard dp 2", """mesh: {shape: [2, 2], names: [dp, tp]}
+parallelize:
+  - tensor_parallel: {mesh_dim: tp, sequence_parallel: true}
+  - fully_shard: {mesh_dim: dp}"""),
+         ("cp 2 (ring) x tp 2", """mesh: {shape: [2, 2], names: [cp, tp]}
+parallelize:
+  - tensor_parallel: {mesh_dim: tp}
+  - context_parallel: {mesh_dim: cp}"""),
+         ("cp 2 (alltoall) with activation checkpointing", """mesh: {shape: [2], names: [cp]}
+parallelize:
+  - context_parallel: {mesh_dim: cp, rotate: alltoall}
+  - activation_checkpointing: {units: [layers.*]}"""),
+         ("pp 2 x fully_shard dp 2", """mesh: {shape: [2, 2], names: [pp, dp]}
+parallelize:
+  - pipeline: {mesh_dim: pp, schedule: 1f1b, layers_per_stage: 1}
+  - fully_shard: {mesh_dim: dp, units: [tok_embeddings, layers.*, norm, output]}""")]
+
+
+def hf_model(tied, seed=0):
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                         rms_norm_eps=1e-6, tie_word_embeddings=tied, initializer_range=0.25)
+    return norms_away_from_one(Qwen3ForCausalLM(config))
+
+
+def write_config(name, hf_dir, mesh=""):
+    return H.write_config(name, "{name: qwen3, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB, mesh)
+
+
+def train_in_torch(model, run_dir, steps):
+    return sgd_losses(model, run_dir, steps, LR)
+
+
+def part_load():
+    for tied in (True, False):
+        tag = "tied" if tied else "untied"
+        hf_dir = os.path.join(WORK, f"hf_{tag}")
+        save(hf_model(tied), hf_dir)
+        want = None
+        for i, (what, mesh) in enumerate(PLANS if tied else PLANS[:2]):
+            config = write_config(f"load_{tag}_{i}", hf_dir, mesh)
+            run_dir = run(config)
+            if want is None:
+                want = train_in_torch(hf_model(tied), run_dir, STEPS)
+            losses = composer_losses(run_dir)
+            compare_losses(losses, want, f"{tag}, {what}")
+            if i == 0:  # the trained model back in transformers: its loss at the last step's batch
+                exported = os.path.join(WORK, f"export_{tag}")
+                export(config, exported, "--weights", os.path.join(run_dir, "final.safetensors"))
+                back = load_export(exported)
+                with torch.no_grad():
+                    after = batch_loss(back, Data(load_config(run_dir), torch.float32), STEPS)[0].item()
+                trained = hf_model(tied)
+                train_in_torch(trained, run_dir, STEPS)
+                with torch.no_grad():
+                    theirs = batch_loss(trained, Data(load_config(run_dir), torch.float32), STEPS)[0].item()
+                compare_losses([after], [theirs], f"{tag}, transformers' load of the trained export")
+
+
+def part_roundtrip():
+    for tied in (False, True):
+        tag = "tied" if tied else "untied"
+        hf_dir = os.path.join(WORK, f"hf_rt_{tag}")
+        save(hf_model(tied, seed=2), hf_dir)
+        H.roundtrip(hf_dir, write_config(f"rt_{tag}", hf_dir), tag, lambda a, b: H.bit_identical(
+            a, b, Qwen3Config, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+                                "rms_norm_eps", "tie_word_embeddings", "rope_parameters", "hidden_act",
+                                "use_sliding_window", "layer_types")))
+
+
+os.makedirs(WORK, exist_ok=True)
+{"load": part_load, "roundtrip": part_roundtrip}[PART]()
+print(f"hf_qwen3 {PART}: passed")
