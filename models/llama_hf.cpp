@@ -1,5 +1,8 @@
-// llama's Hugging Face adapter: LlamaForCausalLM folders (model_type llama)
-// for a dense llama, MixtralForCausalLM (mixtral) for a mixture of experts.
+// The decoder's Hugging Face adapters: for model llama, LlamaForCausalLM
+// folders (model_type llama) for a dense llama and MixtralForCausalLM
+// (mixtral) for a mixture of experts; for model qwen3, Qwen3ForCausalLM
+// (qwen3) and Qwen3MoeForCausalLM (qwen3_moe, its experts named
+// mlp.experts.J.{gate,down,up}_proj and its router mlp.gate).
 //
 // Names: model.layers.N.self_attn.q_proj.weight is layers.N.attention.wq.weight
 // and so on (kLayerNames); Mixtral's block_sparse_moe.gate is the router, and
@@ -43,8 +46,15 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"mlp.up_proj.weight", "feed_forward.w3.weight"},
     {"self_attn.q_norm.weight", "attention.q_norm.weight"},  // Qwen3's
     {"self_attn.k_norm.weight", "attention.k_norm.weight"}};
-// Mixtral's router (its experts' weights are block_sparse_moe.experts.J.w{1,2,3}.weight).
-const char* const kRouterName = "block_sparse_moe.gate.weight";
+// A mixture-of-experts family's names: the router, and expert J's
+// <experts>J.<name>.weight for composer's stacked w1, w2, w3.
+struct ExpertNames {
+  const char* router;
+  const char* experts;
+  const char* w[3];  // w1 (gate), w2 (down), w3 (up)
+};
+const ExpertNames kMixtralExperts = {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", {"w1", "w2", "w3"}};
+const ExpertNames kQwen3MoeExperts = {"mlp.gate.weight", "mlp.experts.", {"gate_proj", "down_proj", "up_proj"}};
 const std::pair<const char*, const char*> kTopNames[] = {
     {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
     {"lm_head.weight", "output.weight"}};
@@ -66,17 +76,24 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// What a Mixtral config.json adds to a Llama one: its experts, and what
-// composer's routed feed-forward does not compute, refused.
-void read_mixtral_fields(const nlohmann::json& j, ModelArgs& args) {
-  const char* experts_key =
-      j.contains("num_local_experts") || !j.contains("num_experts") ? "num_local_experts" : "num_experts";
+// The expert count (under `key`, or its alias `other` when only that is
+// given) and num_experts_per_tok, set as n_experts and top_k.
+void read_expert_counts(const nlohmann::json& j, const char* key, const char* other, ModelArgs& args) {
+  const char* experts_key = j.contains(key) || !j.contains(other) ? key : other;
   const int64_t experts = hf::positive_field(j, experts_key, nullptr, kWhat);
   const int64_t top_k = hf::int_field(j, "num_experts_per_tok", nullptr, kWhat);
   if (top_k < 1 || top_k > experts) {
     throw HfError("num_experts_per_tok " + std::to_string(top_k) + ": expected between 1 and " + experts_key + " " +
                   std::to_string(experts));
   }
+  args.set("n_experts", experts);
+  args.set("top_k", top_k);
+}
+
+// What a Mixtral config.json adds to a Llama one: its experts, and what
+// composer's routed feed-forward does not compute, refused.
+void read_mixtral_fields(const nlohmann::json& j, ModelArgs& args) {
+  read_expert_counts(j, "num_local_experts", "num_experts", args);
   if (hf::float_field(j, "router_jitter_noise", 0.0) != 0.0) {
     throw HfError("router_jitter_noise " + hf::shown(j.at("router_jitter_noise")) +
                   ": composer's router scales no hidden states by random noise in training; set it to 0.0");
@@ -98,8 +115,6 @@ void read_mixtral_fields(const nlohmann::json& j, ModelArgs& args) {
                     "); set sliding_window to null, or model.args.max_seq_len to at most it");
     }
   }
-  args.set("n_experts", experts);
-  args.set("top_k", top_k);
   args.set("moe_hidden_dim", args.i("hidden_dim"));
   args.set("n_shared_experts", int64_t{0});
   args.set("score_func", std::string("softmax"));
@@ -123,9 +138,41 @@ void refuse_qwen3_window(const nlohmann::json& j) {
   }
 }
 
+// What a Qwen3-MoE config.json adds to a Qwen3 one: its experts (every
+// layer's, softmax-routed, no shared experts), and what composer does not
+// compute, refused.
+void read_qwen3_moe_fields(const nlohmann::json& j, ModelArgs& args) {
+  read_expert_counts(j, "num_experts", "num_local_experts", args);
+  const int64_t step = hf::int_field(j, "decoder_sparse_step", nullptr, kWhat);
+  if (step != 1) {
+    throw HfError("decoder_sparse_step " + std::to_string(step) +
+                  ": composer's qwen3 routes every layer's feed-forward (decoder_sparse_step 1); dense layers "
+                  "between mixture-of-experts ones are not supported yet");
+  }
+  if (hf::given(j, "mlp_only_layers") && !j.at("mlp_only_layers").empty()) {
+    throw HfError("mlp_only_layers " + hf::shown(j.at("mlp_only_layers")) +
+                  ": composer's qwen3 routes every layer's feed-forward; dense layers among mixture-of-experts ones "
+                  "are not supported yet; use a model whose mlp_only_layers is []");
+  }
+  if (hf::bool_field(j, "output_router_logits", false)) {
+    throw HfError(
+        "output_router_logits true: transformers then adds router_aux_loss_coef times the load-balancing loss to "
+        "the loss, which composer does not compute; set it to false");
+  }
+  args.set("moe_hidden_dim", hf::positive_field(j, "moe_intermediate_size", nullptr, kWhat));
+  args.set("n_shared_experts", int64_t{0});
+  args.set("score_func", std::string("softmax"));
+  args.set("route_norm", hf::bool_field(j, "norm_topk_prob", false));
+  args.set("route_scale", 1.0);
+}
+
 // What llama has that neither Llama's nor Mixtral's folders switch on, refused.
 void refuse_unsupported(const nlohmann::json& j, bool mixtral, bool qwen3) {
-  hf::require_architecture(j, qwen3 ? "Qwen3ForCausalLM" : mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM");
+  const bool qwen3_moe = j.value("model_type", std::string()) == "qwen3_moe";
+  hf::require_architecture(j, qwen3_moe ? "Qwen3MoeForCausalLM"
+                              : qwen3   ? "Qwen3ForCausalLM"
+                              : mixtral ? "MixtralForCausalLM"
+                                        : "LlamaForCausalLM");
   if (qwen3) refuse_qwen3_window(j);
   if (!mixtral) {  // Mixtral's attention and experts have no biases to switch on
     hf::require_field(j, "attention_bias", false, "composer's llama has no attention biases");
@@ -144,7 +191,7 @@ class LlamaHf final : public HfAdapter {
  public:
   explicit LlamaHf(bool qwen3) : qwen3_(qwen3) {}
   std::vector<std::string> model_types() const override {
-    return qwen3_ ? std::vector<std::string>{"qwen3"} : std::vector<std::string>{"llama", "mixtral"};
+    return qwen3_ ? std::vector<std::string>{"qwen3", "qwen3_moe"} : std::vector<std::string>{"llama", "mixtral"};
   }
   std::vector<std::string> yaml_args() const override { return {"max_seq_len"}; }
 
@@ -173,6 +220,7 @@ class LlamaHf final : public HfAdapter {
     hf::read_rope(j, mixtral ? 1e6 : 1e4, args);
     args.set("weight_tying", hf::bool_field(j, "tie_word_embeddings", false));
     if (mixtral) read_mixtral_fields(j, args);
+    if (j.value("model_type", std::string()) == "qwen3_moe") read_qwen3_moe_fields(j, args);
   }
 
   void check_export(const ModelArgs& a) const override {
@@ -185,20 +233,18 @@ class LlamaHf final : public HfAdapter {
       throw HfError("Qwen3 (Qwen3ForCausalLM) normalises each query and key head; this qwen3 has qk_norm false; "
                     "use --format pt");
     }
-    if (qwen3_ && moe(a)) {
-      throw HfError("composer export --format hf writes model qwen3 as dense Qwen3 (Qwen3ForCausalLM); this one has "
-                    "n_experts " + std::to_string(a.i("n_experts")) + "; use --format pt");
-    }
     if (!moe(a)) return;
-    auto refuse = [](const std::string& what) {
-      throw HfError(
-          "composer export --format hf writes a mixture-of-experts llama as Mixtral "
-          "(MixtralForCausalLM: softmax router, top-k weights divided by their sum, no shared experts); "
-          "this model has " +
-          what + ", which Mixtral does not compute; use --format pt");
+    auto refuse = [this](const std::string& what) {
+      throw HfError(qwen3_ ? "composer export --format hf writes a mixture-of-experts qwen3 as Qwen3-MoE "
+                             "(Qwen3MoeForCausalLM: softmax router, top-k weights divided by their sum or not, no "
+                             "shared experts); this model has " + what + ", which Qwen3-MoE does not compute; use "
+                             "--format pt"
+                           : "composer export --format hf writes a mixture-of-experts llama as Mixtral "
+                             "(MixtralForCausalLM: softmax router, top-k weights divided by their sum, no shared "
+                             "experts); this model has " + what + ", which Mixtral does not compute; use --format pt");
     };
     if (a.s("score_func") != "softmax") refuse("score_func " + a.s("score_func"));
-    if (!a.b("route_norm")) refuse("route_norm false");
+    if (!qwen3_ && !a.b("route_norm")) refuse("route_norm false");
     if (a.f("route_scale") != 1.0) refuse("route_scale " + hf::shown(a.f("route_scale")));
     if (a.i("n_shared_experts") != 0) refuse("n_shared_experts " + std::to_string(a.i("n_shared_experts")));
     // Mixtral is dropless and routes by the scores alone (the load-balancing
@@ -210,13 +256,16 @@ class LlamaHf final : public HfAdapter {
   }
 
   nlohmann::ordered_json write_config(const ModelArgs& a, const ShapeOf& shape) const override {
-    const bool mixtral = moe(a);
+    const bool routed = moe(a), mixtral = routed && !qwen3_, qwen3_moe = routed && qwen3_;
     // The feed-forward width llama may derive: an expert's, for a mixture of experts.
     const int64_t intermediate_size =
-        mixtral ? shape("layers.0.feed_forward.experts.w1").at(1) : shape("layers.0.feed_forward.w1.weight").at(0);
+        routed ? shape("layers.0.feed_forward.experts.w1").at(1) : shape("layers.0.feed_forward.w1.weight").at(0);
     nlohmann::ordered_json j;
-    j["architectures"] = {qwen3_ ? "Qwen3ForCausalLM" : mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = qwen3_ ? "qwen3" : mixtral ? "mixtral" : "llama";
+    j["architectures"] = {qwen3_moe ? "Qwen3MoeForCausalLM"
+                          : qwen3_  ? "Qwen3ForCausalLM"
+                          : mixtral ? "MixtralForCausalLM"
+                                    : "LlamaForCausalLM"};
+    j["model_type"] = qwen3_moe ? "qwen3_moe" : qwen3_ ? "qwen3" : mixtral ? "mixtral" : "llama";
     if (!mixtral) j["attention_bias"] = false;
     j["attention_dropout"] = 0.0;
     j["dtype"] = "float32";
@@ -233,6 +282,16 @@ class LlamaHf final : public HfAdapter {
       j["router_jitter_noise"] = 0.0;
       j["sliding_window"] = nullptr;
     } else if (qwen3_) {
+      if (qwen3_moe) {  // every layer routed; intermediate_size (dense layers' width) then unused
+        j["num_experts"] = a.i("n_experts");
+        j["num_experts_per_tok"] = a.i("top_k");
+        j["moe_intermediate_size"] = intermediate_size;
+        j["norm_topk_prob"] = a.b("route_norm");
+        j["decoder_sparse_step"] = 1;
+        j["mlp_only_layers"] = nlohmann::ordered_json::array();
+        j["output_router_logits"] = false;
+        j["router_aux_loss_coef"] = 0.001;  // transformers' default; used only with output_router_logits
+      }
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
       j["max_window_layers"] = a.i("n_layers");
@@ -258,11 +317,12 @@ class LlamaHf final : public HfAdapter {
       if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return at + h;
     }
     if (!routed) return "";
-    if (rest == "feed_forward.router.weight") return at + kRouterName;
-    static const std::regex expert_weight(R"(feed_forward\.experts\.(w[123]))");
+    const ExpertNames& n = expert_names();
+    if (rest == "feed_forward.router.weight") return at + n.router;
+    static const std::regex expert_weight(R"(feed_forward\.experts\.w([123]))");
     std::smatch e;
     if (!std::regex_match(rest, e, expert_weight) || expert < 0) return "";
-    return at + "block_sparse_moe.experts." + std::to_string(expert) + "." + e[1].str() + ".weight";
+    return at + n.experts + std::to_string(expert) + "." + n.w[std::stoi(e[1].str()) - 1] + ".weight";
   }
 
   std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
@@ -280,18 +340,25 @@ class LlamaHf final : public HfAdapter {
       if (rest == h) return at + c;
     }
     if (!routed) return "";
-    if (rest == kRouterName) return at + "feed_forward.router.weight";
-    static const std::regex expert_weight(R"(block_sparse_moe\.experts\.(0|[1-9]\d{0,8})\.(w[123])\.weight)");
+    const ExpertNames& n = expert_names();
+    if (rest == n.router) return at + "feed_forward.router.weight";
+    static const std::regex expert_weight(R"(\w+\.experts\.(0|[1-9]\d{0,8})\.(\w+)\.weight)");
     std::smatch e;
-    if (!std::regex_match(rest, e, expert_weight)) return "";
-    if (expert) *expert = std::stoll(e[1].str());
-    return at + "feed_forward.experts." + e[2].str();
+    if (rest.rfind(n.experts, 0) != 0 || !std::regex_match(rest, e, expert_weight)) return "";
+    for (int w = 0; w < 3; ++w) {
+      if (e[2].str() != n.w[w]) continue;
+      if (expert) *expert = std::stoll(e[1].str());
+      return at + "feed_forward.experts.w" + std::to_string(w + 1);
+    }
+    return "";
   }
 
   bool per_expert(const std::string& name, const ModelArgs& a) const override {
     static const std::regex expert_weight(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
     return moe(a) && std::regex_match(name, expert_weight);
   }
+
+  const ExpertNames& expert_names() const { return qwen3_ ? kQwen3MoeExperts : kMixtralExperts; }
 
   // Older folders kept the rotary tables as a buffer.
   bool ignored(const std::string& hf) const override { return ends_with(hf, "rotary_emb.inv_freq"); }

@@ -117,8 +117,10 @@ data: {{source: tokens, path: {self.tokens_file(vocab)}, token_dtype: uint16, se
         if len(got) != len(want) or worst > rtol:
             self.fail(f"{what}: composer's losses {got} differ from transformers' {want} (max rel err {worst:.3g})")
 
-    def load_export(self, folder):
-        model, info = self.model_class.from_pretrained(folder, output_loading_info=True)
+    def load_export(self, folder, model_class=None):
+        """`folder` loaded by from_pretrained (the test's class, or `model_class`) with nothing missing,
+        unexpected or mis-shaped."""
+        model, info = (model_class or self.model_class).from_pretrained(folder, output_loading_info=True)
         bad = {k: v for k, v in info.items() if v}
         if bad:
             self.fail(f"transformers loaded {folder} with {bad}")

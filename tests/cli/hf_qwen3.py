@@ -14,6 +14,8 @@ offline, and read as composer's model qwen3. Parts:
   roundtrip  Hugging Face -> composer (its init.safetensors) -> Hugging Face is bit-identical, tensor
              by tensor (the q/k norm weights permuted with their heads' rows and back), tied and untied.
 
+  moe        Qwen3-MoE (model_type qwen3_moe) read into model qwen3 with its experts: see part_moe.
+
 Usage: hf_qwen3.py COMPOSER WORK_DIR PART
 """
 import os
@@ -23,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save, sgd_losses  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 COMPOSER, WORK, PART = sys.argv[1], sys.argv[2], sys.argv[3]
 VOCAB, LR, STEPS = 96, 0.1, 3
@@ -94,6 +97,90 @@ def part_load():
                 compare_losses([after], [theirs], f"{tag}, transformers' load of the trained export")
 
 
+EXPERTS, TOP_K = 4, 2
+MOE_SEED = 3  # a draw whose tokens route with a clear margin (MIN_TOPK_GAP)
+# A token whose top-k experts lead the next by less than this could route otherwise under another
+# summation order (float32 router logits agree with float64's to about 1e-5 here).
+MIN_TOPK_GAP = 1e-3
+EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
+parallelize:
+  - expert_parallel: {mesh_dim: ep}
+  - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
+
+
+def moe_model(norm_topk_prob, seed=MOE_SEED):
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+                            num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                            initializer_range=0.25)
+    return norms_away_from_one(Qwen3MoeForCausalLM(config))
+
+
+def topk_gap(model, run_dir):
+    """The smallest lead, over every token of every layer and every step's batch of transformers' training,
+    of a token's last chosen expert over the first unchosen one, in router logits."""
+    gaps, inputs = [], []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: inputs.append((m, i[0]))) for layer in
+             model.model.layers]
+    data = Data(load_config(run_dir), torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(1, STEPS + 1):
+        inputs.clear()
+        loss = batch_loss(model, data, step)[0]
+        with torch.no_grad():
+            for m, x in inputs:
+                top = F.linear(x.reshape(-1, x.size(-1)), m.weight).topk(TOP_K + 1, -1).values
+                gaps.append((top[:, TOP_K - 1] - top[:, TOP_K]).min().item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for h in hooks:
+        h.remove()
+    return min(gaps)
+
+
+def part_moe():
+    """Qwen3-MoE (softmax routing, top 2 of 4, the top-k weights divided by their sum or not): losses against
+    transformers on one device, under expert_parallel ep 2 x fully_shard dp 2 and under tensor_parallel tp 2
+    (attention split, the experts whole on each tp rank); the step-2 checkpoint of ep x fully_shard exported,
+    loaded by transformers, gives composer's step-3 loss; the round trip is bit-identical."""
+    for norm in (True, False):
+        tag = f"norm_topk_prob {str(norm).lower()}"
+        hf_dir = os.path.join(WORK, f"hf_moe_{norm}")
+        save(moe_model(norm), hf_dir)
+        want = None
+        for i, (what, mesh) in enumerate([("one device", ""), ("ep 2 x fully_shard dp 2", EP_FSDP),
+                                          ("tp 2", "mesh: {shape: [2], names: [tp]}\nparallelize:\n"
+                                                   "  - tensor_parallel: {mesh_dim: tp}")]):
+            config = H.write_config(f"moe_{norm}_{i}", "{name: qwen3, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB,
+                                    mesh, "checkpoint: {interval: 2}" if i == 1 else "")
+            run_dir = run(config)
+            if want is None:
+                want = train_in_torch(moe_model(norm), run_dir, STEPS)
+                gap = topk_gap(moe_model(norm), run_dir)
+                print(f"{tag}: every token's top-{TOP_K} experts lead the next by at least {gap:.3g} in logits")
+                if gap < MIN_TOPK_GAP:
+                    fail(f"a token's top-{TOP_K} experts lead by only {gap:.3g}: float32 rounding could route it "
+                         "otherwise")
+            losses = composer_losses(run_dir)
+            compare_losses(losses, want, f"{tag}, {what}")
+            if i == 0:
+                H.roundtrip(hf_dir, config, f"moe_{norm}", lambda a, b: H.bit_identical(
+                    a, b, Qwen3MoeConfig, ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                           "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "head_dim",
+                                           "hidden_size", "num_hidden_layers", "rope_parameters")))
+            if i == 1:
+                exported = os.path.join(WORK, f"moe_export_{norm}")
+                export(config, exported, "--checkpoint", os.path.join(run_dir, "checkpoints", "step-000002"))
+                back = H.load_export(exported, Qwen3MoeForCausalLM)
+                with torch.no_grad():
+                    loss = batch_loss(back, Data(load_config(run_dir), torch.float32), STEPS)[0].item()
+                compare_losses([losses[STEPS - 1]], [loss], f"{tag}, step {STEPS} from transformers' load of the "
+                               "step-2 export of ep x fully_shard")
+
+
 def part_roundtrip():
     for tied in (False, True):
         tag = "tied" if tied else "untied"
@@ -107,5 +194,5 @@ def part_roundtrip():
 
 
 os.makedirs(WORK, exist_ok=True)
-{"load": part_load, "roundtrip": part_roundtrip}[PART]()
+{"load": part_load, "roundtrip": part_roundtrip, "moe": part_moe}[PART]()
 print(f"hf_qwen3 {PART}: passed")
