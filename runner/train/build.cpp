@@ -209,6 +209,41 @@ parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, c
   return par;
 }
 
+namespace {
+
+// A model built on meta gets its values (materialise.h): each parameter only
+// where this rank holds it, drawn as a single-device build draws it, or read
+// from init_from, from_hf or the golden's start; the main rank writes them all
+// to init.safetensors.
+void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
+                      const std::vector<nn::DeferInit::Step>& init_steps, GoldenStart* start, models::Model& model,
+                      parallel::Parallel& par) {
+  MaterialiseOptions m;
+  const c10::Device device = rank.device;
+  parallel::FullyShard* fsdp = par.fsdp.get();
+  m.device_of = [fsdp, device](const torch::Tensor& p) {
+    return fsdp && fsdp->offloads(p) ? c10::Device(c10::kCPU) : device;
+  };
+  m.pin_host = device.is_cuda();
+  m.own = &par.per_rank;
+  m.own_seed = own_seed(plan, rank);
+  m.dtype = scalar_type_of(c.train.dtype);
+  m.placements = par.placements.get();
+  if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
+  if (start && rank.is_main()) {
+    m.replaced = [start](const std::string& name, const torch::Tensor& drawn, const torch::Tensor& given) {
+      measure_start(*start, name, drawn, given);
+    };
+  }
+  naming_config_key(weights_ref(c.model), [&] {
+    const std::unique_ptr<WeightSource> source = start ? WeightSource::file(start->path) : WeightSource::open(c.model);
+    m.init = source.get();
+    materialise(model, init_steps, m);
+  });
+}
+
+}  // namespace
+
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
                            GoldenStart* start) {
   RankModel out;
@@ -257,29 +292,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   const int64_t mb = plan.local_microbatch;
   out.par = apply_plan(model, c, plan, rank, [data, mb] { return data->batch(1, 0, mb).inputs; });
   out.par.device = device;
-  if (owned_only) {
-    MaterialiseOptions m;
-    parallel::FullyShard* fsdp = out.par.fsdp.get();
-    m.device_of = [fsdp, device](const torch::Tensor& p) {
-      return fsdp && fsdp->offloads(p) ? c10::Device(c10::kCPU) : device;
-    };
-    m.pin_host = device.is_cuda();
-    m.own = &out.par.per_rank;
-    m.own_seed = own_seed(plan, rank);
-    m.dtype = scalar_type_of(c.train.dtype);
-    m.placements = out.par.placements.get();
-    if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
-    if (start && rank.is_main()) {
-      m.replaced = [start](const std::string& name, const torch::Tensor& drawn, const torch::Tensor& given) {
-        measure_start(*start, name, drawn, given);
-      };
-    }
-    naming_config_key(weights_ref(c.model), [&] {
-      const std::unique_ptr<WeightSource> source = start ? WeightSource::file(start->path) : WeightSource::open(c.model);
-      m.init = source.get();
-      materialise(model, init_steps, m);
-    });
-  }
+  if (owned_only) give_held_values(c, plan, rank, out_dir, init_steps, start, model, out.par);
   out.par.derive_grad_sync();
   return out;
 }
