@@ -18,8 +18,9 @@ far more than the tolerance) are saved with save_pretrained, offline. Parts:
              reads its pieces from the shards), exported in shards again.
   rope       Llama 3.1+'s llama3 rope scaling (tied, as Llama 3.2) and YaRN:
              losses equal transformers' on one device and under tp 2 x cp 2
-             ring, cp 2 alltoall and pp 2 x fully_shard dp 2; the round trip
-             is bit-identical.
+             ring, cp 2 alltoall and pp 2 x fully_shard dp 2 (whose step-2
+             checkpoint, exported and loaded by transformers, gives step 3's
+             loss); the round trip is bit-identical.
   refusals   a missing or mis-shaped tensor is refused before launch (exit 2)
              naming the tensor and its file.
 
@@ -210,10 +211,18 @@ parallelize:
   - pipeline: {mesh_dim: pp, schedule: 1f1b, layers_per_stage: 1}
   - fully_shard: {mesh_dim: dp, units: [tok_embeddings, layers.*, norm, output]}"""))
         for i, (what, mesh) in enumerate(plans):
-            config = write_config(f"{rope}_{i}", hf_dir, mesh=mesh)
+            last = i == len(plans) - 1  # pp x fully_shard: a checkpoint at step 2 to export
+            config = write_config(f"{rope}_{i}", hf_dir, mesh=mesh, extra="checkpoint: {interval: 2}" if last else "")
             run_dir = run(config)
-            compare_losses(composer_losses(run_dir), train_in_torch(hf_model(tied, seed=5, rope=rope), run_dir, STEPS),
-                           f"{rope}, {what}")
+            losses = composer_losses(run_dir)
+            compare_losses(losses, train_in_torch(hf_model(tied, seed=5, rope=rope), run_dir, STEPS), f"{rope}, {what}")
+            if last:  # the step-2 checkpoint of 4 ranks, exported and loaded by transformers: step 3's loss
+                exported = os.path.join(WORK, f"{rope}_export_pp_fsdp")
+                export(config, exported, "--checkpoint", os.path.join(run_dir, "checkpoints", "step-000002"))
+                with torch.no_grad():
+                    loss, _ = batch_loss(load_export(exported), Data(load_config(run_dir), torch.float32), STEPS)
+                compare_losses([losses[STEPS - 1]], [loss.item()],
+                               f"{rope}, step {STEPS} from transformers' load of the step-2 export of pp x fully_shard")
             if i == 0:
                 back = os.path.join(WORK, f"{rope}_back")
                 export(config, back, "--weights", os.path.join(run_dir, "init.safetensors"))

@@ -10,7 +10,8 @@ offline, and read as composer's model qwen3. Parts:
              heads and their gradients are summed over tp: each loss equals transformers' model
              trained by torch.optim.SGD on the same batches. The export of the one-device result
              loads in from_pretrained (no missing, unexpected or mis-shaped key) and gives the loss
-             transformers' own trained model gives on the last step's batch.
+             transformers' own trained model gives on the last step's batch; the step-2 checkpoint
+             of tp x fully_shard (4 ranks) exported and loaded gives composer's step-3 loss.
   roundtrip  Hugging Face -> composer (its init.safetensors) -> Hugging Face is bit-identical, tensor
              by tensor (the q/k norm weights permuted with their heads' rows and back), tied and untied.
 
@@ -79,11 +80,21 @@ def part_load():
         want = None
         for i, (what, mesh) in enumerate(PLANS if tied else PLANS[:2]):
             config = write_config(f"load_{tag}_{i}", hf_dir, mesh)
+            if i == 1:  # tp x fully_shard: a checkpoint at step 2 to export
+                with open(config, "a") as f:
+                    f.write("checkpoint: {interval: 2}\n")
             run_dir = run(config)
             if want is None:
                 want = train_in_torch(hf_model(tied), run_dir, STEPS)
             losses = composer_losses(run_dir)
             compare_losses(losses, want, f"{tag}, {what}")
+            if i == 1:  # the step-2 checkpoint of 4 ranks, exported and loaded by transformers: step 3's loss
+                exported = os.path.join(WORK, f"export_{tag}_tp_fsdp")
+                export(config, exported, "--checkpoint", os.path.join(run_dir, "checkpoints", "step-000002"))
+                with torch.no_grad():
+                    loss = batch_loss(load_export(exported), Data(load_config(run_dir), torch.float32), STEPS)[0]
+                compare_losses([losses[STEPS - 1]], [loss.item()],
+                               f"{tag}, step {STEPS} from transformers' load of the step-2 export of tp x fully_shard")
             if i == 0:  # the trained model back in transformers: its loss at the last step's batch
                 exported = os.path.join(WORK, f"export_{tag}")
                 export(config, exported, "--weights", os.path.join(run_dir, "final.safetensors"))
