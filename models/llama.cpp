@@ -10,6 +10,12 @@
 #include "models/rope.h"
 
 namespace composer::models {
+
+// Whether layer `layer` of a llama (or qwen3) with `a` has a routed
+// feed-forward: n_experts, past the first n_dense_layers, every
+// moe_layer_step-th layer.
+bool llama_routed_layer(const ModelArgs& a, int64_t layer);
+
 namespace {
 
 using nn::Linear;
@@ -22,6 +28,7 @@ struct LlamaArgs {
   ModelArgs rope;  // rope_theta and the rotary scaling (models/rope.h)
   int64_t head_dim_given = 0;  // 0: dim / n_heads
   bool qk_norm = false;        // Qwen3's per-head RMSNorm of q and k before the rotary
+  int64_t n_dense_layers = 0, moe_layer_step = 1;  // which layers route (llama_routed_layer)
   int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
@@ -117,7 +124,7 @@ class TransformerBlock : public nn::Module {
   TransformerBlock(int64_t layer_id, const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
       : Module("TransformerBlock") {
     attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
-    if (a.moe.experts > 0) {
+    if (a.moe.experts > 0 && layer_id >= a.n_dense_layers && (layer_id + 1) % a.moe_layer_step == 0) {
       MoeArgs m = a.moe;
       if (m.hidden <= 0) m.hidden = a.ffn_hidden();
       moe = add("feed_forward", std::make_shared<MoE>(a.dim, m));
@@ -221,6 +228,25 @@ void check_llama_args(const ModelArgs& a) {
   }
   if (a.i("head_dim") % 2 != 0) throw ArgError("head_dim", "head_dim must be even for rotary embeddings");
   if (a.i("n_experts") < 0) throw ArgError("n_experts", "n_experts must be 0 (a dense feed-forward) or positive");
+  if (a.i("n_experts") == 0) {
+    for (auto [n, def] : {std::pair<const char*, int64_t>{"n_dense_layers", 0}, {"moe_layer_step", 1}}) {
+      if (a.i(n) != def) {
+        throw ArgError(n, std::string(n) + " chooses which layers route in a mixture of experts; this model has "
+                                           "n_experts 0: remove it or set n_experts");
+      }
+    }
+  }
+  if (a.i("n_experts") > 0) {
+    if (a.i("moe_layer_step") < 1) throw ArgError("moe_layer_step", "moe_layer_step must be 1 (every layer) or more");
+    bool any = false;
+    for (int64_t i = 0; i < a.i("n_layers"); ++i) any = any || llama_routed_layer(a, i);
+    if (a.i("n_dense_layers") < 0 || !any) {
+      throw ArgError("n_dense_layers", "n_dense_layers " + std::to_string(a.i("n_dense_layers")) + " and moe_layer_step " +
+                                           std::to_string(a.i("moe_layer_step")) + " leave no layer of " +
+                                           std::to_string(a.i("n_layers")) + " routed (or n_dense_layers is negative); "
+                                           "route at least one, or set n_experts: 0");
+    }
+  }
   if (a.i("n_experts") > 0) {
     if (a.i("top_k") < 1 || a.i("top_k") > a.i("n_experts")) {
       throw ArgError("top_k", "top_k " + std::to_string(a.i("top_k")) + " must be between 1 and n_experts " +
@@ -266,7 +292,9 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
                       a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")},
               a,
               a.i("head_dim"),
-              a.b("qk_norm")};
+              a.b("qk_norm"),
+              a.i("n_dense_layers"),
+              a.i("moe_layer_step")};
   return std::make_shared<Llama>(l);
 }
 
@@ -291,19 +319,22 @@ TpPlan llama_tp_plan(const ModelArgs& a, bool sp) {
          rowwise("layers.*.attention.wo", Layout::shard(-1), seq),
          rowwise("layers.*.feed_forward.w2", Layout::shard(-1), seq)};
   }
-  // The dense feed-forward, or the mixture-of-experts blocks' shared experts (none: nothing to split).
-  const std::string ffn = a.i("n_experts") > 0 ? "layers.*.feed_forward.shared." : "layers.*.feed_forward.";
-  const bool splits_ffn = a.i("n_experts") == 0 || a.i("n_shared_experts") > 0;
+  // The dense blocks' feed-forward and the mixture-of-experts blocks' shared experts (none: nothing to split).
+  std::vector<std::string> ffns;
+  bool dense = false, routed = false;
+  for (int64_t i = 0; i < a.i("n_layers"); ++i) (llama_routed_layer(a, i) ? routed : dense) = true;
+  if (dense) ffns.push_back("layers.*.feed_forward.");
+  if (routed && a.i("n_shared_experts") > 0) ffns.push_back("layers.*.feed_forward.shared.");
   if (!sp) {
     p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo")};
-    if (splits_ffn) p.push_back(rowwise(ffn + "w2"));
+    for (const auto& ffn : ffns) p.push_back(rowwise(ffn + "w2"));
   }
   for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
   // Qwen3's q and k norms act on each rank's own heads: their weights' gradients are partial sums over tp.
   if (a.b("qk_norm")) {
     for (auto n : {"attention.q_norm", "attention.k_norm"}) p.push_back(sequence_parallel(std::string("layers.*.") + n));
   }
-  if (splits_ffn) {
+  for (const auto& ffn : ffns) {
     p.push_back(colwise(ffn + "w1"));
     p.push_back(colwise(ffn + "w3"));
   }
@@ -355,6 +386,12 @@ std::vector<ArgSpec> llama_args() {
                  bool_arg("weight_tying", false, "output.weight is tok_embeddings.weight"),
                  quiet(int_arg("head_dim", 0, "each head's width; 0 means dim / n_heads")),
                  quiet(bool_arg("qk_norm", false, "RMSNorm of each query and key head before the rotary (Qwen3)")),
+                 quiet(int_arg("n_dense_layers", 0,
+                               "mixture of experts: the first layers keep a dense feed-forward (DeepSeek-V3's "
+                               "first_k_dense_replace)")),
+                 quiet(int_arg("moe_layer_step", 1,
+                               "mixture of experts: layer i (from 0) routes when i + 1 is a multiple of this "
+                               "(Qwen3-MoE's decoder_sparse_step); the others are dense")),
                  int_arg("n_experts", 0, "routed experts in every block's feed-forward (mixture of experts); 0 is dense"),
                  int_arg("top_k", 1, "experts each token is routed to"),
                  int_arg("n_shared_experts", 0, "experts every token goes through besides its routed ones"),
@@ -374,6 +411,10 @@ std::vector<ArgSpec> llama_args() {
 }
 
 }  // namespace
+
+bool llama_routed_layer(const ModelArgs& a, int64_t layer) {
+  return a.i("n_experts") > 0 && layer >= a.i("n_dense_layers") && (layer + 1) % a.i("moe_layer_step") == 0;
+}
 
 std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
 std::shared_ptr<const HfAdapter> qwen3_hf_adapter();  // llama_hf.cpp

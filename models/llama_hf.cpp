@@ -31,6 +31,9 @@
 #include "models/rope.h"
 
 namespace composer::models {
+
+bool llama_routed_layer(const ModelArgs& a, int64_t layer);  // llama.cpp
+
 namespace {
 
 // Hugging Face's per-layer names and composer llama's.
@@ -143,16 +146,12 @@ void refuse_qwen3_window(const nlohmann::json& j) {
 // compute, refused.
 void read_qwen3_moe_fields(const nlohmann::json& j, ModelArgs& args) {
   read_expert_counts(j, "num_experts", "num_local_experts", args);
-  const int64_t step = hf::int_field(j, "decoder_sparse_step", nullptr, kWhat);
-  if (step != 1) {
-    throw HfError("decoder_sparse_step " + std::to_string(step) +
-                  ": composer's qwen3 routes every layer's feed-forward (decoder_sparse_step 1); dense layers "
-                  "between mixture-of-experts ones are not supported yet");
-  }
+  const int64_t one = 1;
+  args.set("moe_layer_step", hf::positive_field(j, "decoder_sparse_step", &one, kWhat));
   if (hf::given(j, "mlp_only_layers") && !j.at("mlp_only_layers").empty()) {
     throw HfError("mlp_only_layers " + hf::shown(j.at("mlp_only_layers")) +
-                  ": composer's qwen3 routes every layer's feed-forward; dense layers among mixture-of-experts ones "
-                  "are not supported yet; use a model whose mlp_only_layers is []");
+                  ": composer's qwen3 chooses its dense layers by decoder_sparse_step (moe_layer_step) alone; a "
+                  "list of dense layers is not supported yet; use a model whose mlp_only_layers is []");
   }
   if (hf::bool_field(j, "output_router_logits", false)) {
     throw HfError(
@@ -244,6 +243,8 @@ class LlamaHf final : public HfAdapter {
                              "experts); this model has " + what + ", which Mixtral does not compute; use --format pt");
     };
     if (a.s("score_func") != "softmax") refuse("score_func " + a.s("score_func"));
+    if (a.i("n_dense_layers") != 0) refuse("n_dense_layers " + std::to_string(a.i("n_dense_layers")));
+    if (!qwen3_ && a.i("moe_layer_step") != 1) refuse("moe_layer_step " + std::to_string(a.i("moe_layer_step")));
     if (!qwen3_ && !a.b("route_norm")) refuse("route_norm false");
     if (a.f("route_scale") != 1.0) refuse("route_scale " + hf::shown(a.f("route_scale")));
     if (a.i("n_shared_experts") != 0) refuse("n_shared_experts " + std::to_string(a.i("n_shared_experts")));
@@ -257,9 +258,12 @@ class LlamaHf final : public HfAdapter {
 
   nlohmann::ordered_json write_config(const ModelArgs& a, const ShapeOf& shape) const override {
     const bool routed = moe(a), mixtral = routed && !qwen3_, qwen3_moe = routed && qwen3_;
-    // The feed-forward width llama may derive: an expert's, for a mixture of experts.
+    // The widths llama may derive: an expert's (the first routed layer's), a dense layer's.
+    int64_t first_routed = -1, first_dense = -1;
+    for (int64_t i = a.i("n_layers") - 1; i >= 0; --i) (llama_routed_layer(a, i) ? first_routed : first_dense) = i;
+    const std::string at = "layers." + std::to_string(routed ? first_routed : 0) + ".";
     const int64_t intermediate_size =
-        routed ? shape("layers.0.feed_forward.experts.w1").at(1) : shape("layers.0.feed_forward.w1.weight").at(0);
+        routed ? shape(at + "feed_forward.experts.w1").at(1) : shape(at + "feed_forward.w1.weight").at(0);
     nlohmann::ordered_json j;
     j["architectures"] = {qwen3_moe ? "Qwen3MoeForCausalLM"
                           : qwen3_  ? "Qwen3ForCausalLM"
@@ -287,7 +291,11 @@ class LlamaHf final : public HfAdapter {
         j["num_experts_per_tok"] = a.i("top_k");
         j["moe_intermediate_size"] = intermediate_size;
         j["norm_topk_prob"] = a.b("route_norm");
-        j["decoder_sparse_step"] = 1;
+        j["decoder_sparse_step"] = a.i("moe_layer_step");
+        // The dense layers' width (decoder_sparse_step > 1), else the dense width the model would derive.
+        j["intermediate_size"] = first_dense >= 0
+                                     ? shape("layers." + std::to_string(first_dense) + ".feed_forward.w1.weight").at(0)
+                                     : (a.i("hidden_dim") > 0 ? a.i("hidden_dim") : intermediate_size);
         j["mlp_only_layers"] = nlohmann::ordered_json::array();
         j["output_router_logits"] = false;
         j["router_aux_loss_coef"] = 0.001;  // transformers' default; used only with output_router_logits
@@ -308,11 +316,11 @@ class LlamaHf final : public HfAdapter {
     for (const auto& [h, c] : kTopNames) {
       if (name == c) return h;
     }
-    static const std::regex layer(R"(layers\.(\d+)\.(.+))");
+    static const std::regex layer(R"(layers\.(0|[1-9]\d{0,8})\.(.+))");
     std::smatch m;
     if (!std::regex_match(name, m, layer)) return "";
     const std::string at = "model.layers." + m[1].str() + ".", rest = m[2].str();
-    const bool routed = moe(a);
+    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
     for (const auto& [h, c] : kLayerNames) {
       if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return at + h;
     }
@@ -330,11 +338,11 @@ class LlamaHf final : public HfAdapter {
     for (const auto& [h, c] : kTopNames) {
       if (hf == h) return c;
     }
-    static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+    static const std::regex layer(R"(model\.layers\.(0|[1-9]\d{0,8})\.(.+))");
     std::smatch m;
     if (!std::regex_match(hf, m, layer)) return "";
     const std::string at = "layers." + m[1].str() + ".", rest = m[2].str();
-    const bool routed = moe(a);
+    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
     for (const auto& [h, c] : kLayerNames) {
       if (routed && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
       if (rest == h) return at + c;

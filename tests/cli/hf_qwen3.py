@@ -110,6 +110,7 @@ def part_load():
 
 EXPERTS, TOP_K = 4, 2
 MOE_SEED = 3  # a draw whose tokens route with a clear margin (MIN_TOPK_GAP)
+VARIANTS = [(True, 1, MOE_SEED), (False, 1, MOE_SEED), (True, 2, 5)]
 # A token whose top-k experts lead the next by less than this could route otherwise under another
 # summation order (float32 router logits agree with float64's to about 1e-5 here).
 MIN_TOPK_GAP = 1e-3
@@ -119,11 +120,11 @@ parallelize:
   - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
 
 
-def moe_model(norm_topk_prob, seed=MOE_SEED):
+def moe_model(norm_topk_prob, step=1, seed=MOE_SEED):
     torch.manual_seed(seed)
     config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
                             num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            decoder_sparse_step=step, num_hidden_layers=2 * step, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                             max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
                             initializer_range=0.25)
     return norms_away_from_one(Qwen3MoeForCausalLM(config))
@@ -134,7 +135,7 @@ def topk_gap(model, run_dir):
     of a token's last chosen expert over the first unchosen one, in router logits."""
     gaps, inputs = [], []
     hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: inputs.append((m, i[0]))) for layer in
-             model.model.layers]
+             model.model.layers if hasattr(layer.mlp, "gate")]
     data = Data(load_config(run_dir), torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(1, STEPS + 1):
@@ -153,24 +154,26 @@ def topk_gap(model, run_dir):
 
 
 def part_moe():
-    """Qwen3-MoE (softmax routing, top 2 of 4, the top-k weights divided by their sum or not): losses against
-    transformers on one device, under expert_parallel ep 2 x fully_shard dp 2 and under tensor_parallel tp 2
-    (attention split, the experts whole on each tp rank); the step-2 checkpoint of ep x fully_shard exported,
+    """Qwen3-MoE (softmax routing, top 2 of 4, the top-k weights divided by their sum or not; and with
+    decoder_sparse_step 2, dense and routed layers alternating): losses against transformers on one device,
+    under expert_parallel ep 2 x fully_shard dp 2 and under tensor_parallel tp 2 (attention and the dense
+    layers split, the experts whole on each tp rank); the step-2 checkpoint of ep x fully_shard exported,
     loaded by transformers, gives composer's step-3 loss; the round trip is bit-identical."""
-    for norm in (True, False):
-        tag = f"norm_topk_prob {str(norm).lower()}"
-        hf_dir = os.path.join(WORK, f"hf_moe_{norm}")
-        save(moe_model(norm), hf_dir)
+    # (norm_topk_prob, decoder_sparse_step, a seed whose tokens route with a clear margin)
+    for norm, step, seed in VARIANTS:
+        tag = f"norm_topk_prob {str(norm).lower()}, decoder_sparse_step {step}"
+        hf_dir = os.path.join(WORK, f"hf_moe_{norm}_{step}")
+        save(moe_model(norm, step, seed), hf_dir)
         want = None
         for i, (what, mesh) in enumerate([("one device", ""), ("ep 2 x fully_shard dp 2", EP_FSDP),
                                           ("tp 2", "mesh: {shape: [2], names: [tp]}\nparallelize:\n"
                                                    "  - tensor_parallel: {mesh_dim: tp}")]):
-            config = H.write_config(f"moe_{norm}_{i}", "{name: qwen3, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB,
+            config = H.write_config(f"moe_{norm}_{step}_{i}", "{name: qwen3, from_hf: " + hf_dir + "}", STEPS, LR, VOCAB,
                                     mesh, "checkpoint: {interval: 2}" if i == 1 else "")
             run_dir = run(config)
             if want is None:
-                want = train_in_torch(moe_model(norm), run_dir, STEPS)
-                gap = topk_gap(moe_model(norm), run_dir)
+                want = train_in_torch(moe_model(norm, step, seed), run_dir, STEPS)
+                gap = topk_gap(moe_model(norm, step, seed), run_dir)
                 print(f"{tag}: every token's top-{TOP_K} experts lead the next by at least {gap:.3g} in logits")
                 if gap < MIN_TOPK_GAP:
                     fail(f"a token's top-{TOP_K} experts lead by only {gap:.3g}: float32 rounding could route it "
@@ -178,12 +181,13 @@ def part_moe():
             losses = composer_losses(run_dir)
             compare_losses(losses, want, f"{tag}, {what}")
             if i == 0:
-                H.roundtrip(hf_dir, config, f"moe_{norm}", lambda a, b: H.bit_identical(
+                H.roundtrip(hf_dir, config, f"moe_{norm}_{step}", lambda a, b: H.bit_identical(
                     a, b, Qwen3MoeConfig, ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                                           "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "head_dim",
-                                           "hidden_size", "num_hidden_layers", "rope_parameters")))
+                                           "intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                           "mlp_only_layers", "head_dim", "hidden_size", "num_hidden_layers",
+                                           "rope_parameters")))
             if i == 1:
-                exported = os.path.join(WORK, f"moe_export_{norm}")
+                exported = os.path.join(WORK, f"moe_export_{norm}_{step}")
                 export(config, exported, "--checkpoint", os.path.join(run_dir, "checkpoints", "step-000002"))
                 back = H.load_export(exported, Qwen3MoeForCausalLM)
                 with torch.no_grad():

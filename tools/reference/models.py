@@ -445,12 +445,15 @@ class LlamaMoE(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, a):
+    def __init__(self, a, layer=0):
         super().__init__()
         self.attention = LlamaAttention(a)
         dense = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
                                  a.get("hidden_dim", 0))
-        if a.get("n_experts", 0):
+        # Routed: past the first n_dense_layers (DeepSeek-V3's first_k_dense_replace), every
+        # moe_layer_step-th layer (Qwen3-MoE's decoder_sparse_step).
+        if (a.get("n_experts", 0) and layer >= a.get("n_dense_layers", 0)
+                and (layer + 1) % a.get("moe_layer_step", 1) == 0):
             self.feed_forward = LlamaMoE(a, dense.w1.out_features)
         else:
             self.feed_forward = dense
@@ -469,7 +472,7 @@ class Llama(nn.Module):
         self.register_buffer("freqs_cis", precompute_freqs_cis(
             a.get("head_dim", 0) or a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"], a),
             persistent=True)
-        self.layers = nn.ModuleDict({str(i): LlamaBlock(a) for i in range(a["n_layers"])})
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(a, i) for i in range(a["n_layers"])})
         self.norm = RMSNorm(a["dim"], a["norm_eps"])
         self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
         if a.get("weight_tying"):
