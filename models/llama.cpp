@@ -25,10 +25,9 @@ struct LlamaArgs {
   double ffn_dim_multiplier, norm_eps;
   bool depth_init, weight_tying;
   MoeArgs moe;  // moe.experts 0: every block's feed-forward is dense
-  ModelArgs rope;  // rope_theta and the rotary scaling (models/rope.h)
+  ModelArgs args;  // every argument: the rotary scaling (models/rope.h), which layers route (llama_routed_layer)
   int64_t head_dim_given = 0;  // 0: dim / n_heads
   bool qk_norm = false;        // Qwen3's per-head RMSNorm of q and k before the rotary
-  int64_t n_dense_layers = 0, moe_layer_step = 1;  // which layers route (llama_routed_layer)
   int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
@@ -124,7 +123,7 @@ class TransformerBlock : public nn::Module {
   TransformerBlock(int64_t layer_id, const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
       : Module("TransformerBlock") {
     attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
-    if (a.moe.experts > 0 && layer_id >= a.n_dense_layers && (layer_id + 1) % a.moe_layer_step == 0) {
+    if (llama_routed_layer(a.args, layer_id)) {
       MoeArgs m = a.moe;
       if (m.hidden <= 0) m.hidden = a.ffn_hidden();
       moe = add("feed_forward", std::make_shared<MoE>(a.dim, m));
@@ -170,7 +169,7 @@ class Llama : public Model {
     tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
     layers = add("layers", std::make_shared<nn::ModuleList>());
     // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
-    auto [cos, sin] = rope_tables(a.rope, a.head_dim(), 2 * a.max_seq_len);
+    auto [cos, sin] = rope_tables(a.args, a.head_dim(), 2 * a.max_seq_len);
     cos = cos.to(nn::buffer_options().device());
     sin = sin.to(nn::buffer_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
@@ -292,9 +291,7 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
                       a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")},
               a,
               a.i("head_dim"),
-              a.b("qk_norm"),
-              a.i("n_dense_layers"),
-              a.i("moe_layer_step")};
+              a.b("qk_norm")};
   return std::make_shared<Llama>(l);
 }
 
