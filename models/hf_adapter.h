@@ -54,7 +54,7 @@ class HfAdapter {
   // Whether parameter `name` is stored one tensor per expert (its dim 0).
   virtual bool per_expert(const std::string& name, const ModelArgs& args) const = 0;
   // Whether a folder's tensor `hf` is one the model does not use and reading skips.
-  virtual bool ignored(const std::string& hf) const { return false; }
+  virtual bool ignored(const std::string& hf, const ModelArgs& args) const { return false; }
 
   // The groups of rows (heads) within which parameter `name`'s rows are
   // stored in another order; 0 when stored as the model holds them.

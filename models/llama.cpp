@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "models/latent_attention.h"
 #include "models/layers.h"
 #include "models/model_decl.h"
 #include "models/moe.h"
@@ -20,6 +21,13 @@ namespace {
 
 using nn::Linear;
 
+// An argument that only some of the decoder's models declare (deepseek_v3 has
+// no head_dim, n_kv_heads or qk_norm; llama and qwen3 no latent attention).
+int64_t int_or(const ModelArgs& a, const char* name, int64_t fallback) {
+  return a.values().count(name) ? a.i(name) : fallback;
+}
+bool latent_attention(const ModelArgs& a) { return int_or(a, "kv_lora_rank", 0) > 0; }
+
 struct LlamaArgs {
   int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, max_seq_len, hidden_dim;
   double ffn_dim_multiplier, norm_eps;
@@ -28,6 +36,9 @@ struct LlamaArgs {
   ModelArgs args;  // every argument: the rotary scaling (models/rope.h), which layers route (llama_routed_layer)
   int64_t head_dim_given = 0;  // 0: dim / n_heads
   bool qk_norm = false;        // Qwen3's per-head RMSNorm of q and k before the rotary
+  LatentAttentionArgs mla;     // DeepSeek-V3's latent attention in place of Attention when kv_lora_rank > 0
+  bool latent() const { return mla.kv_lora_rank > 0; }
+  int64_t rope_dim() const { return latent() ? mla.qk_rope_head_dim : head_dim(); }
   int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : dim / n_heads; }
   int64_t ffn_hidden() const {
     if (hidden_dim > 0) return hidden_dim;  // given (a Hugging Face intermediate_size)
@@ -36,25 +47,6 @@ struct LlamaArgs {
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
   }
 };
-
-// Rotates (x0, x1) pairs of the last dim by position-dependent angles: the real
-// form of torchtitan's complex multiply by freqs_cis.
-// On a GPU as torchtitan computes it (a complex multiply: fewer kernels, no
-// select or stack); on the CPU in the real form, op for op the goldens'.
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  if (x.is_cuda()) {
-    auto xc = torch::view_as_complex(x.to(torch::kFloat).reshape({x.size(0), x.size(1), x.size(2), -1, 2}));
-    auto freqs = torch::complex(cos, sin).view({cos.dim() == 3 ? x.size(0) : 1, x.size(1), 1, -1});
-    return torch::view_as_real(xc * freqs).flatten(3).to(x.scalar_type());
-  }
-  auto xf = x.to(torch::kFloat);
-  auto pairs = xf.reshape({x.size(0), x.size(1), x.size(2), -1, 2});
-  auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
-  const int64_t rows = cos.dim() == 3 ? x.size(0) : 1;  // per sample: packed documents' positions
-  auto c = cos.view({rows, x.size(1), 1, -1}), s = sin.view({rows, x.size(1), 1, -1});
-  auto out = torch::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(3);
-  return out.to(x.scalar_type());
-}
 
 class Attention : public nn::Module {
  public:
@@ -81,19 +73,8 @@ class Attention : public nn::Module {
       q = (*q_norm)(q);
       k = (*k_norm)(k);
     }
-    torch::Tensor cos, sin;
+    auto [cos, sin] = rope_rows(*slot_, cos_, sin_, b, s, x.device());
     const torch::Tensor& docs = slot_->doc_start();
-    if (slot_->split || docs.defined()) {
-      // The angles of this rank's positions in a longer sequence, or of each token's position in its
-      // document ((b, s) positions: angles per sample).
-      auto pos = nn::positions(slot_.get(), s, cos_.device());
-      const std::vector<int64_t> shape = pos.dim() == 2 ? std::vector<int64_t>{b, s, -1} : std::vector<int64_t>{s, -1};
-      cos = cos_.index_select(0, pos.flatten()).view(shape).to(x.device());
-      sin = sin_.index_select(0, pos.flatten()).view(shape).to(x.device());
-    } else {
-      cos = cos_.slice(0, 0, s).to(x.device());
-      sin = sin_.slice(0, 0, s).to(x.device());
-    }
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
     if (slot_->split) {  // the split repeats the key/value heads itself, after moving them
@@ -122,7 +103,11 @@ class TransformerBlock : public nn::Module {
  public:
   TransformerBlock(int64_t layer_id, const LlamaArgs& a, std::shared_ptr<nn::SequenceSlot> slot)
       : Module("TransformerBlock") {
-    attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
+    if (a.latent()) {
+      mla = add("attention", std::make_shared<LatentAttention>(a.mla, std::move(slot)));
+    } else {
+      attention = add("attention", std::make_shared<Attention>(a, std::move(slot)));
+    }
     if (llama_routed_layer(a.args, layer_id)) {
       MoeArgs m = a.moe;
       if (m.hidden <= 0) m.hidden = a.ffn_hidden();
@@ -134,10 +119,17 @@ class TransformerBlock : public nn::Module {
     ffn_norm = add("ffn_norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
     double std = a.depth_init ? 0.02 / std::sqrt(2.0 * (layer_id + 1)) : 0.02 / std::sqrt(2.0 * a.n_layers);
     auto trunc_normal = [](double s) { return [s](torch::Tensor& w) { nn::trunc_normal_(w, 0, s, -2, 2); }; };
-    for (auto* w : {&attention->wq->weight, &attention->wk->weight, &attention->wv->weight}) {
-      nn::init_param(*w, trunc_normal(0.02));
+    if (attention) {
+      for (auto* w : {&attention->wq->weight, &attention->wk->weight, &attention->wv->weight}) {
+        nn::init_param(*w, trunc_normal(0.02));
+      }
+      nn::init_param(attention->wo->weight, trunc_normal(std));
+    } else {  // torchtitan's DeepSeek-V3: every projection at 0.02 but the output's, depth-scaled
+      for (const auto& l : {mla->wq, mla->wq_a, mla->wq_b, mla->wkv_a, mla->wkv_b}) {
+        if (l) nn::init_param(l->weight, trunc_normal(0.02));
+      }
+      nn::init_param(mla->wo->weight, trunc_normal(std));
     }
-    nn::init_param(attention->wo->weight, trunc_normal(std));
     // torchtitan's: the first SwiGLU projection at 0.02, the other two and the
     // router depth-scaled.
     auto init_swiglu = [&](FeedForward& f) {
@@ -152,12 +144,18 @@ class TransformerBlock : public nn::Module {
       if (moe->shared) init_swiglu(*moe->shared);
     }
   }
+  void set_rope(const torch::Tensor& cos, const torch::Tensor& sin) {
+    if (attention) attention->set_rope(cos, sin);
+    if (mla) mla->set_rope(cos, sin);
+  }
   torch::Tensor forward(torch::Tensor x) override {
-    auto h = x + (*attention)((*attention_norm)(x));
+    auto normed = (*attention_norm)(x);
+    auto h = x + (attention ? (*attention)(normed) : (*mla)(normed));
     auto n = (*ffn_norm)(h);
     return h + (feed_forward ? (*feed_forward)(n) : (*moe)(n));
   }
   std::shared_ptr<Attention> attention;
+  std::shared_ptr<LatentAttention> mla;       // or DeepSeek-V3's (model.args.kv_lora_rank)
   std::shared_ptr<FeedForward> feed_forward;  // dense
   std::shared_ptr<MoE> moe;                   // or routed (model.args.n_experts)
   std::shared_ptr<nn::RMSNorm> attention_norm, ffn_norm;
@@ -169,12 +167,12 @@ class Llama : public Model {
     tok_embeddings = add("tok_embeddings", std::make_shared<nn::Embedding>(a.vocab_size, a.dim));
     layers = add("layers", std::make_shared<nn::ModuleList>());
     // Rotary tables for 2 * max_seq_len positions, as torchtitan precomputes them.
-    auto [cos, sin] = rope_tables(a.args, a.head_dim(), 2 * a.max_seq_len);
+    auto [cos, sin] = rope_tables(a.args, a.rope_dim(), 2 * a.max_seq_len);
     cos = cos.to(nn::buffer_options().device());
     sin = sin.to(nn::buffer_options().device());
     for (int64_t i = 0; i < a.n_layers; ++i) {
       auto block = std::make_shared<TransformerBlock>(i, a, slot_);
-      block->attention->set_rope(cos, sin);
+      block->set_rope(cos, sin);
       layers->push_back(block);
     }
     norm = add("norm", std::make_shared<nn::RMSNorm>(a.dim, a.norm_eps));
@@ -214,70 +212,123 @@ class Llama : public Model {
   std::shared_ptr<nn::SequenceSlot> slot_ = std::make_shared<nn::SequenceSlot>();
 };
 
-void check_llama_args(const ModelArgs& a) {
-  for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
-    require_arg_positive(a, n);
-  }
+// Llama's and Qwen3's attention: head_dim, n_kv_heads.
+void check_head_args(const ModelArgs& a) {
   if (a.i("head_dim") < 0) throw ArgError("head_dim", "head_dim must be 0 (dim / n_heads) or positive");
   if (a.i("head_dim") == 0) require_arg_divides(a, "n_heads", "dim");
-  check_rope_args(a);
-  if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
   if (a.i("head_dim") == 0 && (a.i("dim") / a.i("n_heads")) % 2 != 0) {
     throw ArgError("n_heads", "head_dim dim/n_heads must be even for rotary embeddings");
   }
   if (a.i("head_dim") % 2 != 0) throw ArgError("head_dim", "head_dim must be even for rotary embeddings");
-  if (a.i("n_experts") < 0) throw ArgError("n_experts", "n_experts must be 0 (a dense feed-forward) or positive");
-  if (a.i("n_experts") == 0) {
-    for (auto [n, def] : {std::pair<const char*, int64_t>{"n_dense_layers", 0}, {"moe_layer_step", 1}}) {
-      if (a.i(n) != def) {
-        throw ArgError(n, std::string(n) + " chooses which layers route in a mixture of experts; this model has "
-                                           "n_experts 0: remove it or set n_experts");
-      }
-    }
-  }
-  if (a.i("n_experts") > 0) {
-    if (a.i("moe_layer_step") < 1) throw ArgError("moe_layer_step", "moe_layer_step must be 1 (every layer) or more");
-    bool any = false;
-    for (int64_t i = 0; i < a.i("n_layers"); ++i) any = any || llama_routed_layer(a, i);
-    if (a.i("n_dense_layers") < 0 || !any) {
-      throw ArgError("n_dense_layers", "n_dense_layers " + std::to_string(a.i("n_dense_layers")) + " and moe_layer_step " +
-                                           std::to_string(a.i("moe_layer_step")) + " leave no layer of " +
-                                           std::to_string(a.i("n_layers")) + " routed (or n_dense_layers is negative); "
-                                           "route at least one, or set n_experts: 0");
-    }
-  }
-  if (a.i("n_experts") > 0) {
-    if (a.i("top_k") < 1 || a.i("top_k") > a.i("n_experts")) {
-      throw ArgError("top_k", "top_k " + std::to_string(a.i("top_k")) + " must be between 1 and n_experts " +
-                                  std::to_string(a.i("n_experts")) + "; route each token to at most every expert");
-    }
-    if (a.i("n_shared_experts") < 0) throw ArgError("n_shared_experts", "n_shared_experts must be 0 or positive");
-    if (a.i("moe_hidden_dim") < 0) {
-      throw ArgError("moe_hidden_dim", "moe_hidden_dim must be 0 (the dense feed-forward's width) or positive");
-    }
-    if (a.s("score_func") != "softmax" && a.s("score_func") != "sigmoid") {
-      throw ArgError("score_func", "score_func '" + a.s("score_func") + "' is not one of softmax, sigmoid");
-    }
-    if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
-    for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor", "z_loss_coeff"}) {
-      if (!(a.f(n) >= 0)) {
-        std::ostringstream os;
-        os << n << " must be 0 (off) or positive, got " << a.f(n);
-        throw ArgError(n, os.str());
-      }
-    }
-  }
   if (a.i("n_kv_heads") < 0 || (a.i("n_kv_heads") > 0 && a.i("n_heads") % a.i("n_kv_heads") != 0)) {
     throw ArgError("n_kv_heads", "n_kv_heads " + std::to_string(a.i("n_kv_heads")) + " does not divide n_heads " +
                                      std::to_string(a.i("n_heads")) + "; use 0 or a divisor of n_heads");
   }
 }
 
+// DeepSeek-V3's latent attention.
+void check_latent_args(const ModelArgs& a) {
+  for (auto n : {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}) require_arg_positive(a, n);
+  if (a.i("q_lora_rank") < 0) {
+    throw ArgError("q_lora_rank", "q_lora_rank must be 0 (the query straight from the input) or positive");
+  }
+  if (a.i("qk_rope_head_dim") % 2 != 0) {
+    throw ArgError("qk_rope_head_dim", "qk_rope_head_dim must be even for rotary embeddings");
+  }
+  if (a.i("v_head_dim") > a.i("qk_nope_head_dim") + a.i("qk_rope_head_dim")) {
+    throw ArgError("v_head_dim", "v_head_dim " + std::to_string(a.i("v_head_dim")) +
+                                     " is wider than a query head (qk_nope_head_dim + qk_rope_head_dim " +
+                                     std::to_string(a.i("qk_nope_head_dim") + a.i("qk_rope_head_dim")) +
+                                     "), which context_parallel's attention does not take; use at most that");
+  }
+}
+
+// Which layers route: n_dense_layers, moe_layer_step; none without experts.
+void check_routed_layers(const ModelArgs& a) {
+  if (a.i("n_experts") == 0) {
+    const std::pair<const char*, bool> set[] = {{"n_dense_layers", a.i("n_dense_layers") != 0},
+                                                {"moe_layer_step", a.i("moe_layer_step") != 1},
+                                                {"n_group", a.i("n_group") != 1},
+                                                {"topk_group", a.i("topk_group") != 1},
+                                                {"expert_bias", a.b("expert_bias")}};
+    for (const auto& [n, given] : set) {
+      if (given) {
+        throw ArgError(n, std::string(n) + " is an argument of a mixture of experts; this model has n_experts 0: "
+                                           "remove it or set n_experts");
+      }
+    }
+    return;
+  }
+  if (a.i("moe_layer_step") < 1) throw ArgError("moe_layer_step", "moe_layer_step must be 1 (every layer) or more");
+  bool any = false;
+  for (int64_t i = 0; i < a.i("n_layers"); ++i) any = any || llama_routed_layer(a, i);
+  if (a.i("n_dense_layers") < 0 || !any) {
+    throw ArgError("n_dense_layers", "n_dense_layers " + std::to_string(a.i("n_dense_layers")) + " and moe_layer_step " +
+                                         std::to_string(a.i("moe_layer_step")) + " leave no layer of " +
+                                         std::to_string(a.i("n_layers")) + " routed (or n_dense_layers is negative); "
+                                         "route at least one, or set n_experts: 0");
+  }
+}
+
+// Group-limited routing: n_group groups of two or more experts, topk_group of them holding top_k experts.
+void check_groups(const ModelArgs& a) {
+  const int64_t n = a.i("n_experts"), groups = a.i("n_group"), kept = a.i("topk_group");
+  if (groups < 1 || n % groups != 0 || (groups > 1 && n / groups < 2)) {
+    throw ArgError("n_group", "n_group " + std::to_string(groups) + " must divide n_experts " + std::to_string(n) +
+                                  " into groups of at least 2 experts (1: no groups)");
+  }
+  if (kept < 1 || kept > groups || kept * (n / groups) < a.i("top_k")) {
+    throw ArgError("topk_group", "topk_group " + std::to_string(kept) + " must be between 1 and n_group " +
+                                     std::to_string(groups) + ", and its groups hold top_k " +
+                                     std::to_string(a.i("top_k")) + " experts or more");
+  }
+}
+
+void check_routing_args(const ModelArgs& a) {
+  if (a.i("top_k") < 1 || a.i("top_k") > a.i("n_experts")) {
+    throw ArgError("top_k", "top_k " + std::to_string(a.i("top_k")) + " must be between 1 and n_experts " +
+                                std::to_string(a.i("n_experts")) + "; route each token to at most every expert");
+  }
+  check_groups(a);
+  if (a.i("n_shared_experts") < 0) throw ArgError("n_shared_experts", "n_shared_experts must be 0 or positive");
+  if (a.i("moe_hidden_dim") < 0) {
+    throw ArgError("moe_hidden_dim", "moe_hidden_dim must be 0 (the dense feed-forward's width) or positive");
+  }
+  if (a.s("score_func") != "softmax" && a.s("score_func") != "sigmoid") {
+    throw ArgError("score_func", "score_func '" + a.s("score_func") + "' is not one of softmax, sigmoid");
+  }
+  if (!(a.f("route_scale") > 0)) throw ArgError("route_scale", "route_scale must be positive");
+  for (auto n : {"aux_loss_coeff", "bias_update_rate", "capacity_factor", "z_loss_coeff"}) {
+    if (!(a.f(n) >= 0)) {
+      std::ostringstream os;
+      os << n << " must be 0 (off) or positive, got " << a.f(n);
+      throw ArgError(n, os.str());
+    }
+  }
+}
+
+void check_llama_args(const ModelArgs& a) {
+  for (auto n : {"dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"}) {
+    require_arg_positive(a, n);
+  }
+  if (a.values().count("kv_lora_rank")) {
+    check_latent_args(a);
+  } else {
+    check_head_args(a);
+  }
+  check_rope_args(a);
+  if (a.i("hidden_dim") < 0) throw ArgError("hidden_dim", "hidden_dim must be 0 (derived) or positive");
+  if (a.i("n_experts") < 0) throw ArgError("n_experts", "n_experts must be 0 (a dense feed-forward) or positive");
+  check_routed_layers(a);
+  if (a.i("n_experts") > 0) check_routing_args(a);
+}
+
 std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
+  const int64_t kv = int_or(a, "n_kv_heads", 0);
   LlamaArgs l{a.i("dim"),
               a.i("n_layers"),
               a.i("n_heads"),
-              a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads"),
+              kv ? kv : a.i("n_heads"),
               a.i("vocab_size"),
               a.i("multiple_of"),
               a.i("max_seq_len"),
@@ -288,10 +339,15 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               a.b("weight_tying"),
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
                       a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
-                      a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff")},
+                      a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff"), a.i("n_group"),
+                      a.i("topk_group"), a.b("expert_bias")},
               a,
-              a.i("head_dim"),
-              a.b("qk_norm")};
+              int_or(a, "head_dim", 0),
+              a.values().count("qk_norm") && a.b("qk_norm")};
+  if (latent_attention(a)) {
+    l.mla = {a.i("dim"),        a.i("n_heads"),          a.i("q_lora_rank"),          a.i("kv_lora_rank"),
+             a.i("qk_nope_head_dim"), a.i("qk_rope_head_dim"), a.i("v_head_dim"), rope_softmax_scale(a)};
+  }
   return std::make_shared<Llama>(l);
 }
 
@@ -326,9 +382,19 @@ TpPlan llama_tp_plan(const ModelArgs& a, bool sp) {
     p = {rowwise("tok_embeddings", rep, rep), colwise("output", rep, rep), rowwise("layers.*.attention.wo")};
     for (const auto& ffn : ffns) p.push_back(rowwise(ffn + "w2"));
   }
-  for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
+  if (latent_attention(a)) {
+    // torchtitan's DeepSeek-V3 plan: whole heads of the query and of the expanded latent on each rank,
+    // the latent projections and their norms replicated. Their gradients are whole (the colwise
+    // Linears sum their inputs' gradients over tp), but for the rotary key every head shares.
+    for (auto w : {a.i("q_lora_rank") ? "attention.wq_b" : "attention.wq", "attention.wkv_b"}) {
+      p.push_back(colwise(std::string("layers.*.") + w));
+    }
+    p.push_back(shared_input("layers.*.attention.k_rope"));
+  } else {
+    for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
+  }
   // Qwen3's q and k norms act on each rank's own heads: their weights' gradients are partial sums over tp.
-  if (a.b("qk_norm")) {
+  if (a.values().count("qk_norm") && a.b("qk_norm")) {
     for (auto n : {"attention.q_norm", "attention.k_norm"}) p.push_back(sequence_parallel(std::string("layers.*.") + n));
   }
   for (const auto& ffn : ffns) {
@@ -358,7 +424,7 @@ void check_llama_tp(const ModelArgs& a, int64_t tp, bool sp) {
                                     "output is whole on every tp rank, not a sequence slice; set sequence_parallel: "
                                     "false");
   }
-  const int64_t kv = a.i("n_kv_heads") ? a.i("n_kv_heads") : a.i("n_heads");
+  const int64_t kv = int_or(a, "n_kv_heads", 0) ? a.i("n_kv_heads") : a.i("n_heads");
   for (auto [name, n] : {std::pair<const char*, int64_t>{"n_heads", a.i("n_heads")}, {"n_kv_heads", kv}}) {
     if (n % tp != 0) {
       throw ArgError(name, "tp degree " + std::to_string(tp) + " does not divide " + name + " " + std::to_string(n) +
@@ -390,6 +456,13 @@ std::vector<ArgSpec> llama_args() {
                                "mixture of experts: layer i (from 0) routes when i + 1 is a multiple of this "
                                "(Qwen3-MoE's decoder_sparse_step); the others are dense")),
                  int_arg("n_experts", 0, "routed experts in every block's feed-forward (mixture of experts); 0 is dense"),
+                 quiet(int_arg("n_group", 1,
+                               "mixture of experts: the experts in this many groups; each token routes within its "
+                               "topk_group best groups (DeepSeek-V3); 1 is no groups")),
+                 quiet(int_arg("topk_group", 1, "mixture of experts: the groups each token routes within")),
+                 quiet(bool_arg("expert_bias", false,
+                                "mixture of experts: a selection bias per expert even when bias_update_rate is 0 "
+                                "(DeepSeek-V3's e_score_correction_bias)")),
                  int_arg("top_k", 1, "experts each token is routed to"),
                  int_arg("n_shared_experts", 0, "experts every token goes through besides its routed ones"),
                  int_arg("moe_hidden_dim", 0, "each expert's SwiGLU hidden width; 0 means the dense width"),
@@ -415,6 +488,7 @@ bool llama_routed_layer(const ModelArgs& a, int64_t layer) {
 
 std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp
 std::shared_ptr<const HfAdapter> qwen3_hf_adapter();  // llama_hf.cpp
+std::shared_ptr<const HfAdapter> deepseek_v3_hf_adapter();  // deepseek_hf.cpp
 
 namespace {
 
@@ -433,13 +507,44 @@ ModelDecl<Llama> decoder_decl(std::string name, std::string doc, std::vector<Arg
                        .hf(std::move(hf)));
 }
 
+bool group_routing_arg(const std::string& name) {
+  return name == "n_group" || name == "topk_group" || name == "expert_bias";
+}
+
 // Qwen3's defaults: the q and k norms on, RMSNorm epsilon 1e-6.
 std::vector<ArgSpec> qwen3_args() {
   std::vector<ArgSpec> args = llama_args();
   for (ArgSpec& a : args) {
-    a.quiet_default = false;  // llama's later arguments; qwen3's configs list every one
+    // llama's later arguments; qwen3's configs list every one but DeepSeek-V3's routing, which Qwen3 lacks
+    if (!group_routing_arg(a.name)) a.quiet_default = false;
     if (a.name == "qk_norm") a.default_value = true;
     if (a.name == "norm_eps") a.default_value = 1e-6;
+  }
+  return args;
+}
+
+// DeepSeek-V3's: llama's with the latent attention in place of head_dim,
+// n_kv_heads and qk_norm, and its routing's defaults (sigmoid scores, the top
+// k's weights divided by their sum).
+std::vector<ArgSpec> deepseek_v3_args() {
+  std::vector<ArgSpec> args;
+  for (ArgSpec& a : llama_args()) {
+    if (a.name == "head_dim" || a.name == "n_kv_heads" || a.name == "qk_norm") continue;
+    if (a.name.rfind("rope_", 0) != 0) a.quiet_default = false;
+    if (a.name == "norm_eps") a.default_value = 1e-6;
+    if (a.name == "score_func") a.default_value = std::string("sigmoid");
+    if (a.name == "route_norm") a.default_value = true;
+    const bool heads = a.name == "n_heads";
+    args.push_back(std::move(a));
+    if (!heads) continue;
+    for (ArgSpec latent : {int_arg("q_lora_rank", 0, "the query's latent width; 0: the query straight from the input"),
+                           int_arg("kv_lora_rank", 64, "the key/value latent's width"),
+                           int_arg("qk_nope_head_dim", 32, "each query and key head's width without rotary"),
+                           int_arg("qk_rope_head_dim", 16,
+                                   "each query head's rotated width, and the rotary key's that every head shares"),
+                           int_arg("v_head_dim", 32, "each value head's width")}) {
+      args.push_back(std::move(latent));
+    }
   }
   return args;
 }
@@ -450,7 +555,10 @@ std::vector<ModelSpec> llama_specs() {
   return {decoder_decl("llama", "Llama-style Transformer (torchtitan): RMSNorm, RoPE, grouped-query attention, SwiGLU",
                        llama_args(), llama_hf_adapter()),
           decoder_decl("qwen3", "Qwen3: llama's decoder with an RMSNorm of each query and key head before the rotary",
-                       qwen3_args(), qwen3_hf_adapter())};
+                       qwen3_args(), qwen3_hf_adapter()),
+          decoder_decl("deepseek_v3",
+                       "DeepSeek-V3: llama's decoder with multi-head latent attention and group-limited sigmoid routing",
+                       deepseek_v3_args(), deepseek_v3_hf_adapter())};
 }
 
 }  // namespace composer::models

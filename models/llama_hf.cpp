@@ -369,7 +369,7 @@ class LlamaHf final : public HfAdapter {
   const ExpertNames& expert_names() const { return qwen3_ ? kQwen3MoeExperts : kMixtralExperts; }
 
   // Older folders kept the rotary tables as a buffer.
-  bool ignored(const std::string& hf) const override { return ends_with(hf, "rotary_emb.inv_freq"); }
+  bool ignored(const std::string& hf, const ModelArgs&) const override { return ends_with(hf, "rotary_emb.inv_freq"); }
 
   int64_t row_groups(const std::string& name, const ModelArgs& a) const override {
     if (ends_with(name, "attention.wq.weight")) return a.i("n_heads");

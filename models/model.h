@@ -173,6 +173,7 @@ TpRule colwise(std::string pattern, Layout input = Layout::replicate(), Layout o
 TpRule rowwise(std::string pattern, Layout input = Layout::shard(-1), Layout output = Layout::replicate());
 TpRule sequence_parallel(std::string pattern);
 TpRule prepare_input(std::string pattern, Layout input, Layout desired);
+TpRule shared_input(std::string pattern);
 
 // Helpers for checks.
 void require_arg_positive(const ModelArgs& a, const std::string& name);

@@ -133,4 +133,12 @@ std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(torch
   return out;
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> named_weight_buffers(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : root.named_buffers(/*recurse=*/true)) {
+    if (item.value().is_floating_point()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 }  // namespace composer::nn

@@ -172,5 +172,10 @@ std::vector<std::pair<std::string, Module*>> named_modules(Module& root);
 // Parameters by fully-qualified name, each tensor once (a tied weight keeps its
 // first name, as PyTorch's named_parameters does), in PyTorch's order.
 std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(torch::nn::Module& root);
+// The floating-point buffers by name (a router's expert bias, BatchNorm's
+// running statistics): the state beside the parameters that weights files
+// carry (init.safetensors, final.safetensors, a Hugging Face folder's), read
+// back where a file holds them.
+std::vector<std::pair<std::string, torch::Tensor>> named_weight_buffers(torch::nn::Module& root);
 
 }  // namespace composer::nn

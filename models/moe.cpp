@@ -1,6 +1,7 @@
 #include "models/moe.h"
 
 #include <cmath>
+#include <limits>
 
 namespace composer::models {
 
@@ -89,7 +90,7 @@ MoE::MoE(int64_t dim, const MoeArgs& a) : Module("MoE"), args_(a) {
   router = add("router", std::make_shared<Linear>(dim, a.experts, false));
   experts = add("experts", std::make_shared<GroupedExperts>(a.experts, dim, a.hidden));
   if (a.shared > 0) shared = add("shared", std::make_shared<FeedForward>(dim, a.hidden * a.shared));
-  if (a.bias_update_rate > 0) {
+  if (a.bias_update_rate > 0 || a.expert_bias) {
     expert_bias = register_buffer("expert_bias", torch::zeros({a.experts}, nn::buffer_options().dtype(torch::kFloat)));
   }
   step_counts.assign(a.experts, 0);
@@ -107,7 +108,17 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   auto flat = x.reshape({-1, dim});
   auto logits = (*router)(flat).to(torch::kFloat);
   auto scores = args_.sigmoid ? torch::sigmoid(logits) : torch::softmax(logits, -1);
-  const auto& choose = expert_bias.defined() ? scores + expert_bias.to(scores.device()) : scores;
+  auto choose = expert_bias.defined() ? scores + expert_bias.to(scores.device()) : scores;
+  if (args_.n_group > 1) {
+    // Each group's score, the sum of its two best; the other groups' experts are out of the choice
+    // (-inf, as DeepSeek-V3's own code and torchtitan mask them).
+    const int64_t tokens = choose.size(0), g = args_.n_group;
+    auto grouped = choose.view({tokens, g, n / g});
+    auto group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
+    auto kept = std::get<1>(group_scores.topk(args_.topk_group, -1));
+    auto mask = torch::ones({tokens, g}, choose.options().dtype(torch::kBool)).scatter(1, kept, false);
+    choose = grouped.masked_fill(mask.unsqueeze(-1), -std::numeric_limits<double>::infinity()).view({tokens, n});
+  }
   auto ids = std::get<1>(choose.topk(k, -1, /*largest=*/true, /*sorted=*/true));
   auto weights = scores.gather(-1, ids);
   if (args_.route_norm) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);

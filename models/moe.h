@@ -42,11 +42,17 @@ struct MoeArgs {
   double bias_update_rate = 0;  // the auxiliary-loss-free balancing bias's step (0: no bias)
   double capacity_factor = 0;   // rows each expert takes per sequence, x S x top_k / experts (0: dropless)
   double z_loss_coeff = 0;      // the router z-loss's coefficient (0: none)
+  // Group-limited routing (DeepSeek-V3): the experts in n_group contiguous
+  // groups; a token picks its top_k among the topk_group groups whose two best
+  // scores (plus bias) sum highest. n_group 1: every expert.
+  int64_t n_group = 1, topk_group = 1;
+  bool expert_bias = false;  // an expert bias even without updates (bias_update_rate 0): a checkpoint's
 };
 
 // The routed feed-forward. Per token: scores = softmax or sigmoid of the
 // router's logits (float32); its top_k experts by score plus expert_bias
-// (ties to the lower index); their weights are the scores (without the bias),
+// (ties to the lower index), among the experts of its topk_group best groups
+// with n_group; their weights are the scores (without the bias),
 // divided by their sum when route_norm (plus 1e-20), times route_scale. The
 // token's rows, sorted stably by expert, go through the experts; each output
 // times its weight is added back at its token, and the shared experts' output
@@ -84,7 +90,8 @@ class MoE : public nn::Module {
   // weight of a sample (loss.scale x its backward scale / global_batch).
   double aux_weight = 0;
   // Auxiliary-loss-free balancing (DeepSeek-V3; Megatron's update): a float32
-  // buffer added to the scores for the choice only; after each optimizer step
+  // buffer added to the scores for the choice only (with bias_update_rate or
+  // MoeArgs::expert_bias; undefined otherwise); after each optimizer step
   // update_bias(the step's counts summed over every rank that routed tokens)
   // adds bias_update_rate x sign(mean count - count) to each expert's.
   torch::Tensor expert_bias;

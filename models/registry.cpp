@@ -33,6 +33,9 @@ TpRule rowwise(std::string pattern, Layout input, Layout output) {
 TpRule sequence_parallel(std::string pattern) {
   return {std::move(pattern), TpStyle::kSequenceParallel, Layout::shard(1), Layout::shard(1), Layout::shard(1)};
 }
+TpRule shared_input(std::string pattern) {
+  return {std::move(pattern), TpStyle::kSharedInput, Layout::replicate(), Layout::replicate(), Layout::replicate()};
+}
 TpRule prepare_input(std::string pattern, Layout input, Layout desired) {
   return {std::move(pattern), TpStyle::kPrepareInput, input, desired, desired};
 }

@@ -158,6 +158,41 @@ std::pair<torch::Tensor, torch::Tensor> rope_tables(const ModelArgs& a, int64_t 
   return {cos, sin};
 }
 
+double rope_softmax_scale(const ModelArgs& a) {
+  if (a.s("rope_type") == "default" || a.f("rope_mscale_all_dim") == 0) return 1.0;
+  const double m = yarn_mscale(a.f("rope_factor"), a.f("rope_mscale_all_dim"));
+  return m * m;
+}
+
+std::pair<torch::Tensor, torch::Tensor> rope_rows(nn::SequenceSlot& slot, const torch::Tensor& cos,
+                                                  const torch::Tensor& sin, int64_t b, int64_t s,
+                                                  const c10::Device& device) {
+  if (!slot.split && !slot.doc_start().defined()) {
+    return {cos.slice(0, 0, s).to(device), sin.slice(0, 0, s).to(device)};
+  }
+  // The angles of this rank's positions in a longer sequence, or of each token's position in its
+  // document ((b, s) positions: angles per sample).
+  auto pos = nn::positions(&slot, s, cos.device());
+  const std::vector<int64_t> shape = pos.dim() == 2 ? std::vector<int64_t>{b, s, -1} : std::vector<int64_t>{s, -1};
+  return {cos.index_select(0, pos.flatten()).view(shape).to(device),
+          sin.index_select(0, pos.flatten()).view(shape).to(device)};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (x.is_cuda()) {
+    auto xc = torch::view_as_complex(x.to(torch::kFloat).reshape({x.size(0), x.size(1), x.size(2), -1, 2}));
+    auto freqs = torch::complex(cos, sin).view({cos.dim() == 3 ? x.size(0) : 1, x.size(1), 1, -1});
+    return torch::view_as_real(xc * freqs).flatten(3).to(x.scalar_type());
+  }
+  auto xf = x.to(torch::kFloat);
+  auto pairs = xf.reshape({x.size(0), x.size(1), x.size(2), -1, 2});
+  auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
+  const int64_t rows = cos.dim() == 3 ? x.size(0) : 1;  // per sample: packed documents' positions
+  auto c = cos.view({rows, x.size(1), 1, -1}), s = sin.view({rows, x.size(1), 1, -1});
+  auto out = torch::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(3);
+  return out.to(x.scalar_type());
+}
+
 namespace hf {
 namespace {
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/sequence.h"
 
 namespace composer::models {
 
@@ -29,6 +30,25 @@ struct RopeFrequencies {
 RopeFrequencies rope_frequencies(const ModelArgs& a, int64_t dim);
 // cos and sin of every position below `positions` times each frequency, times the scaling.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const ModelArgs& a, int64_t dim, int64_t positions);
+
+// The factor by which a model whose attention scales its softmax with the
+// rotary scaling (DeepSeek-V3's) multiplies head_dim^-0.5: yarn's
+// mscale(rope_factor, rope_mscale_all_dim)^2 when rope_mscale_all_dim is set,
+// 1 otherwise (transformers' DeepseekV3Attention.scaling).
+double rope_softmax_scale(const ModelArgs& a);
+
+// The rows of the tables `cos` and `sin` for this forward's `s` positions of
+// `b` samples: the first s, or, under a context-parallel split or packed
+// documents (`slot`), each token's position ((b, s, dim/2) per sample when
+// documents restart them).
+std::pair<torch::Tensor, torch::Tensor> rope_rows(nn::SequenceSlot& slot, const torch::Tensor& cos,
+                                                  const torch::Tensor& sin, int64_t b, int64_t s,
+                                                  const c10::Device& device);
+// Rotates the interleaved pairs (dims 2i, 2i+1) of x (b, s, heads, dim) by
+// the angles `cos` and `sin` (rope_rows'): the real form of torchtitan's
+// complex multiply by freqs_cis. On a GPU as torchtitan computes it (a complex
+// multiply); on the CPU in the real form, op for op the goldens'.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 namespace hf {
 // Sets rope_theta and the scaling arguments from config.json: transformers 5's

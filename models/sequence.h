@@ -18,7 +18,8 @@ class SequenceSplit {
   virtual torch::Tensor positions(int64_t local_len, const c10::Device& device) const = 0;
   // softmax(q k^T / sqrt(head_dim) [+ causal mask by global position]) v over
   // the whole sequence, for this rank's queries. q: (batch, heads, local_len,
-  // head_dim); k, v: (batch, kv_heads, local_len, head_dim) with kv_heads
+  // head_dim); k: (batch, kv_heads, local_len, head_dim) and v the same but
+  // v_dim <= head_dim wide, with kv_heads
   // dividing heads (grouped-query attention: query head h reads kv head
   // h / (heads / kv_heads)).
   // With `doc_start` defined (packed documents, see SequenceSlot), a query sees

@@ -22,6 +22,7 @@ enum class TpStyle {
   kRowwise,           // Linear: weight sharded on the input dim; Embedding: vocab-parallel rows
   kSequenceParallel,  // LayerNorm/RMSNorm on sequence-sharded activations
   kPrepareInput,      // redistribute a module's input from `input` to `desired_input`
+  kSharedInput,       // a replicated input every rank's heads use: its gradient, each rank's part, summed over tp
 };
 
 struct TpRule {

@@ -428,6 +428,15 @@ torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Te
               q.size(1), " query heads");
   const auto docs = doc_start.defined() ? doc_start.to(q.device()) : doc_start;
   if (options_.rotate == Rotate::kAllToAll) return all_to_all_attention(*this, q, k, v, causal, docs);
+  const int64_t dv = v.size(-1), dk = k.size(-1);
+  if (dv != dk) {
+    // Values narrower than the keys (DeepSeek-V3's): the blocks travel as one tensor, so the values are
+    // padded with zero dims, which attention maps to zero outputs, cut off after.
+    TORCH_CHECK(dv < dk, "context_parallel attention: values of ", dv, " dims are wider than keys of ", dk);
+    auto padded = torch::constant_pad_nd(v, {0, dk - dv});
+    return SplitAttentionFn::apply(q, k, padded, reinterpret_cast<int64_t>(&docs), as_id(*this), causal)
+        .narrow(-1, 0, dv);
+  }
   return SplitAttentionFn::apply(q, k, v, reinterpret_cast<int64_t>(&docs), as_id(*this), causal);
 }
 

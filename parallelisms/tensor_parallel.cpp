@@ -17,6 +17,7 @@ const char* style_name(TpStyle s) {
     case TpStyle::kRowwise: return "rowwise";
     case TpStyle::kSequenceParallel: return "sequence_parallel";
     case TpStyle::kPrepareInput: return "prepare_input";
+    case TpStyle::kSharedInput: return "shared_input";
   }
   return "?";
 }
@@ -39,7 +40,8 @@ std::optional<std::string> unsuitable(const TpRule& r, nn::Module* m) {
     case TpStyle::kSequenceParallel:
       if (!is_norm(m)) return "sequence_parallel needs a LayerNorm or RMSNorm, not a " + m->type();
       break;
-    case TpStyle::kPrepareInput: break;
+    case TpStyle::kPrepareInput:
+    case TpStyle::kSharedInput: break;
   }
   return std::nullopt;
 }
@@ -282,6 +284,9 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
       break;
     case TpStyle::kSequenceParallel:
       for (auto& item : m.named_parameters(/*recurse=*/false)) partial_grads_over_tp(tp, item.value());
+      break;
+    case TpStyle::kSharedInput:  // Megatron's copy to the tensor-parallel region: forward as is
+      m.add_pre_hook([&g](nn::Module&, torch::Tensor x) { return reduce_grad_autograd(g, x); });
       break;
     case TpStyle::kPrepareInput: {
       const Layout in = r.input, want = r.desired_input;

@@ -28,6 +28,7 @@ namespace composer {
 NamedTensors snapshot_params(models::Model& model) {
   NamedTensors out;
   for (auto& [name, p] : nn::unique_named_parameters(model)) out.emplace_back(name, p.detach().clone());
+  for (auto& [name, b] : nn::named_weight_buffers(model)) out.emplace_back(name, b.detach().clone());
   return out;
 }
 

@@ -27,7 +27,7 @@
 
 namespace composer {
 
-// The model's parameters (each tensor once), detached, by FQN.
+// The model's parameters (each tensor once) and weight buffers (nn::named_weight_buffers), detached, by FQN.
 NamedTensors snapshot_params(models::Model& model);
 
 // Copies every tensor of safetensors file `path` into the parameter of the

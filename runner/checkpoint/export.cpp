@@ -50,7 +50,7 @@ constexpr int64_t kRowWidth = 1 + 2 * kMaxDims;  // of a row in the list a rank 
 // Who sends which box of each tensor to rank 0, in rank order.
 using Sources = std::vector<std::vector<std::pair<int, parallel::Box>>>;
 
-// The parameters write_final_weights gathers, and where each rank's pieces of them lie.
+// The parameters and weight buffers write_final_weights gathers, and where each rank's pieces of them lie.
 struct FinalWeights {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   const parallel::Placements* placements = nullptr;
@@ -202,10 +202,18 @@ class ExportSource {
     models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
     const auto stored = weights_->match(*model);
     for (auto& [name, p] : nn::unique_named_parameters(*model)) stored_of_[name] = stored.at(p.unsafeGetTensorImpl());
+    for (auto& [name, b] : nn::named_weight_buffers(*model)) {
+      auto it = stored.find(b.unsafeGetTensorImpl());
+      if (it != stored.end()) stored_of_[name] = it->second;
+    }
     what_ = o.weights;
   }
   // The dtype the source holds `key` in; refuses a key it lacks.
   torch::ScalarType dtype(const std::string& key) const {
+    if (weights_ && !stored_of_.count(key)) {
+      throw UserError(what_ + " holds no tensor '" + key + "' (a buffer weights files of older runs leave out); "
+                      "export from a checkpoint (--checkpoint) instead");
+    }
     if (weights_) return weights_->dtype(stored_of_.at(key));
     auto e = reader_->index().tensors.find(key);
     if (e == reader_->index().tensors.end()) {
@@ -327,7 +335,8 @@ void write_shard_index(const std::string& index_path, uint64_t total, const nloh
 void write_final_weights(models::Model& model, const parallel::Placements* placements, parallel::Group* world, int rank,
                          const std::string& path) {
   torch::NoGradGuard no_grad;
-  const FinalWeights w{nn::unique_named_parameters(model), placements};
+  FinalWeights w{nn::unique_named_parameters(model), placements};
+  for (auto& b : nn::named_weight_buffers(model)) w.params.push_back(std::move(b));  // placed as parameters are
   // Each rank's pieces as rows [param index, offset x kMaxDims, size x kMaxDims], sent to rank 0 first.
   const std::vector<int64_t> rows = piece_rows(w, rank);
   if (rank != 0) {

@@ -91,7 +91,7 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
   const int64_t n_experts = spec.experts ? spec.experts(args) : 0;
   for (const auto& f : files.files) {
     for (auto& e : read_safetensors_entries(f)) {
-      if (s->hf_->ignored(e.name)) continue;
+      if (s->hf_->ignored(e.name, args)) continue;
       if (!files.file_of.empty() && files.file_of.count(e.name) && files.file_of.at(e.name) != f) continue;
       int64_t expert = -1;
       const std::string name = s->hf_->name_of(e.name, args, &expert);
@@ -157,6 +157,11 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
                                                                           const ShapeOf& shape_of) const {
   std::map<std::string, torch::Tensor> params;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
+  std::set<std::string> buffers;  // whole wherever held: their own sizes are their full shapes
+  for (const auto& [name, b] : nn::named_weight_buffers(model)) {
+    params.emplace(name, b);
+    buffers.insert(name);
+  }
   std::unordered_map<const c10::TensorImpl*, std::string> out;
   for (const auto& [name, stored] : tensors_) {
     const Stored& first = stored.parts.front();
@@ -175,7 +180,8 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
       throw FileError(first.file,
                       "unexpected tensor '" + first.entry.name + "': " + model_name + " has no parameter of that name");
     }
-    const std::vector<int64_t> shape = shape_of ? shape_of(it->second) : it->second.sizes().vec();
+    const std::vector<int64_t> shape =
+        shape_of && !buffers.count(name) ? shape_of(it->second) : it->second.sizes().vec();
     for (const Stored& part : stored.parts) {
       const SafetensorsEntry& e = part.entry;
       // An expert's weight is one slice of the stacked parameter: its shape less the expert dim.
@@ -194,6 +200,8 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(mode
   }
   for (const auto& [name, p] : params) {
     if (out.count(p.unsafeGetTensorImpl())) continue;
+    // A weight buffer is the model's own value unless the file holds it, or a Hugging Face folder should.
+    if (buffers.count(name) && (!hf_ || stored_name(name).empty())) continue;
     const std::string stored = hf_ && hf_->per_expert(name, args_) ? stored_name(name, 0) : stored_name(name);
     throw FileError(where_, "missing tensor '" + (stored.empty() ? name : stored) + "' that the model needs");
   }
@@ -284,6 +292,16 @@ void load_weights(models::Model& model, const WeightSource& source) {
   const auto names = source.match(model);
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : nn::unique_named_parameters(model)) p.copy_(source.read(names.at(p.unsafeGetTensorImpl())));
+  load_weight_buffers(model, source, names);
+}
+
+void load_weight_buffers(models::Model& model, const WeightSource& source,
+                         const std::unordered_map<const c10::TensorImpl*, std::string>& names) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, b] : nn::named_weight_buffers(model)) {
+    auto it = names.find(b.unsafeGetTensorImpl());
+    if (it != names.end()) b.copy_(source.read(it->second));
+  }
 }
 
 }  // namespace composer

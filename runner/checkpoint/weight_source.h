@@ -33,9 +33,11 @@ class WeightSource {
   static std::unique_ptr<WeightSource> open(const ModelConfig& c);
 
   // Checks that the tensors are exactly `model`'s parameters (a tied one
-  // under any of its names), with their shapes and floating point; a
-  // FileError names the tensor as stored and its file otherwise. Returns the
-  // name to read each parameter under. `shape_of` gives a parameter's full
+  // under any of its names) and any of its weight buffers
+  // (nn::named_weight_buffers; a Hugging Face folder must hold those its
+  // adapter names), with their shapes and floating point; a FileError names
+  // the tensor as stored and its file otherwise. Returns the name to read
+  // each parameter and held buffer under. `shape_of` gives a parameter's full
   // shape where the transforms have already cut it (default: its sizes).
   using ShapeOf = std::function<std::vector<int64_t>(const torch::Tensor&)>;
   std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model,
@@ -88,5 +90,8 @@ class WeightSource {
 
 // Copies every tensor of `source` into the parameter of its name.
 void load_weights(models::Model& model, const WeightSource& source);
+// Copies into each weight buffer (nn::named_weight_buffers) the value `names` (match's) reads it under, if any.
+void load_weight_buffers(models::Model& model, const WeightSource& source,
+                         const std::unordered_map<const c10::TensorImpl*, std::string>& names);
 
 }  // namespace composer

@@ -16,7 +16,8 @@ namespace {
 const EnumName<models::TpStyle> kTpStyles[] = {{models::TpStyle::kColwise, "colwise"},
                                                {models::TpStyle::kRowwise, "rowwise"},
                                                {models::TpStyle::kSequenceParallel, "sequence_parallel"},
-                                               {models::TpStyle::kPrepareInput, "prepare_input"}};
+                                               {models::TpStyle::kPrepareInput, "prepare_input"},
+                                               {models::TpStyle::kSharedInput, "shared_input"}};
 
 // Whether a Config spans mesh dims.
 template <class C, class = void>
@@ -111,6 +112,7 @@ void read_value(YamlMap& parent, const std::string& key, models::TpPlan& plan) {
       case models::TpStyle::kPrepareInput:
         r = models::prepare_input(pattern, models::Layout::shard(1), models::Layout::replicate());
         break;
+      case models::TpStyle::kSharedInput: r = models::shared_input(pattern); break;
     }
     r.input = read_layout(m, "input", r.input);
     r.output = read_layout(m, "output", r.output);

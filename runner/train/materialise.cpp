@@ -85,6 +85,8 @@ class InitFile {
     torch::Tensor t = source_.read(key_.at(p.unsafeGetTensorImpl()));
     return t.to(torch::kFloat);  // what copying it into the float32 parameter gives
   }
+  // The weight buffers the file holds.
+  void load_buffers(models::Model& model) const { load_weight_buffers(model, source_, key_); }
   // Box `b` of parameter p's full value (a 0-dim parameter's box is its one element).
   torch::Tensor read_box(const torch::Tensor& p, const parallel::Box& b) const {
     const std::string& name = key_.at(p.unsafeGetTensorImpl());
@@ -97,11 +99,13 @@ class InitFile {
   std::unordered_map<const c10::TensorImpl*, std::string> key_;
 };
 
-// The file write_init names, ready for every parameter's full float32 value; null when it names none.
-std::unique_ptr<SafetensorsWriter> init_writer(const Materialising& m) {
+// The file write_init names, ready for every parameter's full float32 value
+// and then each weight buffer's; null when it names none.
+std::unique_ptr<SafetensorsWriter> init_writer(const Materialising& m, const NamedTensors& buffers) {
   if (m.o.write_init.empty()) return nullptr;
   std::vector<SafetensorsWriter::Entry> entries;
   for (size_t i = 0; i < m.params.size(); ++i) entries.push_back({m.params[i].first, torch::kFloat, m.shapes[i]});
+  for (const auto& [name, b] : buffers) entries.push_back({name, b.scalar_type(), b.sizes().vec()});
   return std::make_unique<SafetensorsWriter>(m.o.write_init, entries,
                                              std::map<std::string, std::string>{{"format", "pt"}});
 }
@@ -146,7 +150,10 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
       return m.shapes.at(m.index.at(p.unsafeGetTensorImpl()));
     });
   }
-  std::unique_ptr<SafetensorsWriter> init = init_writer(m);
+  // Buffers are made whole on every rank (never on meta): the file's values, if it holds them, replace them.
+  if (file) file->load_buffers(model);
+  const NamedTensors buffers = nn::named_weight_buffers(model);
+  std::unique_ptr<SafetensorsWriter> init = init_writer(m, buffers);
   const bool seeded = o.own && o.own_seed >= 0;
   std::map<size_t, torch::Tensor> own_values;
   if (seeded) own_values = draw_own_values(m);
@@ -181,7 +188,10 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
     torch::Tensor value = full.to(o.dtype);
     m.place(i, spec ? parallel::local_piece(*spec, value) : value);
   });
-  if (init) init->finish();
+  if (init) {
+    for (size_t j = 0; j < buffers.size(); ++j) init->write(m.params.size() + j, buffers[j].second.detach().cpu());
+    init->finish();
+  }
 }
 
 }  // namespace composer

@@ -324,6 +324,56 @@ class LlamaAttention(nn.Module):
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
 
+class MLAttention(nn.Module):
+    """DeepSeek-V3's multi-head latent attention (kv_lora_rank > 0), op by op as transformers'
+    DeepseekV3Attention computes it, with composer's interleaved-pair rotary on the qk_rope_head_dim
+    part of each head. q: wq(x), or wq_b(q_norm(wq_a(x))) with q_lora_rank; per head [q_nope | q_rot].
+    wkv_a(x) = [kv_lat (kv_lora_rank) | k_rot (qk_rope_head_dim)]: kv_norm normalises kv_lat only, and
+    k_rot is one head every head shares. wkv_b(kv_lat) per head [k_nope | v]. The softmax scale is
+    (nope + rope)^-0.5 times mscale(rope_factor, rope_mscale_all_dim)^2 under a scaled rope; composer
+    multiplies q by the square and leaves the kernel its default scale, and so does this."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.n_heads = a["n_heads"]
+        self.nope, self.rope, self.v_dim = a["qk_nope_head_dim"], a["qk_rope_head_dim"], a["v_head_dim"]
+        self.kv_lora_rank = a["kv_lora_rank"]
+        qk = self.nope + self.rope
+        if a.get("q_lora_rank", 0):
+            self.wq_a = nn.Linear(a["dim"], a["q_lora_rank"], bias=False)
+            self.q_norm = RMSNorm(a["q_lora_rank"], 1e-6)  # the latents' norms: 1e-6 whatever norm_eps
+            self.wq_b = nn.Linear(a["q_lora_rank"], self.n_heads * qk, bias=False)
+        else:
+            self.wq = nn.Linear(a["dim"], self.n_heads * qk, bias=False)
+        self.wkv_a = nn.Linear(a["dim"], self.kv_lora_rank + self.rope, bias=False)
+        self.kv_norm = RMSNorm(self.kv_lora_rank, 1e-6)
+        self.wkv_b = nn.Linear(self.kv_lora_rank, self.n_heads * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(self.n_heads * self.v_dim, a["dim"], bias=False)
+        m, factor = 1.0, a.get("rope_factor", 1.0)
+        if a.get("rope_type", "default") != "default" and a.get("rope_mscale_all_dim", 0.0) and factor > 1:
+            m = 0.1 * a["rope_mscale_all_dim"] * math.log(factor) + 1.0
+        self.q_scale = m * m
+        self.mask = None  # packed documents' (document_mask)
+
+    def forward(self, x, freqs_cis):
+        bs, seqlen, _ = x.shape
+        q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_norm(self.wq_a(x)))
+        q = q.view(bs, seqlen, self.n_heads, self.nope + self.rope)
+        q_nope, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
+        kv_lat, k_rot = torch.split(self.wkv_a(x), [self.kv_lora_rank, self.rope], dim=-1)
+        kv_lat = self.kv_norm(kv_lat)
+        k_rot = k_rot.view(bs, seqlen, 1, self.rope)  # one head, shared by every head
+        q_rot, k_rot = apply_rotary_emb(q_rot, k_rot, freqs_cis)
+        kv = self.wkv_b(kv_lat).view(bs, seqlen, self.n_heads, self.nope + self.v_dim)
+        k_nope, v = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        k = torch.cat([k_nope, k_rot.expand(bs, seqlen, self.n_heads, self.rope)], dim=-1)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, False, self.mask)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
 class LlamaFeedForward(nn.Module):
     def __init__(self, dim, hidden_dim, multiple_of, ffn_dim_multiplier, given=0):
         super().__init__()
@@ -361,6 +411,9 @@ class LlamaMoE(nn.Module):
     batch) to self.aux, for the training loop to add to the loss (take_aux); with bias_update_rate, it
     counts the rows routed to each expert for update_bias() after the optimizer step; with
     capacity_factor, each expert keeps the first ceil(cf * S * k / n) of each sequence's tokens routed to it.
+    With expert_bias (or bias_update_rate), the float32 buffer expert_bias is added to the scores for the
+    choice only; with n_group > 1 (DeepSeek-V3), a token chooses among the experts of its topk_group best
+    groups only (n_group equal contiguous groups, each scored by the sum of its top 2 biased scores).
     """
 
     def __init__(self, a, hidden):
@@ -375,8 +428,9 @@ class LlamaMoE(nn.Module):
         self.capacity_factor = a.get("capacity_factor", 0.0)
         self.aux = []
         self.counts = torch.zeros(n)
-        if self.bias_rate > 0:
+        if self.bias_rate > 0 or a.get("expert_bias", False):
             self.register_buffer("expert_bias", torch.zeros(n))
+        self.n_group, self.topk_group = a.get("n_group", 1), a.get("topk_group", 1)
         hidden = a.get("moe_hidden_dim", 0) or hidden
         self.router = nn.Linear(a["dim"], n, bias=False)
         self.experts = Experts(n, a["dim"], hidden)
@@ -388,7 +442,13 @@ class LlamaMoE(nn.Module):
         expert's score [tokens, n] (the load-balancing loss's)."""
         logits = self.router(flat).float()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
-        choose = scores + self.expert_bias if self.bias_rate > 0 else scores
+        choose = scores + self.expert_bias if hasattr(self, "expert_bias") else scores
+        if self.n_group > 1:  # DeepSeek-V3's group limit: the other groups' experts are out of the choice
+            grouped = choose.view(-1, self.n_group, self.n // self.n_group)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+            kept = torch.topk(group_scores, self.topk_group, dim=-1).indices
+            dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter(1, kept, False)
+            choose = grouped.masked_fill(dropped.unsqueeze(-1), float("-inf")).view(-1, self.n)
         ids = torch.topk(choose, self.k, dim=-1, largest=True, sorted=True).indices
         training = torch.is_grad_enabled()
         if training:
@@ -447,7 +507,7 @@ class LlamaMoE(nn.Module):
 class LlamaBlock(nn.Module):
     def __init__(self, a, layer=0):
         super().__init__()
-        self.attention = LlamaAttention(a)
+        self.attention = MLAttention(a) if a.get("kv_lora_rank", 0) > 0 else LlamaAttention(a)
         dense = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
                                  a.get("hidden_dim", 0))
         # Routed: past the first n_dense_layers (DeepSeek-V3's first_k_dense_replace), every
@@ -469,9 +529,11 @@ class Llama(nn.Module):
     def __init__(self, **a):
         super().__init__()
         self.tok_embeddings = nn.Embedding(a["vocab_size"], a["dim"])
-        self.register_buffer("freqs_cis", precompute_freqs_cis(
-            a.get("head_dim", 0) or a["dim"] // a["n_heads"], a["max_seq_len"] * 2, a["rope_theta"], a),
-            persistent=True)
+        # The rotated part of a head: all of it, or multi-head latent attention's qk_rope_head_dim.
+        rope_dim = a["qk_rope_head_dim"] if a.get("kv_lora_rank", 0) > 0 else (
+            a.get("head_dim", 0) or a["dim"] // a["n_heads"])
+        self.register_buffer("freqs_cis", precompute_freqs_cis(rope_dim, a["max_seq_len"] * 2, a["rope_theta"], a),
+                             persistent=True)
         self.layers = nn.ModuleDict({str(i): LlamaBlock(a, i) for i in range(a["n_layers"])})
         self.norm = RMSNorm(a["dim"], a["norm_eps"])
         self.output = nn.Linear(a["dim"], a["vocab_size"], bias=False)
@@ -593,6 +655,7 @@ REGISTRY = {
     "transformer": Transformer,
     "llama": Llama,
     "qwen3": Llama,  # llama's decoder with qk_norm on (model.args carries it)
+    "deepseek_v3": Llama,  # llama's decoder with multi-head latent attention and group-limited routing
     "unit_module": UnitModule,
     "composite_model": CompositeModel,
     "composite_param_model": CompositeParamModel,

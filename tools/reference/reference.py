@@ -333,12 +333,15 @@ def build_model(cfg, run_dir, who="reference"):
     model = models.build(cfg["model"]["name"], cfg["model"]["args"])
     init = read_safetensors(os.path.join(run_dir, "init.safetensors"))
     named = dict(model.named_parameters())  # each tensor once, as composer saves them
+    # composer's weights files carry the floating-point buffers too (a router's expert bias, BatchNorm's
+    # running statistics): those the file holds are read as well.
+    buffers = {n: b for n, b in model.named_buffers() if b.is_floating_point() and n in init}
     missing = [n for n in named if n not in init]
-    unexpected = [n for n in init if n not in named]
+    unexpected = [n for n in init if n not in named and n not in buffers]
     if missing or unexpected:
         sys.exit(f"{who}: weights do not match the model: missing {missing}, unexpected {unexpected}")
     with torch.no_grad():
-        for n, p in named.items():
+        for n, p in list(named.items()) + list(buffers.items()):
             if tuple(p.shape) != tuple(init[n].shape):
                 sys.exit(f"{who}: {n} has shape {tuple(init[n].shape)}, the model {tuple(p.shape)}")
             p.copy_(init[n])
