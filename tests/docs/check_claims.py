@@ -122,7 +122,8 @@ class Tree:
 
 
 def moe(ids):
-    return [i for i in ids if i.startswith("moe_llama.")]
+    """The plans of the mixture-of-experts models (the ones with the ep feature)."""
+    return [i for i in ids if i.startswith(("moe_llama.", "deepseek_v3."))]
 
 
 COUNTS = {
