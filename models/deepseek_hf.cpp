@@ -20,7 +20,6 @@
 // composer: its tensors are skipped, and an export has none
 // (num_nextn_predict_layers 0).
 #include <algorithm>
-#include <regex>
 
 #include "models/hf_adapter.h"
 #include "models/rope.h"
@@ -31,7 +30,8 @@ bool llama_routed_layer(const ModelArgs& a, int64_t layer);  // llama.cpp
 
 namespace {
 
-const std::pair<const char*, const char*> kLayerNames[] = {
+using NamePairs = std::vector<std::pair<std::string, std::string>>;  // (Hugging Face, composer) within a layer
+const NamePairs kLayerNames = {
     {"input_layernorm.weight", "attention_norm.weight"},
     {"self_attn.q_proj.weight", "attention.wq.weight"},
     {"self_attn.q_a_proj.weight", "attention.wq_a.weight"},
@@ -42,20 +42,24 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"self_attn.kv_b_proj.weight", "attention.wkv_b.weight"},
     {"self_attn.o_proj.weight", "attention.wo.weight"},
     {"post_attention_layernorm.weight", "ffn_norm.weight"}};
-// A dense layer's feed-forward, and a routed layer's router, bias and shared experts.
-const std::pair<const char*, const char*> kDenseNames[] = {{"mlp.gate_proj.weight", "feed_forward.w1.weight"},
-                                                           {"mlp.down_proj.weight", "feed_forward.w2.weight"},
-                                                           {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
-const std::pair<const char*, const char*> kRoutedNames[] = {
-    {"mlp.gate.weight", "feed_forward.router.weight"},
-    {"mlp.gate.e_score_correction_bias", "feed_forward.expert_bias"},
-    {"mlp.shared_experts.gate_proj.weight", "feed_forward.shared.w1.weight"},
-    {"mlp.shared_experts.down_proj.weight", "feed_forward.shared.w2.weight"},
-    {"mlp.shared_experts.up_proj.weight", "feed_forward.shared.w3.weight"}};
-const char* const kExpertWeights[] = {"gate_proj", "down_proj", "up_proj"};  // w1, w2, w3
-const std::pair<const char*, const char*> kTopNames[] = {
-    {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
-    {"lm_head.weight", "output.weight"}};
+// A dense layer's feed-forward, and a routed layer's router, bias, shared and routed experts.
+const NamePairs kDenseNames = {{"mlp.gate_proj.weight", "feed_forward.w1.weight"},
+                               {"mlp.down_proj.weight", "feed_forward.w2.weight"},
+                               {"mlp.up_proj.weight", "feed_forward.w3.weight"}};
+const NamePairs kRoutedNames = {{"mlp.gate.weight", "feed_forward.router.weight"},
+                                {"mlp.gate.e_score_correction_bias", "feed_forward.expert_bias"},
+                                {"mlp.shared_experts.gate_proj.weight", "feed_forward.shared.w1.weight"},
+                                {"mlp.shared_experts.down_proj.weight", "feed_forward.shared.w2.weight"},
+                                {"mlp.shared_experts.up_proj.weight", "feed_forward.shared.w3.weight"}};
+const hf::ExpertNames kExperts = {"mlp.experts.", {"gate_proj", "down_proj", "up_proj"}};
+
+// A layer's names: the attention's and norms', then its feed-forward's.
+NamePairs names(bool routed) {
+  NamePairs out = kLayerNames;
+  const NamePairs& ffn = routed ? kRoutedNames : kDenseNames;
+  out.insert(out.end(), ffn.begin(), ffn.end());
+  return out;
+}
 // config.json's integer fields and the arguments they give.
 const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"},
                                                           {"intermediate_size", "hidden_dim"},
@@ -184,63 +188,33 @@ class DeepseekV3Hf final : public HfAdapter {
   }
 
   std::string hf_name(const std::string& name, const ModelArgs& a, int64_t expert) const override {
-    for (const auto& [h, c] : kTopNames) {
-      if (name == c) return h;
-    }
-    static const std::regex layer(R"(layers\.(0|[1-9]\d{0,8})\.(.+))");
-    std::smatch m;
-    if (!std::regex_match(name, m, layer)) return "";
-    const std::string at = "model.layers." + m[1].str() + ".", rest = m[2].str();
-    for (const auto& [h, c] : kLayerNames) {
+    int64_t layer = 0;
+    std::string rest;
+    if (!hf::split_layer(name, false, layer, rest)) return hf::top_hf_name(name);
+    const std::string at = hf::layer_prefix(layer, true);
+    const bool routed = llama_routed_layer(a, layer);
+    for (const auto& [h, c] : names(routed)) {
       if (rest == c) return at + h;
     }
-    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
-    for (const auto& [h, c] : kRoutedNames) {
-      if (routed && rest == c) return at + h;
-    }
-    for (const auto& [h, c] : kDenseNames) {
-      if (!routed && rest == c) return at + h;
-    }
-    static const std::regex expert_weight(R"(feed_forward\.experts\.w([123]))");
-    std::smatch e;
-    if (!routed || !std::regex_match(rest, e, expert_weight) || expert < 0) return "";
-    return at + "mlp.experts." + std::to_string(expert) + "." + kExpertWeights[std::stoi(e[1].str()) - 1] + ".weight";
+    const std::string e = routed ? hf::expert_hf_name(rest, kExperts, expert) : "";
+    return e.empty() ? "" : at + e;
   }
 
   std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
     if (expert) *expert = -1;
-    for (const auto& [h, c] : kTopNames) {
-      if (hf == h) return c;
-    }
-    static const std::regex layer(R"(model\.layers\.(0|[1-9]\d{0,8})\.(.+))");
-    std::smatch m;
-    if (!std::regex_match(hf, m, layer)) return "";
-    const std::string at = "layers." + m[1].str() + ".", rest = m[2].str();
-    for (const auto& [h, c] : kLayerNames) {
+    int64_t layer = 0;
+    std::string rest;
+    if (!hf::split_layer(hf, true, layer, rest)) return hf::top_name_of(hf);
+    const std::string at = hf::layer_prefix(layer, false);
+    const bool routed = llama_routed_layer(a, layer);
+    for (const auto& [h, c] : names(routed)) {
       if (rest == h) return at + c;
     }
-    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
-    for (const auto& [h, c] : kRoutedNames) {
-      if (routed && rest == h) return at + c;
-    }
-    for (const auto& [h, c] : kDenseNames) {
-      if (!routed && rest == h) return at + c;
-    }
-    static const std::regex expert_weight(R"(mlp\.experts\.(0|[1-9]\d{0,8})\.(\w+)\.weight)");
-    std::smatch e;
-    if (!routed || !std::regex_match(rest, e, expert_weight)) return "";
-    for (int w = 0; w < 3; ++w) {
-      if (e[2].str() != kExpertWeights[w]) continue;
-      if (expert) *expert = std::stoll(e[1].str());
-      return at + "feed_forward.experts.w" + std::to_string(w + 1);
-    }
-    return "";
+    const std::string e = routed ? hf::expert_name_of(rest, kExperts, expert) : "";
+    return e.empty() ? "" : at + e;
   }
 
-  bool per_expert(const std::string& name, const ModelArgs&) const override {
-    static const std::regex expert_weight(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
-    return std::regex_match(name, expert_weight);
-  }
+  bool per_expert(const std::string& name, const ModelArgs&) const override { return hf::stacked_expert(name); }
 
   // The multi-token prediction layer, stored after the decoder's (the one the released models have,
   // which transformers skips too); a folder with more layers is refused by their count.

@@ -1,5 +1,7 @@
 #include "models/hf_adapter.h"
 
+#include <regex>
+
 namespace composer::models {
 
 // A vector (a per-head norm's weight) is one column.
@@ -63,6 +65,65 @@ void require_architecture(const nlohmann::json& j, const std::string& arch) {
                     j.value("model_type", std::string()) + "\" as " + arch + " (a causal language model head)");
     }
   }
+}
+
+namespace {
+const std::pair<const char*, const char*> kTopNames[] = {
+    {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
+    {"lm_head.weight", "output.weight"}};
+}  // namespace
+
+std::string top_hf_name(const std::string& name) {
+  for (const auto& [h, c] : kTopNames) {
+    if (name == c) return h;
+  }
+  return "";
+}
+
+std::string top_name_of(const std::string& hf) {
+  for (const auto& [h, c] : kTopNames) {
+    if (hf == h) return c;
+  }
+  return "";
+}
+
+bool split_layer(const std::string& name, bool from_hf, int64_t& layer, std::string& rest) {
+  static const std::regex composer_layer(R"(layers\.(0|[1-9]\d{0,8})\.(.+))");
+  static const std::regex hf_layer(R"(model\.layers\.(0|[1-9]\d{0,8})\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(name, m, from_hf ? hf_layer : composer_layer)) return false;
+  layer = std::stoll(m[1].str());
+  rest = m[2].str();
+  return true;
+}
+
+std::string layer_prefix(int64_t layer, bool hf) { return (hf ? "model.layers." : "layers.") + std::to_string(layer) + "."; }
+
+std::string expert_hf_name(const std::string& rest, const ExpertNames& n, int64_t expert) {
+  static const std::regex stacked(R"(feed_forward\.experts\.w([123]))");
+  std::smatch e;
+  if (!std::regex_match(rest, e, stacked) || expert < 0) return "";
+  return n.prefix + std::to_string(expert) + "." + n.weight[std::stoi(e[1].str()) - 1] + ".weight";
+}
+
+std::string expert_name_of(const std::string& hf_rest, const ExpertNames& n, int64_t* expert) {
+  static const std::regex one(R"((0|[1-9]\d{0,8})\.(\w+)\.weight)");
+  const std::string prefix = n.prefix;
+  std::smatch e;
+  if (hf_rest.rfind(prefix, 0) != 0) return "";
+  const std::string tail = hf_rest.substr(prefix.size());
+  if (!std::regex_match(tail, e, one)) return "";
+  for (int w = 0; w < 3; ++w) {
+    if (e[2].str() != n.weight[w]) continue;
+    if (expert) *expert = std::stoll(e[1].str());
+    return "feed_forward.experts.w" + std::to_string(w + 1);
+  }
+  return "";
+}
+
+bool stacked_expert(const std::string& name) {
+  static const std::regex stacked(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
+  return std::regex_match(name, stacked);
 }
 
 }  // namespace hf

@@ -87,6 +87,27 @@ bool bool_field(const nlohmann::json& j, const std::string& key, bool fallback);
 void require_field(const nlohmann::json& j, const std::string& key, const nlohmann::json& want, const std::string& why);
 // Refuses an architectures list naming anything but `arch`.
 void require_architecture(const nlohmann::json& j, const std::string& arch);
+
+// Names every decoder adapter shares. The tensors outside the layers (model.embed_tokens.weight,
+// model.norm.weight, lm_head.weight and composer's tok_embeddings.weight, norm.weight,
+// output.weight): the other side's name, "" for any other.
+std::string top_hf_name(const std::string& name);
+std::string top_name_of(const std::string& hf);
+// Composer's "layers.N.REST" (`from_hf` false) or Hugging Face's "model.layers.N.REST" (true) as N
+// and REST; false for any other name. layer_prefix(N, hf) is the other way.
+bool split_layer(const std::string& name, bool from_hf, int64_t& layer, std::string& rest);
+std::string layer_prefix(int64_t layer, bool hf);
+// Experts stored one tensor each: expert J's slice of composer's stacked
+// feed_forward.experts.wK (K 1, 2, 3: gate, down, up) is "<prefix>J.<weight[K-1]>.weight".
+struct ExpertNames {
+  const char* prefix;     // "block_sparse_moe.experts.", "mlp.experts."
+  const char* weight[3];  // w1, w2, w3's names
+};
+// REST's name on the other side within its layer ("" when REST is no expert weight, or `expert` < 0).
+std::string expert_hf_name(const std::string& rest, const ExpertNames& n, int64_t expert);
+std::string expert_name_of(const std::string& hf_rest, const ExpertNames& n, int64_t* expert);
+// Whether composer's `name` is a stacked expert weight (layers.N.feed_forward.experts.wK).
+bool stacked_expert(const std::string& name);
 }  // namespace hf
 
 }  // namespace composer::models

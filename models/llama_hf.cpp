@@ -25,7 +25,6 @@
 // true (the load-balancing loss joins the loss) and a sliding_window shorter
 // than max_seq_len.
 #include <algorithm>
-#include <regex>
 
 #include "models/hf_adapter.h"
 #include "models/rope.h"
@@ -49,18 +48,13 @@ const std::pair<const char*, const char*> kLayerNames[] = {
     {"mlp.up_proj.weight", "feed_forward.w3.weight"},
     {"self_attn.q_norm.weight", "attention.q_norm.weight"},  // Qwen3's
     {"self_attn.k_norm.weight", "attention.k_norm.weight"}};
-// A mixture-of-experts family's names: the router, and expert J's
-// <experts>J.<name>.weight for composer's stacked w1, w2, w3.
+// A mixture-of-experts family's names: the router, and its experts'.
 struct ExpertNames {
   const char* router;
-  const char* experts;
-  const char* w[3];  // w1 (gate), w2 (down), w3 (up)
+  hf::ExpertNames experts;
 };
-const ExpertNames kMixtralExperts = {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", {"w1", "w2", "w3"}};
-const ExpertNames kQwen3MoeExperts = {"mlp.gate.weight", "mlp.experts.", {"gate_proj", "down_proj", "up_proj"}};
-const std::pair<const char*, const char*> kTopNames[] = {
-    {"model.embed_tokens.weight", "tok_embeddings.weight"}, {"model.norm.weight", "norm.weight"},
-    {"lm_head.weight", "output.weight"}};
+const ExpertNames kMixtralExperts = {"block_sparse_moe.gate.weight", {"block_sparse_moe.experts.", {"w1", "w2", "w3"}}};
+const ExpertNames kQwen3MoeExperts = {"mlp.gate.weight", {"mlp.experts.", {"gate_proj", "down_proj", "up_proj"}}};
 // config.json's integer fields and the llama arguments they give.
 const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"},
                                                           {"intermediate_size", "hidden_dim"},
@@ -313,36 +307,28 @@ class LlamaHf final : public HfAdapter {
   }
 
   std::string hf_name(const std::string& name, const ModelArgs& a, int64_t expert) const override {
-    for (const auto& [h, c] : kTopNames) {
-      if (name == c) return h;
-    }
-    static const std::regex layer(R"(layers\.(0|[1-9]\d{0,8})\.(.+))");
-    std::smatch m;
-    if (!std::regex_match(name, m, layer)) return "";
-    const std::string at = "model.layers." + m[1].str() + ".", rest = m[2].str();
-    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
+    int64_t layer = 0;
+    std::string rest;
+    if (!hf::split_layer(name, false, layer, rest)) return hf::top_hf_name(name);
+    const std::string at = hf::layer_prefix(layer, true);
+    const bool routed = llama_routed_layer(a, layer);
     for (const auto& [h, c] : kLayerNames) {
       if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return at + h;
     }
     if (!routed) return "";
     const ExpertNames& n = expert_names();
     if (rest == "feed_forward.router.weight") return at + n.router;
-    static const std::regex expert_weight(R"(feed_forward\.experts\.w([123]))");
-    std::smatch e;
-    if (!std::regex_match(rest, e, expert_weight) || expert < 0) return "";
-    return at + n.experts + std::to_string(expert) + "." + n.w[std::stoi(e[1].str()) - 1] + ".weight";
+    const std::string e = hf::expert_hf_name(rest, n.experts, expert);
+    return e.empty() ? "" : at + e;
   }
 
   std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
     if (expert) *expert = -1;
-    for (const auto& [h, c] : kTopNames) {
-      if (hf == h) return c;
-    }
-    static const std::regex layer(R"(model\.layers\.(0|[1-9]\d{0,8})\.(.+))");
-    std::smatch m;
-    if (!std::regex_match(hf, m, layer)) return "";
-    const std::string at = "layers." + m[1].str() + ".", rest = m[2].str();
-    const bool routed = llama_routed_layer(a, std::stoll(m[1].str()));
+    int64_t layer = 0;
+    std::string rest;
+    if (!hf::split_layer(hf, true, layer, rest)) return hf::top_name_of(hf);
+    const std::string at = hf::layer_prefix(layer, false);
+    const bool routed = llama_routed_layer(a, layer);
     for (const auto& [h, c] : kLayerNames) {
       if (routed && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
       if (rest == h) return at + c;
@@ -350,20 +336,12 @@ class LlamaHf final : public HfAdapter {
     if (!routed) return "";
     const ExpertNames& n = expert_names();
     if (rest == n.router) return at + "feed_forward.router.weight";
-    static const std::regex expert_weight(R"(\w+\.experts\.(0|[1-9]\d{0,8})\.(\w+)\.weight)");
-    std::smatch e;
-    if (rest.rfind(n.experts, 0) != 0 || !std::regex_match(rest, e, expert_weight)) return "";
-    for (int w = 0; w < 3; ++w) {
-      if (e[2].str() != n.w[w]) continue;
-      if (expert) *expert = std::stoll(e[1].str());
-      return at + "feed_forward.experts.w" + std::to_string(w + 1);
-    }
-    return "";
+    const std::string e = hf::expert_name_of(rest, n.experts, expert);
+    return e.empty() ? "" : at + e;
   }
 
   bool per_expert(const std::string& name, const ModelArgs& a) const override {
-    static const std::regex expert_weight(R"(layers\.\d+\.feed_forward\.experts\.w[123])");
-    return moe(a) && std::regex_match(name, expert_weight);
+    return moe(a) && hf::stacked_expert(name);
   }
 
   const ExpertNames& expert_names() const { return qwen3_ ? kQwen3MoeExperts : kMixtralExperts; }

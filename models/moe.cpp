@@ -84,6 +84,18 @@ torch::Tensor within_capacity(const torch::Tensor& expert, const torch::Tensor& 
   return position < capacity;
 }
 
+// Group-limited routing: `choose` [tokens, experts] with the experts outside each token's `kept` best
+// of `groups` contiguous groups set to -inf (as DeepSeek-V3's own code, torchtitan and transformers
+// mask them); a group's score is the sum of its two best.
+torch::Tensor within_best_groups(const torch::Tensor& choose, int64_t groups, int64_t kept) {
+  const int64_t tokens = choose.size(0), n = choose.size(1);
+  auto grouped = choose.view({tokens, groups, n / groups});
+  auto group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
+  auto best = std::get<1>(group_scores.topk(kept, -1));
+  auto out = torch::ones({tokens, groups}, choose.options().dtype(torch::kBool)).scatter(1, best, false);
+  return grouped.masked_fill(out.unsqueeze(-1), -std::numeric_limits<double>::infinity()).view({tokens, n});
+}
+
 }  // namespace
 
 MoE::MoE(int64_t dim, const MoeArgs& a) : Module("MoE"), args_(a) {
@@ -109,16 +121,7 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   auto logits = (*router)(flat).to(torch::kFloat);
   auto scores = args_.sigmoid ? torch::sigmoid(logits) : torch::softmax(logits, -1);
   auto choose = expert_bias.defined() ? scores + expert_bias.to(scores.device()) : scores;
-  if (args_.n_group > 1) {
-    // Each group's score, the sum of its two best; the other groups' experts are out of the choice
-    // (-inf, as DeepSeek-V3's own code and torchtitan mask them).
-    const int64_t tokens = choose.size(0), g = args_.n_group;
-    auto grouped = choose.view({tokens, g, n / g});
-    auto group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
-    auto kept = std::get<1>(group_scores.topk(args_.topk_group, -1));
-    auto mask = torch::ones({tokens, g}, choose.options().dtype(torch::kBool)).scatter(1, kept, false);
-    choose = grouped.masked_fill(mask.unsqueeze(-1), -std::numeric_limits<double>::infinity()).view({tokens, n});
-  }
+  if (args_.n_group > 1) choose = within_best_groups(choose, args_.n_group, args_.topk_group);
   auto ids = std::get<1>(choose.topk(k, -1, /*largest=*/true, /*sorted=*/true));
   auto weights = scores.gather(-1, ids);
   if (args_.route_norm) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
