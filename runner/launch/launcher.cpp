@@ -112,11 +112,13 @@ struct Cause {
 // resumed comes first (its peers time out waiting for it and report first),
 // then a rank killed by a signal the launcher did not send (its peers' lost
 // connections are often stamped before it is found dead), then a rank that exited non-zero without reporting an error,
-// then the earliest error a rank reported. Empty when every rank succeeded.
+// then the earliest error a rank reported, and last a rank killed by SIGPIPE:
+// it wrote to a connection a peer had closed, the peer's exit (a bad input's
+// exit 2) being the cause. Empty when every rank succeeded.
 // When the job was interrupted, the interrupting signals (a terminal's Ctrl-C
 // reaches every rank too) are not causes.
 Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir, bool interrupted) {
-  Cause frozen, signalled, silent, reported;
+  Cause frozen, signalled, silent, reported, broken_pipe;
   auto keep = [](Cause& slot, const Cause& c) {
     if (slot.rank < 0 || c.at < slot.at) slot = c;
   };
@@ -139,7 +141,7 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
                     c.died_ns});
     } else if (c.signal) {
       const char* abbrev = sigabbrev_np(c.signal);
-      keep(signalled, {c.rank, 3,
+      keep(c.signal == SIGPIPE ? broken_pipe : signalled, {c.rank, 3,
                        who + " was killed by signal " + std::to_string(c.signal) +
                            (abbrev ? " (SIG" + std::string(abbrev) + ")" : std::string()) + "; stopped the other ranks",
                        c.died_ns});
@@ -158,7 +160,8 @@ Cause failure_cause(const std::vector<Child>& kids, const std::string& error_dir
   if (frozen.rank >= 0) return frozen;
   if (signalled.rank >= 0) return signalled;
   if (silent.rank >= 0) return silent;
-  return reported;
+  if (reported.rank >= 0) return reported;
+  return broken_pipe;
 }
 
 int exit_code_of(int status) {

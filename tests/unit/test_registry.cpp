@@ -47,13 +47,14 @@ TEST(Registry, UnknownNameIsNull) { EXPECT_EQ(models::find_model("nope"), nullpt
 TEST(Registry, CapabilitiesNameTheModelsThatHaveThem) {
   using models::Capability;
   EXPECT_EQ(models::listed_names_with(Capability::kPipeline),
-            "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama, qwen3");
+            "mlp_module_layers, mlp_stack, mlp_seq, transformer, llama, qwen3, deepseek_v3");
   EXPECT_EQ(models::listed_names_with(Capability::kTpPlan),
             "mlp_module, mlp_module_even, mlp_module_layers, mlp, mlp_stack, simple_model, simple_model_uneven, "
-            "transformer, llama, qwen3");
-  EXPECT_EQ(models::listed_names_with(Capability::kContextParallel), "transformer, llama, qwen3");
-  EXPECT_EQ(models::listed_names_with(Capability::kLogits), "transformer, llama, qwen3");
-  EXPECT_EQ(models::names_with(Capability::kLogits), (std::vector<std::string>{"transformer", "llama", "qwen3"}));
+            "transformer, llama, qwen3, deepseek_v3");
+  EXPECT_EQ(models::listed_names_with(Capability::kContextParallel), "transformer, llama, qwen3, deepseek_v3");
+  EXPECT_EQ(models::listed_names_with(Capability::kLogits), "transformer, llama, qwen3, deepseek_v3");
+  EXPECT_EQ(models::names_with(Capability::kLogits),
+            (std::vector<std::string>{"transformer", "llama", "qwen3", "deepseek_v3"}));
 }
 
 // What a built model does is what its declaration says, for every model.
