@@ -46,6 +46,8 @@ struct ModelFacts {
   double matrix_params = 0;     // per token: every 2-D weight but embedding tables (experts: top_k of them)
   double param_bytes = 0;       // every parameter
   int64_t layers = 0, dim = 0, kv_dim = 0, seq = 1;  // seq: tokens per sample (1: a feature model)
+  // The widths of all heads' queries (and keys) and of their values, halved summed: dim for llama.
+  int64_t attn_dim = 0;
   bool attention = false;
   std::vector<std::string> units;  // top-level modules, a list's children as 'name.*'
   bool has_layers = false;
@@ -64,8 +66,15 @@ ModelFacts facts_of(const ExperimentConfig& c) {
   };
   f.layers = arg("n_layers");
   f.dim = arg("dim");
-  const int64_t heads = arg("n_heads"), kv_heads = arg("n_kv_heads");
-  f.kv_dim = heads > 0 && kv_heads > 0 ? f.dim * kv_heads / heads : f.dim;
+  const int64_t heads = arg("n_heads"), kv_heads = arg("n_kv_heads") > 0 ? arg("n_kv_heads") : heads;
+  const int64_t head_dim = arg("head_dim") > 0 ? arg("head_dim") : (heads > 0 ? f.dim / heads : 0);
+  f.kv_dim = heads > 0 ? head_dim * kv_heads : f.dim;
+  f.attn_dim = heads > 0 ? head_dim * heads : f.dim;
+  if (arg("kv_lora_rank") > 0) {  // latent attention: every head's key, and its value padded to the key's width on a ring
+    const int64_t qk = arg("qk_nope_head_dim") + arg("qk_rope_head_dim");
+    f.kv_dim = heads * qk;
+    f.attn_dim = heads * (qk + arg("v_head_dim")) / 2;
+  }
   f.attention = heads > 0;
   f.seq = c.data.seq_len > 0 ? c.data.seq_len : std::max<int64_t>(1, arg("max_seq_len"));
   const int64_t experts = arg("n_experts"), top_k = std::max<int64_t>(1, arg("top_k"));
@@ -252,7 +261,7 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
 }
 
 double flops_of(const ModelFacts& f, const ExperimentConfig& c) {
-  const double per_token = 6 * f.matrix_params + (f.attention ? 12.0 * f.layers * f.dim * f.seq : 0.0);
+  const double per_token = 6 * f.matrix_params + (f.attention ? 12.0 * f.layers * f.attn_dim * f.seq : 0.0);
   return per_token * f.seq * static_cast<double>(c.train.global_batch);
 }
 
