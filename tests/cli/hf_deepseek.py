@@ -21,8 +21,10 @@ deepseek_v3. Parts:
              tensor by tensor, e_score_correction_bias included, with config.json's fields equal.
   refusals   config.json fields composer cannot compute as transformers does (scoring_func other
              than sigmoid, topk_method other than noaux_tc, rope_interleave false, fewer key-value
-             heads than heads) are refused before launch (exit 2) naming the field; so is a
-             kv_b_proj whose shape disagrees with config.json (naming the tensor and its file).
+             heads than heads, attention biases, more than one multi-token prediction layer, FP8
+             weights) are refused before launch (exit 2) naming the field; so is a kv_b_proj whose
+             shape disagrees with config.json (naming the tensor and its file), and a tensor of a
+             layer past the multi-token prediction one (whose tensors are skipped).
 
 Usage: hf_deepseek.py COMPOSER WORK_DIR PART
 """
@@ -251,7 +253,9 @@ def part_refusals():
     original = json.load(open(path))
     # (the config.json field, a value composer cannot compute as transformers does)
     for field, value in [("scoring_func", "softmax"), ("topk_method", "greedy"), ("rope_interleave", False),
-                         ("num_key_value_heads", 2)]:
+                         ("num_key_value_heads", 2), ("attention_bias", True), ("num_nextn_predict_layers", 2),
+                         ("quantization_config", {"quant_method": "fp8", "fmt": "e4m3",
+                                                  "weight_block_size": [128, 128]})]:
         with open(path, "w") as f:
             json.dump(dict(original, **{field: value}), f, indent=2)
         out = composer("plan", "--config", config, expect=2)
@@ -262,6 +266,18 @@ def part_refusals():
         json.dump(original, f, indent=2)
     weights = os.path.join(hf_dir, "model.safetensors")
     tensors = load_file(weights)
+    # The released folders' multi-token prediction layer (model.layers.<num_hidden_layers>.*) is skipped, as
+    # transformers skips it; a tensor of a layer past it means more layers than config.json builds.
+    mtp = "model.layers.3.eh_proj.weight"
+    save_file(dict(tensors, **{mtp: torch.zeros(64, 128)}), weights, metadata={"format": "pt"})
+    composer("plan", "--config", config)
+    print(f"{mtp} (the multi-token prediction layer): skipped")
+    beyond = "model.layers.4.input_layernorm.weight"
+    save_file(dict(tensors, **{beyond: torch.ones(64)}), weights, metadata={"format": "pt"})
+    out = composer("plan", "--config", config, expect=2)
+    if beyond not in out:
+        fail(f"a tensor of layer 4 in a 3-layer folder was not refused naming {beyond}: {out}")
+    print("a layer past the multi-token prediction one:", out.strip().splitlines()[-1])
     name = "model.layers.0.self_attn.kv_b_proj.weight"  # [4 x (16 + 16), 32]; as if v_head_dim were 8
     save_file(dict(tensors, **{name: torch.zeros(4 * (16 + 8), 32)}), weights, metadata={"format": "pt"})
     out = composer("plan", "--config", config, expect=2)
