@@ -115,21 +115,49 @@ void MoE::update_bias(const torch::Tensor& counts) {
   expert_bias.add_(torch::sign(c.mean() - c) * args_.bias_update_rate);
 }
 
+MoE::Routing MoE::route(const torch::Tensor& flat) const {
+  Routing r;
+  r.logits = (*router)(flat).to(torch::kFloat);
+  r.scores = args_.sigmoid ? torch::sigmoid(r.logits) : torch::softmax(r.logits, -1);
+  auto choose = expert_bias.defined() ? r.scores + expert_bias.to(r.scores.device()) : r.scores;
+  if (args_.n_group > 1) choose = within_best_groups(choose, args_.n_group, args_.topk_group);
+  r.ids = std::get<1>(choose.topk(args_.top_k, -1, /*largest=*/true, /*sorted=*/true));
+  r.weights = r.scores.gather(-1, r.ids);
+  if (args_.route_norm) r.weights = r.weights / (r.weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  if (args_.route_scale != 1.0) r.weights = r.weights * args_.route_scale;
+  return r;
+}
+
+torch::Tensor MoE::with_router_losses(torch::Tensor out, const torch::Tensor& x, const Routing& r) const {
+  if (x.dim() != 3 || !torch::GradMode::is_enabled()) return out;
+  const int64_t b = x.size(0), seq = x.size(1), k = args_.top_k, n = args_.experts;
+  if (args_.aux_loss_coeff > 0) {
+    auto p = args_.sigmoid ? r.scores / r.scores.sum(-1, /*keepdim=*/true) : r.scores;
+    auto mean_score = p.view({b, seq, n}).mean(1);
+    auto routed = torch::zeros({b, n}, r.scores.options())
+                      .scatter_add_(1, r.ids.view({b, seq * k}), torch::ones({b, seq * k}, r.scores.options()))
+                      .div_(static_cast<double>(seq * k));
+    auto aux = (mean_score * routed).sum() * (static_cast<double>(n) * args_.aux_loss_coeff);
+    out = AuxLossFn::apply(out, aux, aux_weight);
+  }
+  if (args_.z_loss_coeff > 0) {
+    // logsumexp as ATen computes it for finite logits (its infinity guard has no meta kernel for the dry run).
+    auto top = r.logits.amax(-1, /*keepdim=*/true);
+    auto lse = (r.logits - top).exp().sum(-1).log() + top.squeeze(-1);
+    auto z = lse.pow(2).sum() * (args_.z_loss_coeff / static_cast<double>(seq));
+    out = AuxLossFn::apply(out, z, aux_weight);
+  }
+  return out;
+}
+
 torch::Tensor MoE::forward(torch::Tensor x) {
   const int64_t dim = x.size(-1), k = args_.top_k, n = args_.experts;
   auto flat = x.reshape({-1, dim});
-  auto logits = (*router)(flat).to(torch::kFloat);
-  auto scores = args_.sigmoid ? torch::sigmoid(logits) : torch::softmax(logits, -1);
-  auto choose = expert_bias.defined() ? scores + expert_bias.to(scores.device()) : scores;
-  if (args_.n_group > 1) choose = within_best_groups(choose, args_.n_group, args_.topk_group);
-  auto ids = std::get<1>(choose.topk(k, -1, /*largest=*/true, /*sorted=*/true));
-  auto weights = scores.gather(-1, ids);
-  if (args_.route_norm) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
-  if (args_.route_scale != 1.0) weights = weights * args_.route_scale;
+  const Routing routing = route(flat);
 
   // Every (token, choice) row, sorted stably by expert: expert-major, tokens
   // in order within an expert.
-  auto choice = ids.reshape({-1});
+  auto choice = routing.ids.reshape({-1});
   auto [sorted_expert, order] = choice.sort(/*stable=*/true, 0, /*descending=*/false);
   auto token = order.div(k, "floor");
   const bool meta = choice.is_meta();
@@ -162,27 +190,11 @@ torch::Tensor MoE::forward(torch::Tensor x) {
   }
   auto rows = flat.index_select(0, token);
   auto out_rows = dispatch ? dispatch(rows, counts) : experts->run(rows, counts);
-  auto weighted = (out_rows.to(torch::kFloat) * weights.reshape({-1}).index_select(0, order).unsqueeze(1)).to(x.scalar_type());
+  auto row_weights = routing.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+  auto weighted = (out_rows.to(torch::kFloat) * row_weights).to(x.scalar_type());
   auto out = torch::zeros_like(flat).index_add(0, token, weighted);
   if (shared) out = out + (*shared)(flat);
-  if (args_.aux_loss_coeff > 0 && x.dim() == 3 && torch::GradMode::is_enabled()) {
-    const int64_t b = x.size(0), seq = x.size(1);
-    auto p = args_.sigmoid ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
-    auto mean_score = p.view({b, seq, n}).mean(1);
-    auto routed = torch::zeros({b, n}, scores.options())
-                      .scatter_add_(1, ids.view({b, seq * k}), torch::ones({b, seq * k}, scores.options()))
-                      .div_(static_cast<double>(seq * k));
-    auto aux = (mean_score * routed).sum() * (static_cast<double>(n) * args_.aux_loss_coeff);
-    out = AuxLossFn::apply(out, aux, aux_weight);
-  }
-  if (args_.z_loss_coeff > 0 && x.dim() == 3 && torch::GradMode::is_enabled()) {
-    // logsumexp as ATen computes it for finite logits (its infinity guard has no meta kernel for the dry run).
-    auto top = logits.amax(-1, /*keepdim=*/true);
-    auto lse = (logits - top).exp().sum(-1).log() + top.squeeze(-1);
-    auto z = lse.pow(2).sum() * (args_.z_loss_coeff / static_cast<double>(x.size(1)));
-    out = AuxLossFn::apply(out, z, aux_weight);
-  }
-  return out.view(x.sizes());
+  return with_router_losses(out, x, routing).view(x.sizes());
 }
 
 std::vector<MoE*> moe_blocks(nn::Module& root) {

@@ -103,6 +103,15 @@ class MoE : public nn::Module {
   std::shared_ptr<FeedForward> shared;  // null without shared experts
 
  private:
+  // The router's float32 logits and scores, each token's top_k expert ids and their weights.
+  struct Routing {
+    torch::Tensor logits, scores, ids, weights;
+  };
+  Routing route(const torch::Tensor& flat) const;
+  // `out` with the load-balancing loss and the router z-loss joining backward (a training forward on
+  // (batch, seq, dim) input only).
+  torch::Tensor with_router_losses(torch::Tensor out, const torch::Tensor& x, const Routing& r) const;
+
   MoeArgs args_;
 };
 

@@ -316,28 +316,31 @@ void check_suggest_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
-Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& w, int top,
-                   int max_estimates) {
-  const YAML::Node base = base_document(path, overrides);
+namespace {
+
+// The mesh keys a suggestion keeps from the config (device, backend, timeout_s) and the memory it plans for.
+std::string mesh_extra_of(const YAML::Node& base, const World& w) {
   YAML::Node mesh = base["mesh"];
-  std::string mesh_extra;
+  std::string extra;
   for (const char* key : {"device", "backend", "timeout_s"}) {
-    if (mesh && mesh.IsMap() && mesh[key]) mesh_extra += std::string(", ") + key + ": " + mesh[key].as<std::string>();
+    if (mesh && mesh.IsMap() && mesh[key]) extra += std::string(", ") + key + ": " + mesh[key].as<std::string>();
   }
-  mesh_extra += ", memory_per_rank_mb: " + std::to_string(w.memory_per_rank / (1024 * 1024));
-  YAML::Node doc = YAML::Clone(base);
-  doc.remove("mesh");
-  const ExperimentConfig one = parse_config(emit(doc) + "mesh: {shape: [], names: []}\nparallelize: []\n", path);
-  const ModelFacts f = facts_of(one);
-  const int64_t given = doc["train"] && doc["train"]["microbatches"] ? doc["train"]["microbatches"].as<int64_t>() : 0;
+  return extra + ", memory_per_rank_mb: " + std::to_string(w.memory_per_rank / (1024 * 1024));
+}
+
+// A shape the planner accepted, priced.
+struct Accepted {
+  Candidate cand;
+  ExperimentConfig config;
+  Plan plan;
+};
+
+// Every shape of the world through the planner (`doc`: the config without mesh; `given`: its own
+// train.microbatches, 0 when searched), each accepted one priced, in cost order; counts the
+// candidates and refusals into `out`.
+std::vector<Accepted> priced_plans(const std::string& path, const YAML::Node& doc, const std::string& mesh_extra,
+                                   const ModelFacts& f, int64_t given, const World& w, Suggestion& out) {
   const std::string base_text = emit(doc);
-  Suggestion out;
-  out.flops_per_step = flops_of(f, one);
-  struct Accepted {
-    Candidate cand;
-    ExperimentConfig config;
-    Plan plan;
-  };
   std::vector<Accepted> accepted;
   for (Shape s : shapes_of(w, f, given)) {
     ++out.candidates;
@@ -369,6 +372,12 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   }
   std::stable_sort(accepted.begin(), accepted.end(),
                    [](const Accepted& a, const Accepted& b) { return a.cand.step_s() < b.cand.step_s(); });
+  return accepted;
+}
+
+// In cost order, each plan's memory estimated until `top` fit (or `max_estimates` ran), into out.fitting
+// and out.unfit.
+void fit_in_cost_order(std::vector<Accepted>& accepted, const World& w, int top, int max_estimates, Suggestion& out) {
   const double limit = (1.0 - w.margin) * static_cast<double>(w.memory_per_rank);
   std::set<std::string> fitted;  // families with a plan that fits: their costlier members buy memory not needed
   for (auto& a : accepted) {
@@ -387,6 +396,23 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
     if (a.cand.fits) fitted.insert(a.cand.family);
     (a.cand.fits ? out.fitting : out.unfit).push_back(a.cand);
   }
+}
+
+}  // namespace
+
+Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& w, int top,
+                   int max_estimates) {
+  const YAML::Node base = base_document(path, overrides);
+  const std::string mesh_extra = mesh_extra_of(base, w);
+  YAML::Node doc = YAML::Clone(base);
+  doc.remove("mesh");
+  const ExperimentConfig one = parse_config(emit(doc) + "mesh: {shape: [], names: []}\nparallelize: []\n", path);
+  const ModelFacts f = facts_of(one);
+  const int64_t given = doc["train"] && doc["train"]["microbatches"] ? doc["train"]["microbatches"].as<int64_t>() : 0;
+  Suggestion out;
+  out.flops_per_step = flops_of(f, one);
+  std::vector<Accepted> accepted = priced_plans(path, doc, mesh_extra, f, given, w, out);
+  fit_in_cost_order(accepted, w, top, max_estimates, out);
   return out;
 }
 
