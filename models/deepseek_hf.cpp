@@ -53,13 +53,17 @@ const NamePairs kRoutedNames = {{"mlp.gate.weight", "feed_forward.router.weight"
                                 {"mlp.shared_experts.up_proj.weight", "feed_forward.shared.w3.weight"}};
 const hf::ExpertNames kExperts = {"mlp.experts.", {"gate_proj", "down_proj", "up_proj"}};
 
-// A layer's names: the attention's and norms', then its feed-forward's.
-NamePairs names(bool routed) {
-  NamePairs out = kLayerNames;
-  const NamePairs& ffn = routed ? kRoutedNames : kDenseNames;
-  out.insert(out.end(), ffn.begin(), ffn.end());
-  return out;
+// `rest`, a name within a layer, on the other side (Hugging Face's when `to_hf`): the attention's
+// and norms', then the feed-forward's of a dense or a routed layer; "" for none of them.
+std::string in_layer(const std::string& rest, bool routed, bool to_hf) {
+  for (const NamePairs* table : {&kLayerNames, routed ? &kRoutedNames : &kDenseNames}) {
+    for (const auto& [h, c] : *table) {
+      if (rest == (to_hf ? c : h)) return to_hf ? h : c;
+    }
+  }
+  return "";
 }
+
 // config.json's integer fields and the arguments they give.
 const std::pair<const char*, const char*> kIntFields[] = {{"hidden_size", "dim"},
                                                           {"intermediate_size", "hidden_dim"},
@@ -188,30 +192,20 @@ class DeepseekV3Hf final : public HfAdapter {
   }
 
   std::string hf_name(const std::string& name, const ModelArgs& a, int64_t expert) const override {
-    int64_t layer = 0;
-    std::string rest;
-    if (!hf::split_layer(name, false, layer, rest)) return hf::top_hf_name(name);
-    const std::string at = hf::layer_prefix(layer, true);
-    const bool routed = llama_routed_layer(a, layer);
-    for (const auto& [h, c] : names(routed)) {
-      if (rest == c) return at + h;
-    }
-    const std::string e = routed ? hf::expert_hf_name(rest, kExperts, expert) : "";
-    return e.empty() ? "" : at + e;
+    return hf::renamed(name, false, [&](int64_t layer, const std::string& rest) {
+      const bool routed = llama_routed_layer(a, layer);
+      const std::string other = in_layer(rest, routed, /*to_hf=*/true);
+      return other.empty() && routed ? hf::expert_hf_name(rest, kExperts, expert) : other;
+    });
   }
 
   std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
     if (expert) *expert = -1;
-    int64_t layer = 0;
-    std::string rest;
-    if (!hf::split_layer(hf, true, layer, rest)) return hf::top_name_of(hf);
-    const std::string at = hf::layer_prefix(layer, false);
-    const bool routed = llama_routed_layer(a, layer);
-    for (const auto& [h, c] : names(routed)) {
-      if (rest == h) return at + c;
-    }
-    const std::string e = routed ? hf::expert_name_of(rest, kExperts, expert) : "";
-    return e.empty() ? "" : at + e;
+    return hf::renamed(hf, true, [&](int64_t layer, const std::string& rest) {
+      const bool routed = llama_routed_layer(a, layer);
+      const std::string other = in_layer(rest, routed, /*to_hf=*/false);
+      return other.empty() && routed ? hf::expert_name_of(rest, kExperts, expert) : other;
+    });
   }
 
   bool per_expert(const std::string& name, const ModelArgs&) const override { return hf::stacked_expert(name); }

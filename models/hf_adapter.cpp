@@ -97,6 +97,15 @@ bool split_layer(const std::string& name, bool from_hf, int64_t& layer, std::str
   return true;
 }
 
+std::string renamed(const std::string& name, bool from_hf,
+                    const std::function<std::string(int64_t layer, const std::string& rest)>& rest_of) {
+  int64_t layer = 0;
+  std::string rest;
+  if (!split_layer(name, from_hf, layer, rest)) return from_hf ? top_name_of(name) : top_hf_name(name);
+  const std::string other = rest_of(layer, rest);
+  return other.empty() ? "" : layer_prefix(layer, !from_hf) + other;
+}
+
 std::string layer_prefix(int64_t layer, bool hf) { return (hf ? "model.layers." : "layers.") + std::to_string(layer) + "."; }
 
 std::string expert_hf_name(const std::string& rest, const ExpertNames& n, int64_t expert) {

@@ -97,6 +97,11 @@ std::string top_name_of(const std::string& hf);
 // and REST; false for any other name. layer_prefix(N, hf) is the other way.
 bool split_layer(const std::string& name, bool from_hf, int64_t& layer, std::string& rest);
 std::string layer_prefix(int64_t layer, bool hf);
+// `name` (Hugging Face's when `from_hf`, else composer's) on the other side: a top-level name as
+// top_hf_name or top_name_of give it, a layer's "...layers.N.REST" as the other side's prefix and
+// `rest_of(N, REST)`; "" where that gives "" (no such tensor).
+std::string renamed(const std::string& name, bool from_hf,
+                    const std::function<std::string(int64_t layer, const std::string& rest)>& rest_of);
 // Experts stored one tensor each: expert J's slice of composer's stacked
 // feed_forward.experts.wK (K 1, 2, 3: gate, down, up) is "<prefix>J.<weight[K-1]>.weight".
 struct ExpertNames {

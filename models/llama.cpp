@@ -26,6 +26,7 @@ using nn::Linear;
 int64_t int_or(const ModelArgs& a, const char* name, int64_t fallback) {
   return a.values().count(name) ? a.i(name) : fallback;
 }
+bool has_qk_norm(const ModelArgs& a) { return a.values().count("qk_norm") && a.b("qk_norm"); }
 bool latent_attention(const ModelArgs& a) { return int_or(a, "kv_lora_rank", 0) > 0; }
 
 struct LlamaArgs {
@@ -343,7 +344,7 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
                       a.i("topk_group"), a.b("expert_bias")},
               a,
               int_or(a, "head_dim", 0),
-              a.values().count("qk_norm") && a.b("qk_norm")};
+              has_qk_norm(a)};
   if (latent_attention(a)) {
     l.mla = {a.i("dim"),        a.i("n_heads"),          a.i("q_lora_rank"),          a.i("kv_lora_rank"),
              a.i("qk_nope_head_dim"), a.i("qk_rope_head_dim"), a.i("v_head_dim"), rope_softmax_scale(a)};
@@ -394,7 +395,7 @@ TpPlan llama_tp_plan(const ModelArgs& a, bool sp) {
     for (auto w : {"attention.wq", "attention.wk", "attention.wv"}) p.push_back(colwise(std::string("layers.*.") + w));
   }
   // Qwen3's q and k norms act on each rank's own heads: their weights' gradients are partial sums over tp.
-  if (a.values().count("qk_norm") && a.b("qk_norm")) {
+  if (has_qk_norm(a)) {
     for (auto n : {"attention.q_norm", "attention.k_norm"}) p.push_back(sequence_parallel(std::string("layers.*.") + n));
   }
   for (const auto& ffn : ffns) {

@@ -307,37 +307,31 @@ class LlamaHf final : public HfAdapter {
   }
 
   std::string hf_name(const std::string& name, const ModelArgs& a, int64_t expert) const override {
-    int64_t layer = 0;
-    std::string rest;
-    if (!hf::split_layer(name, false, layer, rest)) return hf::top_hf_name(name);
-    const std::string at = hf::layer_prefix(layer, true);
-    const bool routed = llama_routed_layer(a, layer);
-    for (const auto& [h, c] : kLayerNames) {
-      if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return at + h;
-    }
-    if (!routed) return "";
-    const ExpertNames& n = expert_names();
-    if (rest == "feed_forward.router.weight") return at + n.router;
-    const std::string e = hf::expert_hf_name(rest, n.experts, expert);
-    return e.empty() ? "" : at + e;
+    return hf::renamed(name, false, [&](int64_t layer, const std::string& rest) -> std::string {
+      const bool routed = llama_routed_layer(a, layer);
+      for (const auto& [h, c] : kLayerNames) {
+        if (rest == c && !(routed && rest.rfind("feed_forward.", 0) == 0)) return h;
+      }
+      if (!routed) return "";
+      const ExpertNames& n = expert_names();
+      if (rest == "feed_forward.router.weight") return n.router;
+      return hf::expert_hf_name(rest, n.experts, expert);
+    });
   }
 
   std::string name_of(const std::string& hf, const ModelArgs& a, int64_t* expert) const override {
     if (expert) *expert = -1;
-    int64_t layer = 0;
-    std::string rest;
-    if (!hf::split_layer(hf, true, layer, rest)) return hf::top_name_of(hf);
-    const std::string at = hf::layer_prefix(layer, false);
-    const bool routed = llama_routed_layer(a, layer);
-    for (const auto& [h, c] : kLayerNames) {
-      if (routed && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
-      if (rest == h) return at + c;
-    }
-    if (!routed) return "";
-    const ExpertNames& n = expert_names();
-    if (rest == n.router) return at + "feed_forward.router.weight";
-    const std::string e = hf::expert_name_of(rest, n.experts, expert);
-    return e.empty() ? "" : at + e;
+    return hf::renamed(hf, true, [&](int64_t layer, const std::string& rest) -> std::string {
+      const bool routed = llama_routed_layer(a, layer);
+      for (const auto& [h, c] : kLayerNames) {
+        if (routed && std::string(c).rfind("feed_forward.", 0) == 0) continue;  // an MoE block has no dense SwiGLU
+        if (rest == h) return c;
+      }
+      if (!routed) return "";
+      const ExpertNames& n = expert_names();
+      if (rest == n.router) return "feed_forward.router.weight";
+      return hf::expert_name_of(rest, n.experts, expert);
+    });
   }
 
   bool per_expert(const std::string& name, const ModelArgs& a) const override {
