@@ -19,6 +19,20 @@ from safetensors.torch import load_file  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "reference"))
 from reference import Data, load_config  # noqa: E402
 
+# Plans the families' tests share (YAML mesh and parallelize sections, 4 ranks or 2).
+CP_RING_TP = """mesh: {shape: [2, 2], names: [cp, tp]}
+parallelize:
+  - tensor_parallel: {mesh_dim: tp}
+  - context_parallel: {mesh_dim: cp}"""
+CP_ALLTOALL_AC = """mesh: {shape: [2], names: [cp]}
+parallelize:
+  - context_parallel: {mesh_dim: cp, rotate: alltoall}
+  - activation_checkpointing: {units: [layers.*]}"""
+EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
+parallelize:
+  - expert_parallel: {mesh_dim: ep}
+  - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
+
 
 def batch_loss(model, data, step):
     """transformers' model on composer's batch of `step`: the cross-entropy loss and the logits."""

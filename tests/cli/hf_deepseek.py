@@ -34,7 +34,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save  # noqa: E402
+from hf_common import (  # noqa: E402
+    CP_ALLTOALL_AC, CP_RING_TP, EP_FSDP, Data, Harness,
+    batch_loss, load_config, norms_away_from_one, save)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -67,23 +69,13 @@ H = Harness("hf_deepseek", COMPOSER, WORK, PART, DeepseekV3ForCausalLM, LOSS_RTO
 fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run, H.composer_losses, H.compare_losses
 export, folder_tensors, load_export = H.export, H.folder_tensors, H.load_export
 
-EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
-parallelize:
-  - expert_parallel: {mesh_dim: ep}
-  - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
 PLANS = [("one device", ""),
          ("tp 2 x fully_shard dp 2", """mesh: {shape: [2, 2], names: [dp, tp]}
 parallelize:
   - tensor_parallel: {mesh_dim: tp}
   - fully_shard: {mesh_dim: dp}"""),
-         ("cp 2 (ring) x tp 2", """mesh: {shape: [2, 2], names: [cp, tp]}
-parallelize:
-  - tensor_parallel: {mesh_dim: tp}
-  - context_parallel: {mesh_dim: cp}"""),
-         ("cp 2 (alltoall) with activation checkpointing", """mesh: {shape: [2], names: [cp]}
-parallelize:
-  - context_parallel: {mesh_dim: cp, rotate: alltoall}
-  - activation_checkpointing: {units: [layers.*]}"""),
+         ("cp 2 (ring) x tp 2", CP_RING_TP),
+         ("cp 2 (alltoall) with activation checkpointing", CP_ALLTOALL_AC),
          # 3 layers on 2 stages: the dense layer and the first routed one, then the second routed one.
          ("pp 2 x fully_shard dp 2", """mesh: {shape: [2, 2], names: [pp, dp]}
 parallelize:

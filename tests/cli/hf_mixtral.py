@@ -59,7 +59,7 @@ LOSS_RTOL = 1e-5
 MIN_TOPK_GAP = 1e-3
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import Harness, norms_away_from_one, save  # noqa: E402
+from hf_common import EP_FSDP, Harness, norms_away_from_one, save  # noqa: E402
 
 H = Harness("hf_mixtral", COMPOSER, WORK, PART, MixtralForCausalLM, LOSS_RTOL)
 fail, composer, run, composer_losses, compare_losses = H.fail, H.composer, H.run, H.composer_losses, H.compare_losses
@@ -76,10 +76,6 @@ def hf_model(seed=0):
     return norms_away_from_one(model)
 
 
-EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
-parallelize:
-  - expert_parallel: {mesh_dim: ep}
-  - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
 
 
 def write_config(name, model, mesh="", extra=""):

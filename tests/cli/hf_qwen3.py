@@ -23,7 +23,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save, sgd_losses  # noqa: E402
+from hf_common import (  # noqa: E402
+    CP_ALLTOALL_AC, CP_RING_TP, EP_FSDP, Data, Harness,
+    batch_loss, load_config, norms_away_from_one, save, sgd_losses)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -42,14 +44,8 @@ PLANS = [("one device", ""),
 parallelize:
   - tensor_parallel: {mesh_dim: tp, sequence_parallel: true}
   - fully_shard: {mesh_dim: dp}"""),
-         ("cp 2 (ring) x tp 2", """mesh: {shape: [2, 2], names: [cp, tp]}
-parallelize:
-  - tensor_parallel: {mesh_dim: tp}
-  - context_parallel: {mesh_dim: cp}"""),
-         ("cp 2 (alltoall) with activation checkpointing", """mesh: {shape: [2], names: [cp]}
-parallelize:
-  - context_parallel: {mesh_dim: cp, rotate: alltoall}
-  - activation_checkpointing: {units: [layers.*]}"""),
+         ("cp 2 (ring) x tp 2", CP_RING_TP),
+         ("cp 2 (alltoall) with activation checkpointing", CP_ALLTOALL_AC),
          ("pp 2 x fully_shard dp 2", """mesh: {shape: [2, 2], names: [pp, dp]}
 parallelize:
   - pipeline: {mesh_dim: pp, schedule: 1f1b, layers_per_stage: 1}
@@ -114,10 +110,6 @@ VARIANTS = [(True, 1, MOE_SEED), (False, 1, MOE_SEED), (True, 2, 5)]
 # A token whose top-k experts lead the next by less than this could route otherwise under another
 # summation order (float32 router logits agree with float64's to about 1e-5 here).
 MIN_TOPK_GAP = 1e-3
-EP_FSDP = """mesh: {shape: [2, 2], names: [dp, ep]}
-parallelize:
-  - expert_parallel: {mesh_dim: ep}
-  - fully_shard: {mesh_dim: dp, units: ['layers.*']}"""
 
 
 def moe_model(norm_topk_prob, step=1, seed=MOE_SEED):
