@@ -72,8 +72,10 @@ std::string diff_command(const CliOptions& o) {
 }  // namespace
 
 int run_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank) {
-  // Fail before training when it is missing or made for another experiment.
-  Golden g = read_checked_golden(c);
+  // Fail before training when it is missing or made for another experiment;
+  // its tensors are read again after training, so that what this rank holds
+  // while it trains (memory.rank<r>.json) is what `composer run` holds.
+  read_checked_golden(c);
   std::string dir = prepare_out_dir(o, c);
   // A golden that carries its initial weights is checked from them (GoldenStart).
   std::optional<GoldenStart> start;
@@ -81,6 +83,7 @@ int run_check(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Ran
   if (draws_initial_weights(c.model) && std::filesystem::exists(init)) start = GoldenStart{init};
   TrainResult r = train(c, p, rank, dir, /*checkpoints=*/false, {}, start ? &*start : nullptr);
   if (!rank.is_main()) return 0;
+  const Golden g = read_checked_golden(c);
   CompareReport rep = compare(g, c, r.steps, read_safetensors(dir + "/final.safetensors"));
   std::cout.precision(3);
   if (start) {

@@ -582,17 +582,25 @@ def main():
     print(f"peer: {cfg['name']} on {plan.world} Gloo ranks: {plan.describe()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="peer") as tmp:
         # Forked ranks share the parent's imported torch (no per-rank import); the parent has
-        # started no intra-op threads.
-        try:
-            mp.start_processes(worker, args=(cfg, args.run_dir, args.golden, os.path.join(tmp, "store"), command,
-                                                    args.threads, args.timings),
-                               nprocs=plan.world, start_method="fork")
-        except mp.ProcessRaisedException as e:
-            sys.exit(f"peer: {cfg['name']}: rank {e.error_index} failed (traceback above)")
-        except mp.ProcessExitedException as e:
-            if e.exit_code == 2:
-                sys.exit(2)
-            sys.exit(f"peer: {cfg['name']}: {e}")
+        # started no intra-op threads. A forked rank that a signal kills (a crash inside PyTorch or
+        # Gloo, never a wrong result) is run once more with freshly spawned ranks, which import
+        # torch themselves, and said so.
+        for attempt, method in enumerate(["fork", "spawn"]):
+            try:
+                mp.start_processes(worker, args=(cfg, args.run_dir, args.golden, os.path.join(tmp, f"store{attempt}"),
+                                                 command, args.threads, args.timings),
+                                   nprocs=plan.world, start_method=method)
+                break
+            except mp.ProcessRaisedException as e:
+                sys.exit(f"peer: {cfg['name']}: rank {e.error_index} failed (traceback above)")
+            except mp.ProcessExitedException as e:
+                if e.exit_code == 2:
+                    sys.exit(2)
+                if method == "fork" and e.signal_name:
+                    print(f"peer: {cfg['name']}: forked rank {e.error_index} died of {e.signal_name}; "
+                          "running every rank again, spawned", flush=True)
+                    continue
+                sys.exit(f"peer: {cfg['name']}: {e}")
 
 
 if __name__ == "__main__":
