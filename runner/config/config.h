@@ -174,6 +174,9 @@ struct DataConfig {
   SourceRef path_ref;                          // where path was given
   std::vector<TokenSource> sources;            // tokens: several files blended by weight, instead of path
   DocumentsConfig documents;                   // tokens: packed documents
+  // tokens: each token file's <path>.mask (one byte per token, 1: trained as
+  // a target) drops the others' loss (tools/prepare-data --chat writes it)
+  bool loss_mask = false;
   template <class V>
   void fields(V& v) {
     v("source", source);
@@ -185,6 +188,7 @@ struct DataConfig {
     v("token_dtype", token_dtype, kOmitDefault);
     v("sources", sources, kOmitDefault);
     v("documents", documents, kOmitDefault);
+    v("loss_mask", loss_mask, kOmitDefault);
   }
   std::optional<FieldError> check(const std::set<std::string>& given);
 };

@@ -79,6 +79,10 @@ std::optional<FieldError> DataConfig::check(const std::set<std::string>& given) 
     return FieldError{"documents", "data.documents packs the documents of token files; set data.source: tokens or "
                                    "remove documents"};
   }
+  if (loss_mask && !tokens) {
+    return FieldError{"loss_mask", "data.loss_mask reads each token file's <path>.mask; set data.source: tokens or "
+                                   "remove loss_mask"};
+  }
   if (given.count("documents") && !documents.mask) {
     return FieldError{"documents", "data.documents without mask: true changes nothing (windows run across "
                                    "documents, as without it); set mask: true or remove documents"};

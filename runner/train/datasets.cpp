@@ -109,10 +109,13 @@ class FileData : public DataSet {
 // A flat file of little-endian token ids (nanoGPT and Megatron write them),
 // memory-mapped; with `index`, also its document index: the little-endian
 // uint64 end offset (exclusive, in tokens) of each document, as
-// tools/prepare-data writes it to <path>.docs.
+// tools/prepare-data writes it to <path>.docs; with `mask`, its loss mask:
+// one byte per token, 1 where the token is trained as a target (<path>.mask,
+// tools/prepare-data --chat).
 class TokenFile {
  public:
-  TokenFile(const std::string& path, int width, int64_t min_tokens, bool index) : path_(path), width_(width) {
+  TokenFile(const std::string& path, int width, int64_t min_tokens, bool index, bool mask = false)
+      : path_(path), width_(width) {
     map_ = map(path_, bytes_);
     try {  // a constructor that throws runs no destructor: the mapping is released here
       if (bytes_ % width_ != 0) {
@@ -125,6 +128,7 @@ class TokenFile {
                                    std::to_string(min_tokens));
       }
       if (index) read_index();
+      if (mask) read_mask();
     } catch (...) {
       if (map_) munmap(map_, bytes_);
       throw;
@@ -144,6 +148,8 @@ class TokenFile {
     for (int k = width_ - 1; k >= 0; --k) v = (v << 8) | b[k];  // little-endian
     return v;
   }
+  // Whether token i is trained as a target (always without a loss mask).
+  bool trained(int64_t i) const { return mask_.empty() || mask_[static_cast<size_t>(i)] != 0; }
   // doc_start of the `len` tokens from `start` by the index: where, counted
   // from `start`, the document of each begins (0 for the first's).
   void doc_start(int64_t start, int64_t len, int64_t* out) const {
@@ -170,6 +176,31 @@ class TokenFile {
     close(fd);
     if (m == MAP_FAILED) throw FileError(path, std::string("cannot map the file: ") + std::strerror(errno));
     return m;
+  }
+  void read_mask() {
+    const std::string file = path_ + ".mask";
+    std::FILE* f = std::fopen(file.c_str(), "rb");
+    if (!f) {
+      throw FileError(file, "no loss mask beside " + path_ + " (" + std::strerror(errno) +
+                                "); write it with tools/prepare-data --chat, or remove data.loss_mask");
+    }
+    std::fseek(f, 0, SEEK_END);
+    const long n = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    mask_.resize(static_cast<size_t>(std::max(n, 0L)));
+    const size_t got = mask_.empty() ? 0 : std::fread(mask_.data(), 1, mask_.size(), f);
+    std::fclose(f);
+    if (n != tokens_ || got != mask_.size()) {
+      throw FileError(file, "is " + std::to_string(n) + " bytes, not one per token of " + path_ + "'s " +
+                                std::to_string(tokens_) + "; write the token file and its mask again with "
+                                "tools/prepare-data --chat");
+    }
+    for (size_t i = 0; i < mask_.size(); ++i) {
+      if (mask_[i] > 1) {
+        throw FileError(file, "byte " + std::to_string(i) + " is " + std::to_string(mask_[i]) +
+                                  ", not 0 (no loss) or 1 (trained); write it again with tools/prepare-data --chat");
+      }
+    }
   }
   void read_index() {
     const std::string index = path_ + ".docs";
@@ -208,6 +239,7 @@ class TokenFile {
   int64_t tokens_ = 0;
   void* map_ = nullptr;
   std::vector<uint64_t> ends_;
+  std::vector<uint8_t> mask_;
 };
 
 // Sample g of the run (g = (step - 1) * global_batch + index) is a window of
@@ -215,13 +247,15 @@ class TokenFile {
 // ...) (the only one without a blend), at token_window(seed, g, ...). The
 // inputs are its first seq_len tokens, the next-token targets its last.
 // With packed documents each sample also gets its doc_start row, and without
-// loss_on_boundary a target that starts a new document is -100 (ignored).
+// loss_on_boundary a target that starts a new document is -100 (ignored); with
+// data.loss_mask so is a target its file's mask leaves out. The loss then
+// divides by the global batch's count of the targets kept (loss_tokens).
 class TokenFileData : public DataSet {
  public:
   TokenFileData(const ExperimentConfig& c, const DataPlan& p)
       : path_ref_(data_ref(c, c.data.sources.empty() ? "path" : "sources")), seed_(c.seed),
         global_batch_(c.train.global_batch), seq_len_(p.seq_len), vocab_(p.input.vocab_size),
-        docs_(c.data.documents) {
+        docs_(c.data.documents), loss_mask_(c.data.loss_mask) {
     if (p.inputs != InputKind::kTokens) {
       throw ConfigError(data_ref(c, "source"), "data.source tokens feeds token models; model " + c.model.name +
                                                    " takes float features");
@@ -237,7 +271,7 @@ class TokenFileData : public DataSet {
     if (sources.empty()) sources.push_back({c.data.path, 1.0, c.data.path_ref});
     double sum = 0;
     for (const auto& s : sources) {
-      files_.push_back(naming_config_key(s.ref, [&] { return std::make_unique<TokenFile>(s.path, width, seq_len_ + 1, index); }));
+      files_.push_back(naming_config_key(s.ref, [&] { return std::make_unique<TokenFile>(s.path, width, seq_len_ + 1, index, loss_mask_); }));
       weights_.push_back(s.weight);
       cumulative_.push_back(sum += s.weight);
     }
@@ -300,19 +334,25 @@ class TokenFileData : public DataSet {
     return start;
   }
 
-  // The targets of `step`'s global batch that begin no document: the loss's divisor without
-  // loss_on_boundary. Kept for the last step asked (the loader's thread and this one ask).
+  // Whether the loss drops some targets: document boundaries without loss_on_boundary, or a loss mask.
+  bool drops_targets() const { return (docs_.active() && !docs_.loss_on_boundary) || loss_mask_; }
+
+  // The targets of `step`'s global batch that are kept (drops_targets): the loss's divisor, at
+  // least 1 (a step whose targets are all dropped has loss 0). Kept for the last step asked (the
+  // loader's thread and this one ask).
   double loss_tokens(int64_t step) const {
     std::lock_guard<std::mutex> lock(counted_mutex_);
     if (counted_step_ == step) return counted_;
     int64_t n = 0;
     std::vector<int64_t> starts;
+    const bool boundaries = docs_.active() && !docs_.loss_on_boundary;
     for (int64_t g = (step - 1) * global_batch_; g < step * global_batch_; ++g) {
-      window_of(g, &starts);
-      for (int64_t k = 1; k <= seq_len_; ++k) n += starts[k] == k ? 0 : 1;
+      const TokenFile& f = *files_[source_of(g)];
+      const int64_t start = window_of(g, boundaries ? &starts : nullptr);
+      for (int64_t k = 1; k <= seq_len_; ++k) n += (boundaries && starts[k] == k) || !f.trained(start + k) ? 0 : 1;
     }
     counted_step_ = step;
-    counted_ = static_cast<double>(n);
+    counted_ = static_cast<double>(std::max<int64_t>(n, 1));
     return counted_;
   }
 
@@ -336,8 +376,9 @@ class TokenFileData : public DataSet {
     const int64_t n = end - begin, span = seq_len_ + 1;
     auto window = torch::empty({n, span}, torch::kLong);
     auto* out = window.data_ptr<int64_t>();
-    torch::Tensor starts;
+    torch::Tensor starts, dropped;
     if (docs_.active()) starts = torch::empty({n, span}, torch::kLong);
+    if (loss_mask_) dropped = torch::zeros({n, seq_len_}, torch::kBool);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t g = (step - 1) * global_batch_ + begin + i;
       const TokenFile& f = *files_[source_of(g)];
@@ -351,19 +392,23 @@ class TokenFileData : public DataSet {
         out[i * span + k] = id;
       }
       if (starts.defined()) starts_of(f, start, out + i * span, starts.data_ptr<int64_t>() + i * span);
+      if (dropped.defined()) {  // target k is token start + k + 1
+        auto* row = dropped.data_ptr<bool>() + i * seq_len_;
+        for (int64_t k = 0; k < seq_len_; ++k) row[k] = !f.trained(start + k + 1);
+      }
     }
     Batch b;
     b.inputs = window.slice(1, 0, seq_len_).contiguous();
     if (next_tokens_) b.targets = window.slice(1, 1, span).contiguous();
-    if (starts.defined()) {
-      b.doc_start = starts.slice(1, 0, seq_len_).contiguous();
-      if (!docs_.loss_on_boundary && b.targets.defined()) {
+    if (starts.defined()) b.doc_start = starts.slice(1, 0, seq_len_).contiguous();
+    if (b.targets.defined() && drops_targets()) {
+      if (starts.defined() && !docs_.loss_on_boundary) {
         // Target k is token k + 1: a boundary's when that token begins its document.
         auto next = starts.slice(1, 1, span);
-        auto begins = next == torch::arange(1, span, torch::kLong).unsqueeze(0);
-        b.targets.masked_fill_(begins, -100);
-        b.loss_tokens = loss_tokens(step);
+        b.targets.masked_fill_(next == torch::arange(1, span, torch::kLong).unsqueeze(0), -100);
       }
+      if (dropped.defined()) b.targets.masked_fill_(dropped, -100);
+      b.loss_tokens = loss_tokens(step);
     }
     return b;
   }
@@ -375,6 +420,7 @@ class TokenFileData : public DataSet {
   uint64_t seed_;
   int64_t global_batch_, seq_len_, vocab_;
   DocumentsConfig docs_;
+  bool loss_mask_;
   bool next_tokens_ = true;
   std::vector<std::unique_ptr<TokenFile>> files_;
   std::vector<double> weights_, cumulative_;

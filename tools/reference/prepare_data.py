@@ -38,6 +38,10 @@ whole, so memory also grows with the longest document. A progress line goes
 to stderr; at the end the counts, the time, tokens per second, the peak resident memory and the
 data section to use are printed. Any tokenizer.json works, for example a Hugging Face model
 folder's (Llama 3's has 128256 entries, so uint32); a model's vocab_size must exceed every id.
+
+--chat MODEL_DIR reads conversations (.jsonl and .parquet: "messages", or "prompt" and
+"completion") instead, renders them with the folder's chat template and writes OUT.mask too: one
+byte per token, 1 where it is trained (data.loss_mask: true); see prepare_chat.py.
 """
 import argparse
 import collections
@@ -423,7 +427,15 @@ def prepare(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", required=True, help="a tokenizer.json")
+    ap.add_argument("--tokenizer", help="a tokenizer.json (text documents)")
+    ap.add_argument("--chat", metavar="MODEL_DIR",
+                    help="conversations instead of text: render them with this Hugging Face model folder's chat "
+                         "template and tokenizer and write OUT.mask beside OUT and OUT.docs (prepare_chat.py)")
+    ap.add_argument("--loss-on", choices=["assistant", "last", "all"], default="assistant",
+                    help="with --chat: the tokens OUT.mask trains: every assistant turn (default), the last one, "
+                         "or all")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="with --chat: keep a longer conversation's first N tokens (default: cut none)")
     ap.add_argument("--out", required=True, help="the token file to write (and OUT.docs, its document index)")
     ap.add_argument("--eos", help="the end-of-text token appended after every document")
     ap.add_argument("--text-field", default="text",
@@ -439,9 +451,24 @@ def main():
     a = ap.parse_args()
     if a.workers < 1 or a.chunk_docs < 1:
         ap.error("--workers and --chunk-docs must be at least 1")
+    if bool(a.tokenizer) == bool(a.chat):
+        ap.error("give --tokenizer (text) or --chat MODEL_DIR (conversations), one of them")
+    if not a.chat and (a.loss_on != "assistant" or a.max_tokens):
+        ap.error("--loss-on and --max-tokens belong to --chat")
+    if a.max_tokens < 0:
+        ap.error("--max-tokens must be positive")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # exits through the clean-up: no .tmp files left
     try:
-        prepare(a)
+        if a.chat:
+            import prepare_chat
+            try:
+                a.files = input_files(a.files)
+                prepare_chat.prepare_chat(a, lambda vocab: np.dtype("<u2") if vocab <= 1 << 16 else np.dtype("<u4"),
+                                          print)
+            except prepare_chat.ChatError as e:
+                raise InputError(str(e)) from None
+        else:
+            prepare(a)
     except InputError as e:
         print(f"{CLEAR if sys.stderr.isatty() else ''}prepare-data: {e}", file=sys.stderr)
         sys.exit(2)

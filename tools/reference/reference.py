@@ -86,6 +86,9 @@ class Data:
                 self.ends = [[int(e) for e in torch.from_file(s["path"] + ".docs", dtype=torch.int64,
                                                               size=os.path.getsize(s["path"] + ".docs") // 8)]
                              for s in sources]
+            # data.loss_mask: each file's <path>.mask, one byte per token, 1 where it is trained as a target
+            self.masks = [torch.from_file(s["path"] + ".mask", dtype=torch.uint8, size=os.path.getsize(s["path"] + ".mask"))
+                          for s in sources] if d.get("loss_mask") else None
             self.tokens = self.sources[0]
 
     def sample(self, step, index):
@@ -112,8 +115,12 @@ class Data:
     def windows(self, step, begin, end):
         """Samples begin..end-1 of `step`: their token windows (seq_len + 1 ids) and, with packed
         documents, each window's doc_start row (tools/reference/blend.py)."""
+        return self.windows_and_masks(step, begin, end)[:2]
+
+    def windows_and_masks(self, step, begin, end):
+        """windows(), and with data.loss_mask each window's mask bytes (else None)."""
         span = self.seq_len + 1
-        rows, starts = [], []
+        rows, starts, masks = [], [], []
         for i in range(begin, end):
             g = (step - 1) * self.global_batch + i
             src = blend.blend_source(self.seed, g, self.weights) if len(self.sources) > 1 else 0
@@ -121,10 +128,13 @@ class Data:
             at = blend.token_window(self.seed, g, len(tokens) - span + 1)
             w = tokens[at:at + span].to(torch.int64)
             rows.append(w)
+            if self.masks is not None:
+                masks.append(self.masks[src][at:at + span].to(torch.bool))
             if self.documents:
                 starts.append(blend.doc_start_index(self.ends[src], at, span) if self.ends is not None
                               else blend.doc_start_eos(w.tolist(), self.documents["eos_id"]))
-        return torch.stack(rows), (torch.tensor(starts, dtype=torch.int64) if self.documents else None)
+        return (torch.stack(rows), (torch.tensor(starts, dtype=torch.int64) if self.documents else None),
+                torch.stack(masks) if masks else None)
 
     def doc_start(self, step, begin, end):
         """The inputs' doc_start rows (packed documents), else None."""
@@ -132,20 +142,27 @@ class Data:
             return None
         return self.windows(step, begin, end)[1][:, :-1]
 
+    def drops_targets(self):
+        """Whether the loss drops targets: packed documents without loss_on_boundary, or data.loss_mask."""
+        return self.tokens is not None and ((self.documents and not self.documents["loss_on_boundary"])
+                                            or self.masks is not None)
+
     def loss_tokens(self, step):
-        """Packed documents without loss_on_boundary: the count of `step`'s global batch's targets that
-        begin no document (the loss's divisor), else None."""
-        if self.tokens is None or not self.documents or self.documents["loss_on_boundary"]:
+        """When the loss drops targets: the count of `step`'s global batch's targets kept (the loss's
+        divisor, at least 1), else None."""
+        if not self.drops_targets():
             return None
         y = self.batch(step, 0, self.global_batch)[1]
-        return float((y != -100).sum())
+        return max(float((y != -100).sum()), 1.0)
 
     def batch(self, step, begin, end):
         if self.tokens is not None:
-            w, starts = self.windows(step, begin, end)
+            w, starts, masks = self.windows_and_masks(step, begin, end)
             y = w[:, 1:] if self.targets == "next_tokens" else None
             if y is not None and starts is not None and not self.documents["loss_on_boundary"]:
                 y = y.masked_fill(starts[:, 1:] == torch.arange(1, w.size(1)), -100)
+            if y is not None and masks is not None:  # target k is token k + 1
+                y = y.masked_fill(~masks[:, 1:], -100)
             return w[:, :-1], y
         if self.file is not None:
             n = self.file["inputs"].shape[0]
