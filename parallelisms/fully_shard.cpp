@@ -277,7 +277,14 @@ struct UnshardFn : torch::autograd::Function<UnshardFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList shards, int64_t unit) {
     ctx->saved_data["unit"] = unit;
     ctx->set_materialize_grads(false);  // an unused parameter's gradient stays undefined
-    return finish_gather(*reinterpret_cast<FullyShard::Unit*>(unit), /*refill=*/false);
+    auto values = finish_gather(*reinterpret_cast<FullyShard::Unit*>(unit), /*refill=*/false);
+    // A frozen parameter's unsharded value needs no gradient: autograd computes none for it.
+    variable_list frozen;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (!shards[i].requires_grad()) frozen.push_back(values[i]);
+    }
+    if (!frozen.empty()) ctx->mark_non_differentiable(frozen);
+    return values;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto& u = *reinterpret_cast<FullyShard::Unit*>(ctx->saved_data["unit"].toInt());
@@ -433,8 +440,10 @@ void FullyShard::shard_param(Unit& u, const std::string& name, const torch::Tens
   // memory; a model still on meta gets its values there later (materialise).
   if (options_.offload && !shard.is_meta()) shard = shard.to(torch::kCPU).pin_memory();
   p.set_data(shard);
-  q.grad_offset = u.grad_numel;
-  u.grad_numel += numel_of(q.info.padded_shape());
+  if (p.requires_grad()) {  // a frozen parameter (train.freeze) is gathered, never reduce-scattered
+    q.grad_offset = u.grad_numel;
+    u.grad_numel += numel_of(q.info.padded_shape());
+  }
   for (const auto& in : q.ext->pre_all_gather(p.detach(), q.info, q.compute_dtype)) {
     Slot s{u.gather_bytes, bytes_of(in.sizes().vec(), in.scalar_type()), in.scalar_type(), in.sizes().vec()};
     u.gather_bytes += aligned(s.bytes);

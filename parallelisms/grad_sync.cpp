@@ -59,7 +59,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, const Placements& placemen
   for (size_t k = params.size(); k-- > 0;) {
     const auto& p = params[k];
     const ShardSpec* spec = placements.find(p);
-    if (!spec) continue;
+    if (!spec || !p.requires_grad()) continue;  // a frozen parameter (train.freeze) has no gradient
     auto reductions = grad_plan(*spec).all_reduces;
     if (reductions.empty()) continue;
     const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());

@@ -120,9 +120,11 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
                              double step, std::set<std::string>& known) {
   std::vector<Piece> out;
   for (const auto& hp : params) {
+    // A buffer, or a parameter train.freeze keeps fixed, has no optimizer state.
+    const bool trains = !hp.buffer && hp.param.requires_grad();
     std::vector<std::string> keys{hp.name};
     for (const auto& s : opt.state_names()) {
-      if (!hp.buffer) keys.push_back(kStatePrefix + hp.name + "." + s);
+      if (trains) keys.push_back(kStatePrefix + hp.name + "." + s);
     }
     known.insert(keys.begin(), keys.end());
     if (hp.spec && !hp.spec->held()) continue;
@@ -133,7 +135,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     base.key = hp.name;
     base.local = hp.param.detach().view(base.box.size);
     out.push_back(base);
-    if (hp.buffer) continue;
+    if (!trains) continue;
     Optimizer::State* st = restore ? &opt.restore_state_of(hp.param, step) : opt.state_of(hp.param);
     for (const auto& s : opt.state_names()) {
       if (!st) break;

@@ -144,6 +144,11 @@ struct TrainConfig {
   OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_skipped = 5;         // skip: stop after this many skipped steps in a row
   std::optional<Fp8Config> fp8;    // given: the Linear layers it selects compute in float8
+  // Parameters that do not train: each pattern names parameters or the
+  // modules that hold them ('*' within a dotted segment, '**' across); they
+  // get no gradient, no gradient reduction and no optimizer state.
+  std::vector<std::string> freeze;
+  SourceRef freeze_ref;            // where freeze was given
   template <class V>
   void fields(V& v) {
     v("steps", steps, kPositive);
@@ -159,6 +164,8 @@ struct TrainConfig {
     v("on_nonfinite", on_nonfinite);
     v("max_skipped", max_skipped, kPositive);
     v("fp8", fp8);
+    v("freeze", freeze, kOmitDefault);
+    v.where("freeze", freeze_ref);
   }
   std::optional<FieldError> check(const std::set<std::string>& given);
 };

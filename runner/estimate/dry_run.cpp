@@ -83,6 +83,8 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
     for (auto& d : out.specs.back().dims) d.group = d.member_group = nullptr;
   }
   std::vector<torch::Tensor> params = par.held_params();
+  params.erase(std::remove_if(params.begin(), params.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
+               params.end());  // train.freeze: a frozen parameter gets no optimizer state
   auto optimizer = make_optimizer(c.train.optimizer, params);
   static const parallel::Delays kNoDelays({}, 0);
   StepState state{c,

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "models/registry.h"
+#include "models/select.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/train/datasets.h"
@@ -182,8 +183,54 @@ int rank_threads(const TrainConfig& t, int64_t local_ranks) {
   return static_cast<int>(t.threads ? t.threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, local_ranks)));
 }
 
+namespace {
+
+// Whether a train.freeze pattern names the parameter `name` or a module that holds it.
+bool freezes(const std::string& pattern, const std::string& name) {
+  for (size_t end = name.size(); end != std::string::npos; end = end ? name.rfind('.', end - 1) : std::string::npos) {
+    if (models::fqn_matches(pattern, name.substr(0, end))) return true;
+    if (end == 0) break;
+  }
+  return false;
+}
+
+// train.freeze: the parameters it names stop requiring gradients, before the
+// transforms, which keep each parameter's requires_grad (sharding replaces a
+// parameter's data, not the parameter) and leave out of their gradient
+// reductions the ones that need none.
+void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& rank) {
+  if (t.freeze.empty()) return;
+  const auto named = nn::unique_named_parameters(model);
+  int64_t frozen = 0, numel = 0, total = 0;
+  for (const auto& pattern : t.freeze) {
+    if (std::none_of(named.begin(), named.end(), [&](const auto& np) { return freezes(pattern, np.first); })) {
+      throw ConfigError(t.freeze_ref, "'" + pattern + "' names no parameter of the model (nor a module "
+                                      "holding one), e.g. " + named.front().first + " or " + named.back().first +
+                                      "; fix the pattern ('*' within a dotted segment, '**' across) or remove it");
+    }
+  }
+  for (const auto& [name, p] : named) {
+    total += p.numel();
+    if (std::none_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) continue;
+    p.requires_grad_(false);
+    ++frozen;
+    numel += p.numel();
+  }
+  if (frozen == static_cast<int64_t>(named.size())) {
+    throw ConfigError(t.freeze_ref, "these patterns freeze every parameter of the model: nothing would train; "
+                                    "name only the parameters to keep fixed");
+  }
+  if (rank.is_main()) {
+    std::cout << rank.log_prefix << "train.freeze: " << frozen << " of " << named.size() << " parameters frozen ("
+              << numel << " of " << total << " values); " << named.size() - frozen << " train\n";
+  }
+}
+
+}  // namespace
+
 parallel::Parallel apply_plan(models::Model& model, const ExperimentConfig& c, const Plan& plan, RankContext& rank,
                               std::function<torch::Tensor()> microbatch) {
+  freeze_parameters(model, c.train, rank);
   parallel::ParallelizeOptions o;
   if (rank.mesh) {
     o.mesh = rank.mesh.get();

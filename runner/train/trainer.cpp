@@ -345,6 +345,8 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   const double setup_peak_rss_mb = peak_rss_mb();
 
   std::vector<torch::Tensor> params = rm.par.held_params();
+  params.erase(std::remove_if(params.begin(), params.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
+               params.end());  // train.freeze: a frozen parameter gets no optimizer state
   auto optimizer = make_optimizer(c.train.optimizer, params);
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*rm.model)) held.push_back({name, p, rm.par.placements->find(p)});

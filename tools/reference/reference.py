@@ -13,6 +13,7 @@ import base64
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
@@ -241,6 +242,23 @@ def eval_loss_fn(cfg, model, dtype, mixed, B, M):
     return evaluate
 
 
+def fqn_pattern(pattern):
+    """composer's FQN pattern as a regular expression: '*' within a dotted segment, '**' across."""
+    return re.compile("".join(".*" if part == "**" else "[^.]*" if part == "*" else re.escape(part)
+                              for part in re.split(r"(\*\*|\*)", pattern)) + r"\Z")
+
+
+def trainable(model, freeze):
+    """train.freeze: the parameters a pattern names, or whose module (or a module above it) it names,
+    stop requiring gradients; the rest, each once, in the model's order."""
+    patterns = [fqn_pattern(f) for f in freeze]
+    for name, p in model.named_parameters():
+        prefixes = [".".join(name.split(".")[:k]) for k in range(len(name.split(".")), 0, -1)]
+        if any(r.match(x) for r in patterns for x in prefixes):
+            p.requires_grad_(False)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def make_optimizer(o, params):
     if o["name"] == "sgd":
         return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
@@ -439,7 +457,7 @@ def main():
 
     data = Data(cfg, dtype)
 
-    params = list(model.parameters())
+    params = trainable(model, t.get("freeze", []))
     opt = make_optimizer(t["optimizer"], params)
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     mixed = None
