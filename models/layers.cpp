@@ -211,7 +211,22 @@ torch::Tensor kept_attention(const torch::Tensor& q, const torch::Tensor& k, con
 
 }  // namespace
 
+void Linear::add_lora(int64_t rank, double alpha, double dropout) {
+  lora_A = register_parameter(
+      "lora_A", new_param({rank, in_features}, [](torch::Tensor& a) { torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0)); }));
+  lora_B = register_parameter("lora_B", new_param({out_features, rank}, [](torch::Tensor& b) { b.zero_(); }));
+  lora_scaling = alpha / static_cast<double>(rank);
+  lora_dropout = dropout;
+}
+
 torch::Tensor Linear::forward(torch::Tensor x) {
+  torch::Tensor y = base_forward(x);
+  if (!lora_A.defined()) return y;
+  const torch::Tensor h = lora_dropout > 0 && is_training() ? torch::dropout(x, lora_dropout, /*train=*/true) : x;
+  return y + torch::linear(torch::linear(h, param(lora_A)), param(lora_B)) * lora_scaling;
+}
+
+torch::Tensor Linear::base_forward(const torch::Tensor& x) {
   const torch::Tensor& w = param(weight);
   torch::Tensor b = bias.defined() && !bias_after ? param(bias) : torch::Tensor();
   WeightGradRecords* records = DeferWeightGrads::active();

@@ -27,6 +27,18 @@ class Linear : public Module {
   // DeferWeightGrads scope is open; fp8_amax makes a sharded operand's scale the whole tensor's.
   bool fp8 = false;
   Fp8AmaxReduce fp8_amax;
+  // train.lora (PEFT's LoRA): forward adds lora_scaling * lora_B(lora_A(dropout(x))) to the
+  // layer's output, computed where the layer computes (a tensor-parallel rank's piece, before the
+  // reduction of a rowwise layer). Undefined without an adapter.
+  torch::Tensor lora_A;  // [rank, in_features], kaiming-uniform as PEFT draws it
+  torch::Tensor lora_B;  // [out_features, rank], zeros
+  double lora_scaling = 0;
+  double lora_dropout = 0;
+  // Registers lora_A and lora_B (scaling alpha / rank).
+  void add_lora(int64_t rank, double alpha, double dropout);
+
+ private:
+  torch::Tensor base_forward(const torch::Tensor& x);
 };
 
 // The weight gradient of y = linear(x, w) from the flattened input x2 and

@@ -93,7 +93,8 @@ Group& group_of(AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->sa
 // stages, which the hooks' collectives answer without communicating).
 // Nor for a float8 layer (train.fp8), whose matmul is float8's.
 bool fuses(const Group& g, const torch::Tensor& x, const nn::Linear& m) {
-  return g.size > 1 && !m.fp8 && !nn::DeferWeightGrads::active() && !(x.is_meta() && g.pg);
+  // A LoRA adapter computes beside the matmul, on the gathered input and before the reduction.
+  return g.size > 1 && !m.fp8 && !m.lora_A.defined() && !nn::DeferWeightGrads::active() && !(x.is_meta() && g.pg);
 }
 
 // A float8 layer's scales over the whole of the operands tp shards: the largest magnitude over the group.
@@ -197,6 +198,10 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   Group& g = tp.group();
   shard_param(tp, m.weight, 0);
   if (m.bias.defined()) shard_param(tp, m.bias, 0);
+  if (m.lora_A.defined()) {  // A whole (its gradient summed over tp: each rank's rows of B), B split as the base
+    partial_grads_over_tp(tp, m.lora_A);
+    shard_param(tp, m.lora_B, 0);
+  }
   const int64_t out_features = m.out_features;
   const Layout in = r.input, out = r.output;
   reduce_fp8_amax(g, m, {nn::Fp8Operand::kWeight, nn::Fp8Operand::kGradOutput});
@@ -229,6 +234,10 @@ void apply_colwise(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
 void apply_rowwise_linear(TensorParallel& tp, nn::Linear& m, const TpRule& r) {
   Group& g = tp.group();
   shard_param(tp, m.weight, 1);
+  if (m.lora_A.defined()) {  // A split on the base's input columns, B whole (its gradient summed over tp)
+    shard_param(tp, m.lora_A, 1);
+    partial_grads_over_tp(tp, m.lora_B);
+  }
   reduce_fp8_amax(g, m, {nn::Fp8Operand::kInput, nn::Fp8Operand::kWeight});
   const Layout in = r.input, out = r.output;
   const bool bias = m.bias.defined();

@@ -128,6 +128,27 @@ struct Fp8Config {
   std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
+// train.lora: PEFT's LoRA adapters on the Linear layers inside the modules `targets` selects (every
+// other parameter frozen). Absent (TrainConfig::lora unset): no adapters.
+struct LoraConfig {
+  int64_t rank = 8;        // r: A is [rank, in], B is [out, rank]
+  double alpha = 16;       // the adapter's output is scaled by alpha / rank
+  double dropout = 0;      // on the adapter's input, while training
+  std::vector<std::string> targets;  // FQN patterns (models/select.h); required
+  SourceRef ref;           // train.lora
+  SourceRef targets_ref;   // train.lora.targets
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("rank", rank, kPositive);
+    v("alpha", alpha, kPositive);
+    v("dropout", dropout, kNonNegative);
+    v("targets", targets, kRequired);
+    v.where("targets", targets_ref);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
+};
+
 struct TrainConfig {
   int64_t steps = 10;              // optimizer steps
   int64_t global_batch = 8;        // samples per step over all data-parallel ranks
@@ -149,6 +170,7 @@ struct TrainConfig {
   // get no gradient, no gradient reduction and no optimizer state.
   std::vector<std::string> freeze;
   SourceRef freeze_ref;            // where freeze was given
+  std::optional<LoraConfig> lora;  // given: LoRA adapters train, the rest is frozen
   template <class V>
   void fields(V& v) {
     v("steps", steps, kPositive);
@@ -166,6 +188,7 @@ struct TrainConfig {
     v("fp8", fp8);
     v("freeze", freeze, kOmitDefault);
     v.where("freeze", freeze_ref);
+    v("lora", lora);
   }
   std::optional<FieldError> check(const std::set<std::string>& given);
 };

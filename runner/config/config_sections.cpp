@@ -45,6 +45,15 @@ std::optional<FieldError> Fp8Config::check(const std::set<std::string>& given) {
   return std::nullopt;
 }
 
+std::optional<FieldError> LoraConfig::check(const std::set<std::string>&) {
+  if (dropout >= 1) return FieldError{"dropout", "train.lora.dropout is a probability below 1 (0 for none)"};
+  if (targets.empty()) {
+    return FieldError{"targets", "train.lora.targets is empty; name the modules whose Linear layers get adapters "
+                                 "(e.g. ['layers.*.attention.wq', 'layers.*.attention.wv'])"};
+  }
+  return std::nullopt;
+}
+
 std::optional<FieldError> TrainConfig::check(const std::set<std::string>&) {
   if (dtype == DType::kFloat16) {
     return FieldError{"dtype",

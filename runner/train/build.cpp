@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -92,6 +93,39 @@ void take_golden_start(models::Model& model, GoldenStart& start, bool measure) {
 
 }  // namespace
 
+namespace {
+
+// train.lora: adapters on the Linear layers inside the modules its targets select, in the model's
+// module order (so the draws do not depend on the order of the patterns), after any weights are read.
+void attach_lora(nn::Module& model, const TrainConfig& t) {
+  if (!t.lora) return;
+  const LoraConfig& l = *t.lora;
+  std::set<nn::Module*> chosen;
+  for (const auto& pattern : l.targets) {
+    const auto selected = models::select_modules(model, {pattern});
+    if (selected.empty()) {
+      throw ConfigError(l.targets_ref, "'" + pattern + "' selects no module of the model; name modules by their "
+                                       "FQNs ('*' within a dotted segment, '**' across), e.g. layers.*.attention.wq");
+    }
+    for (const auto& [name, m] : selected) {
+      bool linear = false;
+      for (const auto& [sub, inner] : nn::named_modules(*m)) {
+        if (dynamic_cast<nn::Linear*>(inner)) chosen.insert(inner), linear = true;
+      }
+      if (!linear) {
+        throw ConfigError(l.targets_ref, "'" + pattern + "' selects " + name + ", which holds no Linear layer (LoRA "
+                                         "adapts Linear layers; routed experts are not Linear layers and get no "
+                                         "adapters); name Linear layers or modules holding them");
+      }
+    }
+  }
+  for (const auto& [name, m] : nn::named_modules(model)) {
+    if (chosen.count(m)) static_cast<nn::Linear*>(m)->add_lora(l.rank, l.alpha, l.dropout);
+  }
+}
+
+}  // namespace
+
 models::ModelPtr build_model(const ExperimentConfig& c) {
   const models::ModelSpec* spec = models::find_model(c.model.name);
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
@@ -102,6 +136,7 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
       if (auto source = WeightSource::open(c.model)) load_weights(*model, *source);
     });
   }
+  attach_lora(*model, c.train);
   return model;
 }
 
@@ -198,8 +233,13 @@ bool freezes(const std::string& pattern, const std::string& name) {
 // transforms, which keep each parameter's requires_grad (sharding replaces a
 // parameter's data, not the parameter) and leave out of their gradient
 // reductions the ones that need none.
+bool is_adapter(const std::string& name) {
+  auto ends = [&](const std::string& s) { return name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  return ends(".lora_A") || ends(".lora_B");
+}
+
 void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& rank) {
-  if (t.freeze.empty()) return;
+  if (t.freeze.empty() && !t.lora) return;
   const auto named = nn::unique_named_parameters(model);
   int64_t frozen = 0, numel = 0, total = 0;
   for (const auto& pattern : t.freeze) {
@@ -211,7 +251,10 @@ void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& 
   }
   for (const auto& [name, p] : named) {
     total += p.numel();
-    if (std::none_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) continue;
+    const bool base = t.lora && !is_adapter(name);  // train.lora: only the adapters train
+    if (!base && std::none_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) {
+      continue;
+    }
     p.requires_grad_(false);
     ++frozen;
     numel += p.numel();
@@ -221,7 +264,7 @@ void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& 
                                     "name only the parameters to keep fixed");
   }
   if (rank.is_main()) {
-    std::cout << rank.log_prefix << "train.freeze: " << frozen << " of " << named.size() << " parameters frozen ("
+    std::cout << rank.log_prefix << (t.lora ? "train.lora: " : "train.freeze: ") << frozen << " of " << named.size() << " parameters frozen ("
               << numel << " of " << total << " values); " << named.size() - frozen << " train\n";
   }
 }

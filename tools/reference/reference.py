@@ -248,13 +248,14 @@ def fqn_pattern(pattern):
                               for part in re.split(r"(\*\*|\*)", pattern)) + r"\Z")
 
 
-def trainable(model, freeze):
+def trainable(model, freeze, lora=False):
     """train.freeze: the parameters a pattern names, or whose module (or a module above it) it names,
-    stop requiring gradients; the rest, each once, in the model's order."""
+    stop requiring gradients, and with train.lora every parameter but the adapters; the rest, each
+    once, in the model's order."""
     patterns = [fqn_pattern(f) for f in freeze]
     for name, p in model.named_parameters():
         prefixes = [".".join(name.split(".")[:k]) for k in range(len(name.split(".")), 0, -1)]
-        if any(r.match(x) for r in patterns for x in prefixes):
+        if any(r.match(x) for r in patterns for x in prefixes) or (lora and name.split(".")[-1] not in ("lora_A", "lora_B")):
             p.requires_grad_(False)
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -363,9 +364,31 @@ def load_config(run_dir):
         return json.load(f)
 
 
+def add_lora(model, lora):
+    """train.lora as PEFT computes it: every nn.Linear inside a module a target pattern names gets
+    lora_A [rank, in] and lora_B [out, rank] (their values come from the run's initial weights), and
+    its output gains lora_B(lora_A(dropout(x))) * alpha / rank."""
+    if not lora:
+        return
+    patterns = [fqn_pattern(t) for t in lora["targets"]]
+    chosen = {}
+    for name, m in model.named_modules():
+        if name and any(r.match(name) for r in patterns):
+            for sub, inner in m.named_modules():
+                if isinstance(inner, torch.nn.Linear):
+                    chosen[id(inner)] = inner
+    scaling, p = lora["alpha"] / lora["rank"], lora["dropout"]
+    for m in chosen.values():
+        m.register_parameter("lora_A", torch.nn.Parameter(torch.zeros(lora["rank"], m.in_features)))
+        m.register_parameter("lora_B", torch.nn.Parameter(torch.zeros(m.out_features, lora["rank"])))
+        m.register_forward_hook(lambda m, args, out: out + F.linear(
+            F.linear(F.dropout(args[0], p, m.training), m.lora_A), m.lora_B) * scaling)
+
+
 def build_model(cfg, run_dir, who="reference"):
     """cfg's model with the run's initial weights, in the training dtype, in training mode."""
     model = models.build(cfg["model"]["name"], cfg["model"]["args"])
+    add_lora(model, cfg["train"].get("lora"))
     init = read_safetensors(os.path.join(run_dir, "init.safetensors"))
     named = dict(model.named_parameters())  # each tensor once, as composer saves them
     # composer's weights files carry the floating-point buffers too (a router's expert bias, BatchNorm's
@@ -457,7 +480,7 @@ def main():
 
     data = Data(cfg, dtype)
 
-    params = trainable(model, t.get("freeze", []))
+    params = trainable(model, t.get("freeze", []), lora=bool(t.get("lora")))
     opt = make_optimizer(t["optimizer"], params)
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     mixed = None
