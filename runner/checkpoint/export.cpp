@@ -419,6 +419,13 @@ std::string write_hf_config(const ExperimentConfig& c, const models::HfAdapter& 
 }
 
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
+  if (c.train.lora) {
+    throw ConfigError(c.train.lora->ref, "composer export does not write LoRA adapters yet: neither a PEFT adapter "
+                                         "folder nor a base with the adapters merged in; the run's weights files "
+                                         "(final.safetensors, init.safetensors) hold them beside the base, as "
+                                         "<layer>.lora_A ([rank, in]) and <layer>.lora_B ([out, rank]), scaled by "
+                                         "alpha / rank");
+  }
   const bool hf = o.format == ExportFormat::kHf;
   const models::HfAdapter* adapter = hf ? &hf_adapter(c) : nullptr;
   ExportSource source(c, o);
