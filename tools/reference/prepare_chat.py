@@ -63,22 +63,31 @@ def load_chat_tokenizer(folder):
     return tok
 
 
+def json_lines(path, error):
+    """(line number, object, bytes) for every non-blank line of a .jsonl file (also prepare_data's);
+    `error`, an exception class, for an unreadable file or a line that is not JSON."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise error(f"{path}: {e.strerror}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{path}:{n}: not JSON (column {e.colno}: {e.msg})") from None
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{n}: not UTF-8 (byte {e.start} of the line)") from None
+            yield n, obj, len(line)
+
+
 def conversations(path):
     """(messages, where) for every conversation of a .jsonl or .parquet file, where = 'path:line' or 'path: row n'."""
     if path.endswith(".jsonl"):
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise ChatError(f"{path}: {e.strerror}") from None
-        with f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise ChatError(f"{path}:{n}: not a JSON object ({e})") from None
-                yield messages_of(obj, f"{path}:{n}"), f"{path}:{n}"
+        for n, obj, _ in json_lines(path, ChatError):
+            yield messages_of(obj, f"{path}:{n}"), f"{path}:{n}"
     elif path.endswith(".parquet"):
         import pyarrow.parquet as pq
         try:

@@ -61,6 +61,9 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import numpy as np  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+import prepare_chat  # noqa: E402
+from prepare_chat import json_lines  # noqa: E402
+
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 KINDS = {".txt": "text", ".md": "text", ".jsonl": "jsonl", ".parquet": "parquet"}
 CLEAR = "\r\x1b[K"  # erases the progress line on a terminal
@@ -130,27 +133,14 @@ def text_document(path):
 
 
 def jsonl_documents(path, field):
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise InputError(f"{path}: {e.strerror}") from None
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n}: not JSON (column {e.colno}: {e.msg})") from None
-            except UnicodeDecodeError as e:
-                raise InputError(f"{path}:{n}: not UTF-8 (byte {e.start} of the line)") from None
-            if not isinstance(obj, dict) or field not in obj:
-                raise InputError(f'{path}:{n}: not a JSON object with a "{field}" field'
-                                 + ("" if field != "text" else "; name another with --text-field"))
-            text = obj[field]
-            if not isinstance(text, str):
-                raise InputError(f'{path}:{n}: the "{field}" field is a {type(text).__name__}, not a string')
-            yield text, len(line)
+    for n, obj, size in json_lines(path, InputError):
+        if not isinstance(obj, dict) or field not in obj:
+            raise InputError(f'{path}:{n}: not a JSON object with a "{field}" field'
+                             + ("" if field != "text" else "; name another with --text-field"))
+        text = obj[field]
+        if not isinstance(text, str):
+            raise InputError(f'{path}:{n}: the "{field}" field is a {type(text).__name__}, not a string')
+        yield text, size
 
 
 def parquet_documents(path, field, batch):
@@ -460,7 +450,6 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # exits through the clean-up: no .tmp files left
     try:
         if a.chat:
-            import prepare_chat
             try:
                 a.files = input_files(a.files)
                 prepare_chat.prepare_chat(a, lambda vocab: np.dtype("<u2") if vocab <= 1 << 16 else np.dtype("<u4"),
