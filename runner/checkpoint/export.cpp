@@ -12,6 +12,7 @@
 #include "runner/checkpoint/checkpoint_reader.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/config/hf_config.h"
+#include "runner/plan/plan_lora.h"
 #include "runner/base/errors.h"
 #include "runner/base/safetensors.h"
 #include "models/registry.h"
@@ -172,6 +173,7 @@ std::vector<Item> model_items(const ExperimentConfig& c) {
   std::vector<Item> items;
   nn::ShapeOnly shapes;  // names and shapes only
   models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+  attach_lora(*model, c.train.lora);
   std::map<const c10::TensorImpl*, std::string> key_of;
   for (auto& [name, p] : nn::unique_named_parameters(*model)) key_of.emplace(p.unsafeGetTensorImpl(), name);
   for (const auto& p : model->named_parameters(/*recurse=*/true)) {
@@ -200,6 +202,7 @@ class ExportSource {
     weights_ = WeightSource::file(o.weights);
     nn::ShapeOnly shapes;
     models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    attach_lora(*model, c.train.lora);
     const auto stored = weights_->match(*model);
     for (auto& [name, p] : nn::unique_named_parameters(*model)) stored_of_[name] = stored.at(p.unsafeGetTensorImpl());
     for (auto& [name, b] : nn::named_weight_buffers(*model)) {
@@ -418,13 +421,71 @@ std::string write_hf_config(const ExperimentConfig& c, const models::HfAdapter& 
   return "wrote " + config + " (" + j.at("architectures").at(0).get<std::string>() + ")";
 }
 
+// --format peft: the adapters of a train.lora run as PEFT writes them (adapter_config.json and
+// adapter_model.safetensors, keys base_model.model.<module>.lora_A.weight / lora_B.weight under the
+// base's Hugging Face module names), the modules named exactly by a regular expression.
+std::vector<std::string> export_peft(const ExperimentConfig& c, const ExportOptions& o) {
+  const LoraConfig& l = *c.train.lora;
+  const models::HfAdapter& hf = hf_adapter(c);
+  ExportSource source(c, o);
+  NamedTensors tensors;
+  std::vector<std::string> modules;
+  for (const auto& it : model_items(c)) {
+    if (it.name != it.key || !is_lora_name(it.name)) continue;
+    const std::string layer = it.name.substr(0, it.name.rfind('.'));
+    const bool b = it.name.back() == 'B';
+    const std::string weight = hf.hf_name(layer + ".weight", c.model.args);
+    TORCH_INTERNAL_ASSERT(weight.size() > 7 && weight.compare(weight.size() - 7, 7, ".weight") == 0, weight);
+    const std::string module = weight.substr(0, weight.size() - 7);
+    torch::Tensor t = source.read(it, source.dtype(it.key));
+    const int64_t groups = b ? hf.row_groups(layer + ".weight", c.model.args) : 0;  // B's rows are the base's
+    if (groups) t = hf.to_hf_rows(t, groups).contiguous();
+    tensors.emplace_back("base_model.model." + module + (b ? ".lora_B.weight" : ".lora_A.weight"), t);
+    if (!b) modules.push_back(module);
+  }
+  std::string pattern;
+  for (const auto& m : modules) {
+    std::string escaped;
+    for (char ch : m) escaped += ch == '.' ? std::string("\\.") : std::string(1, ch);
+    pattern += (pattern.empty() ? "" : "|") + escaped;
+  }
+  fs::create_directories(o.out);
+  const std::string weights = (fs::path(o.out) / "adapter_model.safetensors").string();
+  write_safetensors(weights, tensors, {{"format", "pt"}});
+  nlohmann::ordered_json j = {{"peft_type", "LORA"},
+                              {"task_type", "CAUSAL_LM"},
+                              {"base_model_name_or_path", c.model.from_hf},
+                              {"r", l.rank},
+                              {"lora_alpha", l.alpha},
+                              {"lora_dropout", l.dropout},
+                              {"target_modules", pattern},
+                              {"bias", "none"},
+                              {"fan_in_fan_out", false},
+                              {"use_rslora", false},
+                              {"use_dora", false},
+                              {"init_lora_weights", true},
+                              {"inference_mode", true}};
+  const std::string config = (fs::path(o.out) / "adapter_config.json").string();
+  std::ofstream f(config);
+  f << j.dump(2) << "\n";
+  if (!f) throw RuntimeFailure("cannot write " + config);
+  return {"exported the LoRA adapters of " + source.what() + ": " + std::to_string(modules.size()) +
+              " layers, rank " + std::to_string(l.rank),
+          "wrote " + weights, "wrote " + config + " (PEFT LORA)"};
+}
+
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
+  if (o.format == ExportFormat::kPeft) {
+    if (!c.train.lora) {
+      throw UserError("--format peft writes the LoRA adapters of a train.lora run; " + c.file +
+                      " has no train.lora (use pt or hf)");
+    }
+    return export_peft(c, o);
+  }
   if (c.train.lora) {
-    throw ConfigError(c.train.lora->ref, "composer export does not write LoRA adapters yet: neither a PEFT adapter "
-                                         "folder nor a base with the adapters merged in; the run's weights files "
-                                         "(final.safetensors, init.safetensors) hold them beside the base, as "
-                                         "<layer>.lora_A ([rank, in]) and <layer>.lora_B ([out, rank]), scaled by "
-                                         "alpha / rank");
+    throw ConfigError(c.train.lora->ref, "a LoRA run's weights export as its adapters, --format peft (a PEFT "
+                                         "folder for the Hugging Face base); a base with the adapters merged in "
+                                         "(pt, hf) is not built yet");
   }
   const bool hf = o.format == ExportFormat::kHf;
   const models::HfAdapter* adapter = hf ? &hf_adapter(c) : nullptr;

@@ -25,6 +25,7 @@ void write_final_weights(models::Model& model, const parallel::Placements* place
 enum class ExportFormat {
   kPt,  // PyTorch names in one safetensors file (or shards beside it)
   kHf,  // a Hugging Face folder: config.json and model.safetensors (or shards and their index)
+  kPeft,  // a PEFT LoRA adapter folder (train.lora): adapter_config.json and adapter_model.safetensors
 };
 
 struct ExportOptions {
@@ -47,6 +48,10 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option);
 // config.json and model.safetensors (or its shards), in its names and row
 // order, a tied weight once, weights it stores one tensor per expert read as
 // boxes of the stacked ones; arguments the adapter cannot write are refused.
+// peft (a train.lora run of a model with a Hugging Face adapter): folder o.out
+// with PEFT's adapter_config.json and adapter_model.safetensors, the adapters
+// only, under the base's Hugging Face module names (lora_B's rows in the
+// base weight's Hugging Face row order). A LoRA run exports only as peft.
 // Returns the lines it reports.
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o);
 

@@ -153,10 +153,12 @@ std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c) {
   return s;
 }
 
-std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(models::Model& model,
-                                                                          const ShapeOf& shape_of) const {
+std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
+    models::Model& model, const ShapeOf& shape_of, const std::function<bool(const std::string&)>& drawn) const {
   std::map<std::string, torch::Tensor> params;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace(item.key(), item.value());
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!drawn || !drawn(item.key())) params.emplace(item.key(), item.value());
+  }
   std::set<std::string> buffers;  // whole wherever held: their own sizes are their full shapes
   for (const auto& [name, b] : nn::named_weight_buffers(model)) {
     params.emplace(name, b);

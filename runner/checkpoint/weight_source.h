@@ -40,8 +40,11 @@ class WeightSource {
   // each parameter and held buffer under. `shape_of` gives a parameter's full
   // shape where the transforms have already cut it (default: its sizes).
   using ShapeOf = std::function<std::vector<int64_t>(const torch::Tensor&)>;
-  std::unordered_map<const c10::TensorImpl*, std::string> match(models::Model& model,
-                                                                const ShapeOf& shape_of = {}) const;
+  // Parameters `drawn` names are left out: the file does not hold them (train.lora's adapters, drawn
+  // after the base is read), and a tensor of that name in it is unexpected.
+  std::unordered_map<const c10::TensorImpl*, std::string> match(
+      models::Model& model, const ShapeOf& shape_of = {},
+      const std::function<bool(const std::string&)>& drawn = {}) const;
   // Parameter `name`'s value in composer's layout, in the stored dtype.
   torch::Tensor read(const std::string& name) const;
   // The box (per dim: offset and size in the full tensor) of it, reading only

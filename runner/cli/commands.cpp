@@ -94,8 +94,9 @@ std::vector<OptionSpec> command_options() {
        [](CliOptions& o) { return value(&o.exporting.checkpoint); }},
       {"weights", "FILE", "a weights file instead of a checkpoint (a run's final.safetensors or init.safetensors)",
        {C::kExport}, [](CliOptions& o) { return value(&o.exporting.weights); }},
-      {"format", "pt|hf",
-       "pt (one safetensors file, PyTorch names; the default) or hf (a Hugging Face folder: Llama, Mixtral, Qwen3)",
+      {"format", "pt|hf|peft",
+       "pt (one safetensors file, PyTorch names; the default), hf (a Hugging Face folder: Llama, Mixtral, Qwen3) or "
+       "peft (a train.lora run's adapter as a PEFT folder)",
        {C::kExport}, [](CliOptions& o) { return value(&o.exporting.format); }},
       {"max-shard-size", "SIZE", "shard above this size (default 5GB; 500MB, 64KiB or bytes)", {C::kExport},
        [](CliOptions& o) { return value(&o.exporting.max_shard_size); }},
@@ -300,9 +301,10 @@ void check_export_options(const CliOptions& o) {
         "composer export needs one of --checkpoint DIR (a step-N folder) or --weights FILE (a run's "
         "final.safetensors), and --out FILE (a folder with --format hf); see composer export --help");
   }
-  if (!e.format.empty() && e.format != "pt" && e.format != "hf") {
+  if (!e.format.empty() && e.format != "pt" && e.format != "hf" && e.format != "peft") {
     throw UserError("--format " + e.format +
-                    ": use pt (a safetensors file) or hf (a Hugging Face Llama, Mixtral or Qwen3 folder)");
+                    ": use pt (a safetensors file), hf (a Hugging Face Llama, Mixtral or Qwen3 folder) or peft (the "
+                    "LoRA adapter of a train.lora run, as a PEFT folder)");
   }
 }
 
@@ -370,8 +372,8 @@ const std::vector<CommandSpec>& command_table() {
       {C::kExport, "export",
        "write a checkpoint's (--checkpoint DIR) or a weights file's (--weights FILE) weights to --out as one "
        "safetensors file for PyTorch (in shards with an index above --max-shard-size), or with --format hf a "
-       "Hugging Face Llama, Mixtral or Qwen3 folder (config.json and model.safetensors) that transformers loads; runs in "
-       "this process",
+       "Hugging Face Llama, Mixtral, Qwen3 or DeepSeek-V3 folder (config.json and model.safetensors) that "
+       "transformers loads, or with --format peft a train.lora run's adapters as a PEFT folder; runs in this process",
        Needs::kPlan, Preflight::kNothing, Devices::kHere, nullptr, check_export_options, run_export,
        "to resume a run, set checkpoint.resume (--set checkpoint.resume=DIR)", false},
       {C::kSuggest, "suggest",

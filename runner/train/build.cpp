@@ -19,6 +19,7 @@
 #include "runner/checkpoint/weight_source.h"
 #include "runner/train/datasets.h"
 #include "runner/plan/plan_fp8.h"
+#include "runner/plan/plan_lora.h"
 #include "runner/plan/plan_mesh.h"
 #include "runner/train/materialise.h"
 
@@ -93,39 +94,6 @@ void take_golden_start(models::Model& model, GoldenStart& start, bool measure) {
 
 }  // namespace
 
-namespace {
-
-// train.lora: adapters on the Linear layers inside the modules its targets select, in the model's
-// module order (so the draws do not depend on the order of the patterns), after any weights are read.
-void attach_lora(nn::Module& model, const TrainConfig& t) {
-  if (!t.lora) return;
-  const LoraConfig& l = *t.lora;
-  std::set<nn::Module*> chosen;
-  for (const auto& pattern : l.targets) {
-    const auto selected = models::select_modules(model, {pattern});
-    if (selected.empty()) {
-      throw ConfigError(l.targets_ref, "'" + pattern + "' selects no module of the model; name modules by their "
-                                       "FQNs ('*' within a dotted segment, '**' across), e.g. layers.*.attention.wq");
-    }
-    for (const auto& [name, m] : selected) {
-      bool linear = false;
-      for (const auto& [sub, inner] : nn::named_modules(*m)) {
-        if (dynamic_cast<nn::Linear*>(inner)) chosen.insert(inner), linear = true;
-      }
-      if (!linear) {
-        throw ConfigError(l.targets_ref, "'" + pattern + "' selects " + name + ", which holds no Linear layer (LoRA "
-                                         "adapts Linear layers; routed experts are not Linear layers and get no "
-                                         "adapters); name Linear layers or modules holding them");
-      }
-    }
-  }
-  for (const auto& [name, m] : nn::named_modules(model)) {
-    if (chosen.count(m)) static_cast<nn::Linear*>(m)->add_lora(l.rank, l.alpha, l.dropout);
-  }
-}
-
-}  // namespace
-
 models::ModelPtr build_model(const ExperimentConfig& c) {
   const models::ModelSpec* spec = models::find_model(c.model.name);
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
@@ -136,7 +104,7 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
       if (auto source = WeightSource::open(c.model)) load_weights(*model, *source);
     });
   }
-  attach_lora(*model, c.train);
+  attach_lora(*model, c.train.lora);  // after the base's weights are read
   return model;
 }
 
@@ -233,11 +201,6 @@ bool freezes(const std::string& pattern, const std::string& name) {
 // transforms, which keep each parameter's requires_grad (sharding replaces a
 // parameter's data, not the parameter) and leave out of their gradient
 // reductions the ones that need none.
-bool is_adapter(const std::string& name) {
-  auto ends = [&](const std::string& s) { return name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
-  return ends(".lora_A") || ends(".lora_B");
-}
-
 void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& rank) {
   if (t.freeze.empty() && !t.lora) return;
   const auto named = nn::unique_named_parameters(model);
@@ -251,7 +214,7 @@ void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& 
   }
   for (const auto& [name, p] : named) {
     total += p.numel();
-    const bool base = t.lora && !is_adapter(name);  // train.lora: only the adapters train
+    const bool base = t.lora && !is_lora_name(name);  // train.lora: only the adapters train
     if (!base && std::none_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) {
       continue;
     }
@@ -316,6 +279,7 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
   };
   m.pin_host = device.is_cuda();
   m.own = &par.per_rank;
+  if (c.train.lora) m.drawn = is_lora_name;  // the adapters are drawn, the base read
   m.own_seed = own_seed(plan, rank);
   m.dtype = scalar_type_of(c.train.dtype);
   m.placements = par.placements.get();

@@ -78,8 +78,11 @@ struct Materialising {
 // The initial weights of every parameter, by the name `source` stores it under.
 class InitFile {
  public:
-  InitFile(const WeightSource& source, models::Model& model, const WeightSource::ShapeOf& full_shape)
-      : source_(source), key_(source.match(model, full_shape)) {}
+  InitFile(const WeightSource& source, models::Model& model, const WeightSource::ShapeOf& full_shape,
+           const std::function<bool(const std::string&)>& drawn)
+      : source_(source), key_(source.match(model, full_shape, drawn)) {}
+
+  bool holds(const torch::Tensor& p) const { return key_.count(p.unsafeGetTensorImpl()) > 0; }
 
   torch::Tensor read(const torch::Tensor& p) const {
     torch::Tensor t = source_.read(key_.at(p.unsafeGetTensorImpl()));
@@ -148,7 +151,7 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
   if (o.init) {
     file = std::make_unique<InitFile>(*o.init, model, [&m](const torch::Tensor& p) {
       return m.shapes.at(m.index.at(p.unsafeGetTensorImpl()));
-    });
+    }, o.drawn);
   }
   // Buffers are made whole on every rank (never on meta): the file's values, if it holds them, replace them.
   if (file) file->load_buffers(model);
@@ -163,7 +166,8 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
     // Under init_from or from_hf the file's values replace the drawn ones. A
     // rank that writes no init file reads only its piece's bytes (nothing for
     // a tensor it does not hold); the one that writes it reads every tensor.
-    if (file && !init && !m.own(i) && spec) {
+    const bool from_file = file && file->holds(p);
+    if (from_file && !init && !m.own(i) && spec) {
       if (!spec->held()) {
         take_values(p, torch::empty(p.sizes(), torch::dtype(o.dtype).device(o.device_of ? o.device_of(p) : c10::kCPU)));
       } else {
@@ -171,7 +175,7 @@ void materialise(models::Model& model, const std::vector<nn::DeferInit::Step>& s
       }
       return;
     }
-    if (file) {
+    if (from_file) {
       torch::Tensor given = file->read(p);
       if (o.replaced) o.replaced(m.params[i].first, full, given);
       full = given;

@@ -22,6 +22,8 @@ struct MaterialiseOptions {
   c10::ScalarType dtype = c10::kFloat;                // the training dtype each value is cast to
   const parallel::Placements* placements = nullptr;  // this rank's piece of each parameter (none: all of it)
   const WeightSource* init = nullptr;  // weights whose values replace the recorded initialisations
+  // Parameters `init` does not hold, whose drawn values stay (train.lora's adapters).
+  std::function<bool(const std::string&)> drawn;
   // Called with each parameter's name, its drawn full value and the value from
   // `init` that replaces it, on a rank that draws it whole (the main rank: all).
   std::function<void(const std::string&, const torch::Tensor& drawn, const torch::Tensor& given)> replaced;
