@@ -279,7 +279,8 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
   };
   m.pin_host = device.is_cuda();
   m.own = &par.per_rank;
-  if (c.train.lora) m.drawn = is_lora_name;  // the adapters are drawn, the base read
+  // init_from or from_hf hold the base: the adapters are drawn (a golden's start holds them too)
+  if (c.train.lora && !start) m.drawn = is_lora_name;
   m.own_seed = own_seed(plan, rank);
   m.dtype = scalar_type_of(c.train.dtype);
   m.placements = par.placements.get();
