@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save  # noqa: E402
+from hf_common import Data, Harness, batch_loss, load_config, norms_away_from_one, save, sgd_losses  # noqa: E402
 
 import torch  # noqa: E402
 from peft import PeftModel, get_peft_model_state_dict  # noqa: E402
@@ -100,15 +100,8 @@ def main():
     cfg = json.load(open(os.path.join(init_folder, "adapter_config.json")))
     print(f"adapter_config.json: r {cfg['r']}, lora_alpha {cfg['lora_alpha']}, target_modules {cfg['target_modules'][:60]}...")
     model = load_peft(hf_dir, init_folder, trainable=True)
+    want = sgd_losses(model, run_one, STEPS, LR)  # the frozen base gets no gradient, so SGD leaves it
     data = Data(load_config(run_one), torch.float32)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-    want = []
-    for step in range(1, STEPS + 1):
-        loss, _ = batch_loss(model, data, step)
-        want.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
     H.compare_losses(got, want, "one device vs transformers + peft from the same adapters")
     trained = {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
 
