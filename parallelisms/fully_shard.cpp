@@ -199,26 +199,28 @@ std::vector<torch::Tensor> finish_gather(FullyShard::Unit& u, bool refill) {
 // into shard gradients. Without sync the gradients are only held back, so accumulation reduce-scatters once.
 // The reductions over other dims (HSDP's replicate dim, tp sums, tied pipeline weights) are the gradient
 // synchronisation's, read from the placements. A parameter that got no gradient keeps none.
+// One rank: its gradient is the average, rounded to the reduce dtype as the
+// buffer would hold it, then to the shard's dtype and device.
+std::vector<torch::Tensor> average_alone(const FullyShard::Unit& u, const variable_list& grads) {
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const auto& p = u.params[i];
+    if (!grads[i].defined()) {
+      out.emplace_back();
+      continue;
+    }
+    auto grad = grads[i].reshape(p.info.full_shape).to(u.reduce_dtype);
+    out.push_back(grad.to(p.param.device(), p.param.scalar_type()).view(p.info.shard_shape(0)));
+  }
+  return out;
+}
+
 std::vector<torch::Tensor> reduce_unit(FullyShard::Unit& u, const variable_list& grads) {
   Group& g = *u.group;
   const bool sync = *u.sync;
   torch::Tensor base, buf;
   const bool accumulate = u.pending.defined();
-  if (u.alone && sync && !accumulate) {
-    // One rank: its gradient is the average, rounded to the reduce dtype as
-    // the buffer would hold it, then to the shard's dtype and device.
-    std::vector<torch::Tensor> out;
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      const auto& p = u.params[i];
-      if (!grads[i].defined()) {
-        out.emplace_back();
-        continue;
-      }
-      auto grad = grads[i].reshape(p.info.full_shape).to(u.reduce_dtype);
-      out.push_back(grad.to(p.param.device(), p.param.scalar_type()).view(p.info.shard_shape(0)));
-    }
-    return out;
-  }
+  if (u.alone && sync && !accumulate) return average_alone(u, grads);
   if (accumulate) {
     buf = u.pending;
   } else if (!sync) {
