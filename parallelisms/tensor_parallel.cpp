@@ -321,35 +321,49 @@ void apply_rule(TensorParallel& tp, const TpRule& r, nn::Module& m) {
   }
 }
 
+// Each row's softmax terms over the whole vocabulary from this rank's piece of the logits (rows x its
+// columns): exp(logit - the row's max), their sum over every piece, the target's shifted logit
+// (from the rank whose piece holds it), and where the target lies in this piece.
+struct VocabParallelTerms {
+  torch::Tensor exp, sum, picked, local, mine;
+  // Each row's -log softmax(logits)[target].
+  torch::Tensor nll() const { return sum.log() - picked; }
+};
+
+VocabParallelTerms vocab_parallel_terms(Group& g, int64_t vocab, const torch::Tensor& logits,
+                                        const torch::Tensor& targets) {
+  const auto sizes = chunk_sizes(vocab, g.size);
+  const int64_t start = offset_of(sizes, g.rank);
+  const int64_t rows = logits.size(0), len = logits.size(1);
+  // Each row's max over the whole vocabulary (an empty piece offers -inf).
+  torch::Tensor max = len ? std::get<0>(logits.max(1)) : torch::full({rows}, -INFINITY, logits.options());
+  all_reduce(g, max, Reduce::kMax);
+  auto shifted = logits - max.unsqueeze(1);
+  VocabParallelTerms t;
+  t.exp = shifted.exp();
+  // The target's shifted logit, from the rank whose piece holds it (0 elsewhere).
+  t.mine = (targets >= start) & (targets < start + len);
+  t.local = (targets - start).masked_fill(~t.mine, 0);
+  auto picked = len ? shifted.gather(1, t.local.unsqueeze(1)).squeeze(1).masked_fill(~t.mine, 0)
+                    : torch::zeros({rows}, logits.options());
+  auto both = torch::stack({t.exp.sum(1), picked});  // one all-reduce for the two sums
+  all_reduce(g, both);
+  t.sum = both[0];
+  t.picked = both[1];
+  return t;
+}
+
 struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCrossEntropyFn> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor logits, torch::Tensor targets, int64_t group,
                                int64_t vocab, bool sum_kept) {
-    Group& g = *reinterpret_cast<Group*>(group);
-    const auto sizes = chunk_sizes(vocab, g.size);
-    const int64_t start = offset_of(sizes, g.rank);
-    const int64_t rows = logits.size(0), len = logits.size(1);
-    // Each row's max over the whole vocabulary (an empty piece offers -inf).
-    torch::Tensor max = len ? std::get<0>(logits.max(1)) : torch::full({rows}, -INFINITY, logits.options());
-    all_reduce(g, max, Reduce::kMax);
-    auto shifted = logits - max.unsqueeze(1);
-    auto exp = shifted.exp();
-    auto sum = exp.sum(1);
-    // The target's shifted logit, from the rank whose piece holds it (0 elsewhere).
-    auto mine = (targets >= start) & (targets < start + len);
-    auto local = (targets - start).masked_fill(~mine, 0);
-    auto picked = len ? shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0)
-                      : torch::zeros({rows}, logits.options());
-    auto both = torch::stack({sum, picked});  // one all-reduce for the two sums
-    all_reduce(g, both);
-    sum = both[0];
-    picked = both[1];
+    const VocabParallelTerms t = vocab_parallel_terms(*reinterpret_cast<Group*>(group), vocab, logits, targets);
     if (sum_kept) {  // the sum over the rows whose target is not -100 (ignored)
       auto keep = (targets != -100).to(logits.scalar_type());
-      ctx->save_for_backward({exp / sum.unsqueeze(1), local, mine, keep});
-      return ((sum.log() - picked) * keep).sum();
+      ctx->save_for_backward({t.exp / t.sum.unsqueeze(1), t.local, t.mine, keep});
+      return (t.nll() * keep).sum();
     }
-    ctx->save_for_backward({exp / sum.unsqueeze(1), local, mine});
-    return (sum.log() - picked).mean();
+    ctx->save_for_backward({t.exp / t.sum.unsqueeze(1), t.local, t.mine});
+    return t.nll().mean();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
@@ -372,6 +386,11 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
 torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
                                            const torch::Tensor& targets, bool sum_kept) {
   return VocabParallelCrossEntropyFn::apply(logits, targets, reinterpret_cast<int64_t>(v.group), v.vocab, sum_kept);
+}
+
+torch::Tensor vocab_parallel_token_nll(const VocabParallel& v, const torch::Tensor& logits,
+                                       const torch::Tensor& targets) {
+  return vocab_parallel_terms(*v.group, v.vocab, logits, targets).nll();
 }
 
 std::optional<std::string> check_tp_plan(models::Model& model, const models::TpPlan& plan) {

@@ -124,6 +124,11 @@ class TensorParallel {
 // instead of the mean over all rows.
 torch::Tensor vocab_parallel_cross_entropy(const VocabParallel& v, const torch::Tensor& logits,
                                            const torch::Tensor& targets, bool sum_kept = false);
+// Forward only: each row's -log softmax(logits)[target] over the whole
+// vocabulary (a collective over v.group; a row's value is the same on every
+// rank of it). A target outside the vocabulary (-100) gives a meaningless value.
+torch::Tensor vocab_parallel_token_nll(const VocabParallel& v, const torch::Tensor& logits,
+                                       const torch::Tensor& targets);
 
 // Shards the modules of `roots` (the model, or this rank's pipeline stages)
 // that the plan's rules select.

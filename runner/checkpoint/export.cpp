@@ -474,24 +474,64 @@ std::vector<std::string> export_peft(const ExperimentConfig& c, const ExportOpti
           "wrote " + weights, "wrote " + config + " (PEFT LORA)"};
 }
 
-std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
-  if (o.format == ExportFormat::kPeft) {
-    if (!c.train.lora) {
-      throw UserError("--format peft writes the LoRA adapters of a train.lora run; " + c.file +
-                      " has no train.lora (use pt or hf)");
-    }
-    return export_peft(c, o);
+// What a LoRA run may export: its adapters (peft) or, with --merge, the base with them added (pt, hf).
+void check_lora_export(const ExperimentConfig& c, const ExportOptions& o) {
+  if (o.format == ExportFormat::kPeft && !c.train.lora) {
+    throw UserError("--format peft writes the LoRA adapters of a train.lora run; " + c.file +
+                    " has no train.lora (use pt or hf)");
   }
-  if (c.train.lora) {
+  if (o.merge && (!c.train.lora || o.format == ExportFormat::kPeft)) {
+    throw UserError(c.train.lora ? "--merge writes the base with the adapters added in (--format pt or hf); "
+                                   "--format peft writes the adapters alone: leave out one of them"
+                                 : "--merge adds a train.lora run's adapters into the base; " + c.file +
+                                       " has no train.lora: leave --merge out");
+  }
+  if (c.train.lora && !o.merge && o.format != ExportFormat::kPeft) {
     throw ConfigError(c.train.lora->ref, "a LoRA run's weights export as its adapters, --format peft (a PEFT "
-                                         "folder for the Hugging Face base); a base with the adapters merged in "
-                                         "(pt, hf) is not built yet");
+                                         "folder for the Hugging Face base), or merged into the base: add --merge");
   }
+}
+
+// --merge: the adapted weights W + (alpha / rank) B A (float32, then W's dtype), the adapters left out.
+class MergedAdapters {
+ public:
+  MergedAdapters(const ExperimentConfig& c, const std::vector<Item>& model) {
+    if (!c.train.lora) return;
+    scale_ = c.train.lora->alpha / static_cast<double>(c.train.lora->rank);
+    for (const auto& it : model) {
+      if (is_lora_name(it.name)) adapters_.emplace(it.name, it);
+    }
+  }
+  bool adapter(const Item& it) const { return adapters_.count(it.name) > 0; }
+  int64_t layers() const { return static_cast<int64_t>(adapters_.size()) / 2; }
+  // Item `it`'s value: `w`, plus its layer's adapter if it has one.
+  torch::Tensor operator()(ExportSource& source, const Item& it, const torch::Tensor& w) const {
+    const std::string layer = it.key.size() > 7 ? it.key.substr(0, it.key.size() - 7) : "";
+    auto a = adapters_.find(layer + ".lora_A"), b = adapters_.find(layer + ".lora_B");
+    if (it.expert >= 0 || a == adapters_.end() || it.key.compare(it.key.size() - 7, 7, ".weight") != 0) return w;
+    const torch::Tensor A = source.read(a->second, source.dtype(a->second.key)).to(torch::kFloat);
+    const torch::Tensor B = source.read(b->second, source.dtype(b->second.key)).to(torch::kFloat);
+    return (w.to(torch::kFloat) + torch::mm(B, A) * scale_).to(w.scalar_type());
+  }
+
+ private:
+  double scale_ = 0;
+  std::map<std::string, Item> adapters_;
+};
+
+std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
+  check_lora_export(c, o);
+  if (o.format == ExportFormat::kPeft) return export_peft(c, o);
   const bool hf = o.format == ExportFormat::kHf;
   const models::HfAdapter* adapter = hf ? &hf_adapter(c) : nullptr;
   ExportSource source(c, o);
   const std::vector<Item> model = model_items(c);
-  const std::vector<Item> items = hf ? hf_items(model, *adapter, c.model.args) : model;
+  const MergedAdapters merged(c, model);
+  std::vector<Item> base;
+  for (const auto& it : model) {
+    if (!merged.adapter(it)) base.push_back(it);
+  }
+  const std::vector<Item> items = hf ? hf_items(base, *adapter, c.model.args) : base;
   const std::vector<SafetensorsWriter::Entry> entries = export_entries(items, source);
   const uint64_t total = total_bytes(entries);
   const std::vector<std::vector<size_t>> shards = plan_shards(entries, o.max_shard_bytes);
@@ -501,6 +541,7 @@ std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportO
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
   const nlohmann::ordered_json weight_map =
       write_shards(source, items, entries, shards, names, [&](const Item& it, torch::Tensor t) {
+        t = merged(source, it, t);  // in the model's row order, as the adapters are
         const int64_t groups = hf ? adapter->row_groups(it.key, c.model.args) : 0;
         return groups ? adapter->to_hf_rows(t, groups).contiguous() : t;
       });
@@ -508,6 +549,9 @@ std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportO
   std::snprintf(line, sizeof line, "exported %s: %zu tensors, %.3f MB", source.what().c_str(), entries.size(),
                 total / 1e6);
   std::vector<std::string> report{line};
+  if (merged.layers()) {
+    report.push_back("merged the LoRA adapters of " + std::to_string(merged.layers()) + " layers into their weights");
+  }
   if (hf) report.push_back(write_hf_config(c, *adapter, model, o.out));
   if (shards.size() == 1) {
     report.push_back("wrote " + out.string());

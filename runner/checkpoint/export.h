@@ -34,6 +34,7 @@ struct ExportOptions {
   std::string out;                        // pt: the file (shards go next to it); hf: the folder
   ExportFormat format = ExportFormat::kPt;
   uint64_t max_shard_bytes = 5000000000;  // larger exports are sharded (Hugging Face's default, 5GB)
+  bool merge = false;  // pt, hf of a train.lora run: each adapted weight W + (alpha / rank) B A, no adapters
 };
 
 // "5GB", "500MB", "64KiB", "1000" (bytes) to bytes; a UserError for other text.
@@ -51,7 +52,9 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option);
 // peft (a train.lora run of a model with a Hugging Face adapter): folder o.out
 // with PEFT's adapter_config.json and adapter_model.safetensors, the adapters
 // only, under the base's Hugging Face module names (lora_B's rows in the
-// base weight's Hugging Face row order). A LoRA run exports only as peft.
+// base weight's Hugging Face row order). A LoRA run exports as peft, or
+// with merge as pt or hf: the base with every adapter added to its weight
+// (W + (alpha / rank) B A in float32, as PEFT's merge_and_unload computes).
 // Returns the lines it reports.
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o);
 

@@ -145,12 +145,86 @@ void WeightSource::stack_experts(const std::string& name, Param& param) const {
   param.dtype = param.parts[0].entry.dtype;
 }
 
-std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c) {
+std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c, const std::optional<LoraConfig>& lora) {
   std::unique_ptr<WeightSource> s;
   if (!c.from_hf.empty()) s = hf_folder(c.from_hf, *models::find_model(c.name), c.args);
   if (c.from_hf.empty() && !c.init_from.empty()) s = file(c.init_from);
   if (s) s->model_name_ = c.name;
+  if (s && !c.lora_from.empty()) s->add_peft(c.lora_from, c.lora_from_ref, *lora);  // config checks: from_hf, lora
   return s;
+}
+
+namespace {
+
+// adapter_config.json of a PEFT folder: plain LoRA with train.lora's rank and alpha, or a ConfigError naming ref.
+void check_peft_config(const std::string& dir, const SourceRef& ref, const LoraConfig& lora) {
+  const std::string path = (fs::path(dir) / "adapter_config.json").string();
+  nlohmann::json j;
+  std::ifstream in(path);
+  if (!in) throw ConfigError(ref, path + ": no adapter_config.json; lora_from names a folder PEFT's save_pretrained wrote");
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(ref, path + ": not valid JSON: " + e.what());
+  }
+  const auto field = [&](const char* key) { return j.is_object() && j.contains(key) ? j.at(key) : nlohmann::json(); };
+  const auto refuse = [&](const std::string& why) { throw ConfigError(ref, path + ": " + why); };
+  if (field("peft_type") != "LORA") refuse("peft_type is " + field("peft_type").dump() + "; lora_from reads LORA adapters");
+  for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"}) {
+    if (field(key) == true) refuse(std::string(key) + " is true; train.lora is plain LoRA on Linear layers");
+  }
+  if (!field("bias").is_null() && field("bias") != "none") refuse("bias is " + field("bias").dump() + "; train.lora trains no biases");
+  if (!field("modules_to_save").is_null() && !field("modules_to_save").empty()) {
+    refuse("modules_to_save names fully trained modules, which train.lora does not hold");
+  }
+  const nlohmann::json r = field("r"), alpha = field("lora_alpha");
+  if (!r.is_number_integer() || r.get<int64_t>() != lora.rank) {
+    refuse("r is " + r.dump() + " but train.lora.rank is " + std::to_string(lora.rank) + "; set train.lora.rank to the "
+           "adapter's r");
+  }
+  if (!alpha.is_number() || alpha.get<double>() != lora.alpha) {
+    refuse("lora_alpha is " + alpha.dump() + " but train.lora.alpha is " + c10::str(lora.alpha) + "; set "
+           "train.lora.alpha to the adapter's lora_alpha");
+  }
+}
+
+}  // namespace
+
+void WeightSource::add_peft(const std::string& dir, const SourceRef& ref, const LoraConfig& lora) {
+  check_peft_config(dir, ref, lora);
+  lora_from_ = ref;
+  lora_file_ = (fs::path(dir) / "adapter_model.safetensors").string();
+  if (!fs::exists(lora_file_)) {
+    throw ConfigError(ref, lora_file_ + ": no adapter_model.safetensors in the folder; save the adapter with "
+                           "safe_serialization (PEFT's default)");
+  }
+  static const std::regex key(R"(base_model\.model\.(.+)\.lora_([AB])\.weight)");
+  std::vector<SafetensorsEntry> entries;
+  try {
+    entries = read_safetensors_entries(lora_file_);
+  } catch (const FileError& e) {
+    throw ConfigError(ref, e.what());
+  }
+  for (auto& e : entries) {
+    std::smatch m;
+    int64_t expert = -1;
+    std::string weight;
+    if (std::regex_match(e.name, m, key)) weight = hf_->name_of(m[1].str() + ".weight", args_, &expert);
+    if (weight.empty() || expert >= 0 || weight.size() < 7 || weight.compare(weight.size() - 7, 7, ".weight") != 0) {
+      throw ConfigError(ref, lora_file_ + ": unexpected tensor '" + e.name + "': not the LoRA adapter (lora_A or "
+                             "lora_B) of a Linear layer of model " + model_name_ + "; was it trained on another base?");
+    }
+    const std::string name = weight.substr(0, weight.size() - 7) + ".lora_" + m[2].str();
+    if (m[2].str() == "B") rows_as_[name] = weight;
+    tensors_[name] = Param::one({lora_file_, e});
+  }
+}
+
+int64_t WeightSource::row_groups(const std::string& name) const {
+  if (!hf_) return 0;
+  auto b = rows_as_.find(name);
+  if (b != rows_as_.end()) return hf_->row_groups(b->second, args_);
+  return lora_file_.empty() || tensors_.at(name).parts[0].file != lora_file_ ? hf_->row_groups(name, args_) : 0;
 }
 
 std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
@@ -164,6 +238,7 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
     params.emplace(name, b);
     buffers.insert(name);
   }
+  if (!lora_file_.empty()) check_adapters(params, shape_of);
   std::unordered_map<const c10::TensorImpl*, std::string> out;
   for (const auto& [name, stored] : tensors_) {
     const Stored& first = stored.parts.front();
@@ -210,6 +285,40 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
   return out;
 }
 
+void WeightSource::check_adapters(const std::map<std::string, torch::Tensor>& params, const ShapeOf& shape_of) const {
+  const auto adapter = [](const std::string& name) {
+    return name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 || name.compare(name.size() - 7, 7, ".lora_B") == 0);
+  };
+  const auto hf_module = [&](const std::string& name) {  // of <layer>.lora_X
+    const std::string w = hf_->hf_name(name.substr(0, name.size() - 7) + ".weight", args_);
+    return w.substr(0, w.size() - 7);
+  };
+  const std::string fix = "; lora_from names an adapter PEFT trained on this base (model.from_hf) for the modules "
+                          "train.lora.targets selects";
+  for (const auto& [name, stored] : tensors_) {
+    const SafetensorsEntry& e = stored.parts.front().entry;
+    if (stored.parts.front().file != lora_file_) continue;
+    auto it = params.find(name);
+    if (it == params.end()) {
+      throw ConfigError(lora_from_, lora_file_ + ": tensor '" + e.name + "' adapts " + hf_module(name) +
+                                        ", which train.lora.targets does not select" + fix);
+    }
+    const std::vector<int64_t> shape = shape_of ? shape_of(it->second) : it->second.sizes().vec();
+    if (shape != e.shape) {
+      throw ConfigError(lora_from_, lora_file_ + ": tensor '" + e.name + "' has shape " +
+                                        c10::str(c10::IntArrayRef(e.shape)) + " but the model's " + name + " is " +
+                                        c10::str(c10::IntArrayRef(shape)) + ": the adapter was trained on another "
+                                        "base" + fix);
+    }
+  }
+  for (const auto& [name, p] : params) {
+    if (adapter(name) && !tensors_.count(name)) {
+      throw ConfigError(lora_from_, lora_file_ + ": no adapter of " + hf_module(name) + " (" + name + "), which "
+                                        "train.lora.targets selects" + fix);
+    }
+  }
+}
+
 torch::Tensor WeightSource::read(const std::string& name) const {
   const Param& s = tensors_.at(name);
   if (s.stacked) {
@@ -218,7 +327,7 @@ torch::Tensor WeightSource::read(const std::string& name) const {
     return torch::stack(experts);
   }
   torch::Tensor t = read_safetensors_tensor(s.parts[0].file, s.parts[0].entry);
-  const int64_t groups = hf_ ? hf_->row_groups(name, args_) : 0;
+  const int64_t groups = row_groups(name);
   return groups ? hf_->from_hf_rows(t, groups) : t;
 }
 
@@ -278,7 +387,7 @@ torch::Tensor WeightSource::read_box(const std::string& name, const std::vector<
     return experts.empty() ? torch::empty(size, torch::dtype(p.dtype)) : torch::stack(experts);
   }
   const Stored& s = p.parts[0];
-  const int64_t heads = hf_ ? hf_->row_groups(name, args_) : 0;
+  const int64_t heads = row_groups(name);
   if (!heads) return read_stored_box(s, offset, size);
   // Hugging Face's rows of the whole groups the box touches, put in the model's order, then cut.
   const int64_t head_dim = s.entry.shape.at(0) / heads;
@@ -290,10 +399,13 @@ torch::Tensor WeightSource::read_box(const std::string& name, const std::vector<
   return rows.narrow(0, offset[0] - o[0], size[0]).contiguous();
 }
 
-void load_weights(models::Model& model, const WeightSource& source) {
-  const auto names = source.match(model);
+void load_weights(models::Model& model, const WeightSource& source,
+                  const std::function<bool(const std::string&)>& drawn) {
+  const auto names = source.match(model, {}, drawn);
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : nn::unique_named_parameters(model)) p.copy_(source.read(names.at(p.unsafeGetTensorImpl())));
+  for (auto& [name, p] : nn::unique_named_parameters(model)) {
+    if (!drawn || !drawn(name)) p.copy_(source.read(names.at(p.unsafeGetTensorImpl())));
+  }
   load_weight_buffers(model, source, names);
 }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -30,7 +31,11 @@ class WeightSource {
   static std::unique_ptr<WeightSource> hf_folder(const std::string& dir, const models::ModelSpec& spec,
                                                  const models::ModelArgs& args);
   // The config's model.init_from or model.from_hf; null when it names neither.
-  static std::unique_ptr<WeightSource> open(const ModelConfig& c);
+  // With model.lora_from, the PEFT adapter folder's tensors too, as the
+  // parameters <layer>.lora_A and <layer>.lora_B of train.lora (`lora`),
+  // lora_B's rows in the model's order; its adapter_config.json must say
+  // lora's rank and alpha and plain LoRA (ConfigErrors naming lora_from).
+  static std::unique_ptr<WeightSource> open(const ModelConfig& c, const std::optional<LoraConfig>& lora);
 
   // Checks that the tensors are exactly `model`'s parameters (a tied one
   // under any of its names) and any of its weight buffers
@@ -83,6 +88,16 @@ class WeightSource {
   std::string model_name_;                // the config's model.name, for errors ("" when not opened from one)
   std::shared_ptr<const models::HfAdapter> hf_;  // a Hugging Face folder's adapter (null: composer's layout)
   models::ModelArgs args_;                         // and the model's arguments
+  std::map<std::string, std::string> rows_as_;     // lora_B (model.lora_from): the base weight whose rows it has
+  SourceRef lora_from_;                            // model.lora_from, when its tensors are among tensors_
+  std::string lora_file_;                          // its adapter_model.safetensors
+  // Reads model.lora_from's adapters into tensors_ (a Hugging Face folder's source).
+  void add_peft(const std::string& dir, const SourceRef& ref, const LoraConfig& lora);
+  // model.lora_from's tensors against the model's adapters `params` (the
+  // same layers, shapes): a ConfigError naming lora_from otherwise.
+  void check_adapters(const std::map<std::string, torch::Tensor>& params, const ShapeOf& shape_of) const;
+  // The row groups a tensor is stored with in another order (0: none).
+  int64_t row_groups(const std::string& name) const;
   // A Hugging Face folder's tensor `hf` holding parameter `name` (or expert `expert`'s slice of it).
   std::string stored_name(const std::string& name, int64_t expert = -1) const;
   // Checks a parameter stored one tensor per expert (each present, one dtype) and sets its shape.
@@ -91,8 +106,10 @@ class WeightSource {
                                 const std::vector<int64_t>& size) const;
 };
 
-// Copies every tensor of `source` into the parameter of its name.
-void load_weights(models::Model& model, const WeightSource& source);
+// Copies every tensor of `source` into the parameter of its name; the
+// parameters `drawn` names (match's) keep their values.
+void load_weights(models::Model& model, const WeightSource& source,
+                  const std::function<bool(const std::string&)>& drawn = {});
 // Copies into each weight buffer (nn::named_weight_buffers) the value `names` (match's) reads it under, if any.
 void load_weight_buffers(models::Model& model, const WeightSource& source,
                          const std::unordered_map<const c10::TensorImpl*, std::string>& names);

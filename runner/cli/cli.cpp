@@ -173,6 +173,7 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan&, Rank
   e.out = o.out;
   e.format = o.exporting.format == "hf" ? ExportFormat::kHf : o.exporting.format == "peft" ? ExportFormat::kPeft
                                                                                           : ExportFormat::kPt;
+  e.merge = o.exporting.merge;
   if (!o.exporting.max_shard_size.empty()) {
     e.max_shard_bytes = parse_byte_size(o.exporting.max_shard_size, "--max-shard-size");
   }

@@ -29,6 +29,7 @@ struct ExportArgs {
   std::string weights;         // --weights FILE
   std::string format;          // --format; "" = pt
   std::string max_shard_size;  // --max-shard-size; "" = 5GB
+  bool merge = false;          // --merge: a train.lora run's adapters added into the base
 };
 
 // composer suggest's own options: the world searched and the rates it is

@@ -100,6 +100,8 @@ std::vector<OptionSpec> command_options() {
        {C::kExport}, [](CliOptions& o) { return value(&o.exporting.format); }},
       {"max-shard-size", "SIZE", "shard above this size (default 5GB; 500MB, 64KiB or bytes)", {C::kExport},
        [](CliOptions& o) { return value(&o.exporting.max_shard_size); }},
+      {"merge", "", "pt or hf of a train.lora run: the base with the adapters added into its weights", {C::kExport},
+       [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.exporting.merge); }},
   };
   // clang-format on
 }
@@ -373,7 +375,8 @@ const std::vector<CommandSpec>& command_table() {
        "write a checkpoint's (--checkpoint DIR) or a weights file's (--weights FILE) weights to --out as one "
        "safetensors file for PyTorch (in shards with an index above --max-shard-size), or with --format hf a "
        "Hugging Face Llama, Mixtral, Qwen3 or DeepSeek-V3 folder (config.json and model.safetensors) that "
-       "transformers loads, or with --format peft a train.lora run's adapters as a PEFT folder; runs in this process",
+       "transformers loads, or with --format peft a train.lora run's adapters as a PEFT folder (--merge: pt or hf "
+       "with them added into the base); runs in this process",
        Needs::kPlan, Preflight::kNothing, Devices::kHere, nullptr, check_export_options, run_export,
        "to resume a run, set checkpoint.resume (--set checkpoint.resume=DIR)", false},
       {C::kSuggest, "suggest",

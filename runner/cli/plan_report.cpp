@@ -1,13 +1,17 @@
 #include "runner/cli/plan_report.h"
 
 #include <iomanip>
+#include <algorithm>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "runner/estimate/dry_run.h"
 #include "runner/estimate/estimate.h"
+#include "runner/train/build.h"
 
 namespace composer {
 namespace {
@@ -137,6 +141,43 @@ void print_estimates(std::ostream& os, const std::vector<MemoryEstimate>& estima
   for (const auto& [ranks, e] : rows) os << "  ranks " << ranks_str(ranks) << ": " << comm_line(e->comm) << "\n";
 }
 
+int64_t highest_peak(const std::vector<MemoryEstimate>& estimates) {
+  int64_t most = 0;
+  for (const auto& e : estimates) most = std::max(most, e.peak());
+  return most;
+}
+
+// train.freeze or train.lora: what trains and what is frozen, and the highest
+// rank's peak against training every parameter of the model (no adapters).
+void print_frozen(std::ostream& os, const ExperimentConfig& c, const Plan& p,
+                  const std::vector<MemoryEstimate>& estimates) {
+  if (c.train.freeze.empty() && !c.train.lora) return;
+  nn::ShapeOnly shapes;
+  models::ModelPtr model = build_model(c);
+  const std::set<std::string> frozen = frozen_names(*model, c.train);
+  int64_t trained = 0, fixed = 0, count = 0;
+  for (const auto& [name, t] : nn::unique_named_parameters(*model)) {
+    (frozen.count(name) ? fixed : trained) += t.numel();
+    ++count;
+  }
+  ExperimentConfig full = c;
+  full.train.freeze.clear();
+  full.train.lora.reset();
+  full.model.lora_from.clear();
+  const int64_t with = highest_peak(estimates), without = highest_peak(estimate_memory(full, p));
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "%s: %zu of %lld parameters train (%lld values, %.2f%%), %zu frozen (%lld values): no gradient or "
+                "optimizer state; highest peak %s, against %s training every parameter without %s (%s)\n",
+                c.train.lora ? "train.lora" : "train.freeze", static_cast<size_t>(count) - frozen.size(),
+                static_cast<long long>(count), static_cast<long long>(trained),
+                100.0 * static_cast<double>(trained) / static_cast<double>(std::max<int64_t>(1, trained + fixed)),
+                frozen.size(), static_cast<long long>(fixed), format_bytes(with).c_str(), format_bytes(without).c_str(),
+                c.train.lora ? "adapters" : "train.freeze",
+                (without >= with ? format_bytes(without - with) + " saved" : format_bytes(with - without) + " more").c_str());
+  os << line;
+}
+
 }  // namespace
 
 void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
@@ -144,7 +185,9 @@ void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
   for (const auto& line : p.warnings) os << "warning: " << line << "\n";
   const auto rows = describe_placements(c, p);
   if (!rows.empty()) print_placements(os, rows);
-  print_estimates(os, estimate_memory(c, p));
+  const std::vector<MemoryEstimate> estimates = estimate_memory(c, p);
+  print_estimates(os, estimates);
+  print_frozen(os, c, p, estimates);
   os << "config hash " << config_hash(c) << "; the resolved config and every figure in full: composer plan --json\n";
 }
 

@@ -68,6 +68,22 @@ std::optional<FieldError> eos_id_error(const ModelConfig& model, const Documents
                         "each file's document index"};
 }
 
+// model.lora_from: the adapters of train.lora, on the Hugging Face base from_hf reads.
+std::optional<FieldError> lora_from_error(const ModelConfig& model, const TrainConfig& train) {
+  if (model.lora_from.empty()) return std::nullopt;
+  if (!train.lora) {
+    return FieldError{"model.lora_from", "lora_from gives train.lora's adapters their starting values, and this "
+                                         "config has no train.lora; add train.lora with the adapter's rank, alpha "
+                                         "and targets, or remove lora_from"};
+  }
+  if (model.from_hf.empty()) {
+    return FieldError{"model.lora_from", "lora_from reads a PEFT adapter of a Hugging Face base, named by its "
+                                         "modules; give model.from_hf: the base's folder (the one the adapter was "
+                                         "trained on)"};
+  }
+  return std::nullopt;
+}
+
 // debug's ranks against the mesh, and its faults against what the run has.
 std::optional<FieldError> debug_error(const DebugConfig& d, int64_t world_size, bool documents) {
   if (d.inject_rank < 0 || d.inject_rank >= world_size) {
@@ -148,6 +164,7 @@ std::optional<FieldError> across_sections(ExperimentConfig& c) {
     eval.data->token_dtype = data.token_dtype.value_or(TokenDType::kUint16);  // the training data's width
   }
   if (auto e = eos_id_error(model, data.documents)) return e;
+  if (auto e = lora_from_error(model, train)) return e;
   if (!profile.steps.empty()) {
     const auto& s = profile.steps;
     if (s.size() != 2 || s[0] < 1 || s[0] > s[1] || s[1] > train.steps) {

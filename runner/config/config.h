@@ -31,6 +31,8 @@ struct ModelConfig {
   SourceRef init_from_ref;      // where init_from was given
   std::string from_hf;          // a Hugging Face folder (the model's adapter): config.json gives args, weights the init
   SourceRef from_hf_ref;        // where from_hf was given
+  std::string lora_from;        // a PEFT LoRA folder whose adapters train.lora starts from ("" = drawn)
+  SourceRef lora_from_ref;      // where lora_from was given
   SourceRef ref;                // where the model section is, for errors
   template <class V>
   void fields(V& v) {
@@ -40,6 +42,8 @@ struct ModelConfig {
     v.where("init_from", init_from_ref);
     v("from_hf", from_hf, kOmitDefault);
     v.where("from_hf", from_hf_ref);
+    v("lora_from", lora_from, kOmitDefault);
+    v.where("lora_from", lora_from_ref);
     v("args", args, kReadAbsent);  // last: read by name's registry entry, from from_hf's config.json when given
   }
 };

@@ -48,7 +48,7 @@ std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const P
       const std::string s = spec->str();  // "[16, 8] tp:S(0) ..."
       const size_t cut = s.find("] ");
       rows[name] = {name, s.substr(0, cut + 1), cut == std::string::npos ? "" : s.substr(cut + 2),
-                    parallel::grad_plan(*spec).str()};
+                    p.requires_grad() ? parallel::grad_plan(*spec).str() : "none (frozen)"};
     }
   }
   std::vector<PlacementRow> out;

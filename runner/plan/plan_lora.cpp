@@ -45,4 +45,9 @@ bool is_lora_name(const std::string& name) {
   return ends(".lora_A") || ends(".lora_B");
 }
 
+std::function<bool(const std::string&)> drawn_adapters(const ExperimentConfig& c) {
+  if (!c.train.lora || !c.model.lora_from.empty()) return {};
+  return is_lora_name;
+}
+
 }  // namespace composer

@@ -1,5 +1,6 @@
 // train.lora (PEFT's LoRA): which Linear layers get adapters, attached to a built model.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,5 +21,9 @@ void attach_lora(nn::Module& model, const std::optional<LoraConfig>& l);
 
 // Whether a parameter name is an adapter's (<layer>.lora_A or <layer>.lora_B).
 bool is_lora_name(const std::string& name);
+
+// The parameters a run draws rather than reads from model.init_from or from_hf: train.lora's adapters,
+// unless model.lora_from holds them; none (an empty function) otherwise.
+std::function<bool(const std::string&)> drawn_adapters(const ExperimentConfig& c);
 
 }  // namespace composer

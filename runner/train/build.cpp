@@ -99,12 +99,12 @@ models::ModelPtr build_model(const ExperimentConfig& c) {
   TORCH_INTERNAL_ASSERT(spec, "model ", c.model.name, " passed config validation but is not registered");
   torch::manual_seed(c.seed);
   models::ModelPtr model = spec->build(c.model.args);
+  attach_lora(*model, c.train.lora);  // its draws follow the base's
   if (!nn::param_options().device().is_meta()) {  // values, not shapes
     naming_config_key(weights_ref(c.model), [&] {
-      if (auto source = WeightSource::open(c.model)) load_weights(*model, *source);
+      if (auto source = WeightSource::open(c.model, c.train.lora)) load_weights(*model, *source, drawn_adapters(c));
     });
   }
-  attach_lora(*model, c.train.lora);  // after the base's weights are read
   return model;
 }
 
@@ -147,8 +147,9 @@ void check_folders(const ExperimentConfig& c, const std::string& out_dir) {
 DataPlan shape_data_plan(const ExperimentConfig& c) {
   nn::ShapeOnly shapes;
   models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+  attach_lora(*model, c.train.lora);
   naming_config_key(weights_ref(c.model), [&] {
-    if (auto source = WeightSource::open(c.model)) source->match(*model);
+    if (auto source = WeightSource::open(c.model, c.train.lora)) source->match(*model, {}, drawn_adapters(c));
   });
   model->to(scalar_type_of(c.train.dtype));
   return plan_data(c, *model);
@@ -197,14 +198,10 @@ bool freezes(const std::string& pattern, const std::string& name) {
   return false;
 }
 
-// train.freeze: the parameters it names stop requiring gradients, before the
-// transforms, which keep each parameter's requires_grad (sharding replaces a
-// parameter's data, not the parameter) and leave out of their gradient
-// reductions the ones that need none.
-void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& rank) {
-  if (t.freeze.empty() && !t.lora) return;
+}  // namespace
+
+std::set<std::string> frozen_names(models::Model& model, const TrainConfig& t) {
   const auto named = nn::unique_named_parameters(model);
-  int64_t frozen = 0, numel = 0, total = 0;
   for (const auto& pattern : t.freeze) {
     if (std::none_of(named.begin(), named.end(), [&](const auto& np) { return freezes(pattern, np.first); })) {
       throw ConfigError(t.freeze_ref, "'" + pattern + "' names no parameter of the model (nor a module "
@@ -212,23 +209,41 @@ void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& 
                                       "; fix the pattern ('*' within a dotted segment, '**' across) or remove it");
     }
   }
+  std::set<std::string> out;
   for (const auto& [name, p] : named) {
-    total += p.numel();
     const bool base = t.lora && !is_lora_name(name);  // train.lora: only the adapters train
-    if (!base && std::none_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) {
-      continue;
+    if (base || std::any_of(t.freeze.begin(), t.freeze.end(), [&](const std::string& f) { return freezes(f, name); })) {
+      out.insert(name);
     }
-    p.requires_grad_(false);
-    ++frozen;
-    numel += p.numel();
   }
-  if (frozen == static_cast<int64_t>(named.size())) {
+  if (!named.empty() && out.size() == named.size()) {
     throw ConfigError(t.freeze_ref, "these patterns freeze every parameter of the model: nothing would train; "
                                     "name only the parameters to keep fixed");
   }
+  return out;
+}
+
+namespace {
+
+// train.freeze: the parameters it names stop requiring gradients, before the
+// transforms, which keep each parameter's requires_grad (sharding replaces a
+// parameter's data, not the parameter) and leave out of their gradient
+// reductions the ones that need none.
+void freeze_parameters(models::Model& model, const TrainConfig& t, RankContext& rank) {
+  if (t.freeze.empty() && !t.lora) return;
+  const auto named = nn::unique_named_parameters(model);
+  const std::set<std::string> names = frozen_names(model, t);
+  int64_t numel = 0, total = 0;
+  for (const auto& [name, p] : named) {
+    total += p.numel();
+    if (!names.count(name)) continue;
+    p.requires_grad_(false);
+    numel += p.numel();
+  }
   if (rank.is_main()) {
-    std::cout << rank.log_prefix << (t.lora ? "train.lora: " : "train.freeze: ") << frozen << " of " << named.size() << " parameters frozen ("
-              << numel << " of " << total << " values); " << named.size() - frozen << " train\n";
+    std::cout << rank.log_prefix << (t.lora ? "train.lora: " : "train.freeze: ") << names.size() << " of "
+              << named.size() << " parameters frozen (" << numel << " of " << total << " values); "
+              << named.size() - names.size() << " train\n";
   }
 }
 
@@ -280,7 +295,7 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
   m.pin_host = device.is_cuda();
   m.own = &par.per_rank;
   // init_from or from_hf hold the base: the adapters are drawn (a golden's start holds them too)
-  if (c.train.lora && !start) m.drawn = is_lora_name;
+  if (!start) m.drawn = drawn_adapters(c);
   m.own_seed = own_seed(plan, rank);
   m.dtype = scalar_type_of(c.train.dtype);
   m.placements = par.placements.get();
@@ -291,7 +306,7 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
     };
   }
   naming_config_key(weights_ref(c.model), [&] {
-    const std::unique_ptr<WeightSource> source = start ? WeightSource::file(start->path) : WeightSource::open(c.model);
+    const std::unique_ptr<WeightSource> source = start ? WeightSource::file(start->path) : WeightSource::open(c.model, c.train.lora);
     m.init = source.get();
     materialise(model, init_steps, m);
   });

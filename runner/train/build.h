@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <set>
 #include <string>
 
 #include "models/model.h"
@@ -36,6 +37,11 @@ nlohmann::json preview_samples(const ExperimentConfig& c, int64_t n);
 // The intra-op threads of each rank: train.threads, or the cores shared
 // equally by the machine's local ranks.
 int rank_threads(const TrainConfig& t, int64_t local_ranks);
+
+// The parameters train.freeze and train.lora keep fixed (lora: every one but
+// the adapters), by name; a ConfigError naming train.freeze for a pattern
+// that names nothing, or patterns that freeze everything.
+std::set<std::string> frozen_names(models::Model& model, const TrainConfig& t);
 
 // Applies the plan to `model` on `rank` (parallel::parallelize): the
 // transforms bind their groups on the rank's mesh. `microbatch` gives one

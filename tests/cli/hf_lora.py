@@ -12,8 +12,14 @@ steps, on one device and under tp 2 (sequence parallel) x fully_shard dp 2.
   composer's losses step by step (float32).
 - The export of the one-device run's final weights equals peft's trained adapters, and the model
   peft loads from it gives peft's trained model's loss.
-- The 4-rank run's step-3 checkpoint, exported, gives the same adapters as the one-device run.
-- Without train.lora, --format peft is refused (exit 2).
+- The 4-rank run's step-3 checkpoint, exported, gives the same adapters as the one-device run; exported
+  with --format hf --merge, transformers loads it (no missing or unexpected key), its weights equal
+  peft's merge_and_unload of the trained adapters and it gives peft's trained model's loss.
+- model.lora_from: the 4-rank plan continues from the folder peft's save_pretrained wrote of its trained
+  model, and its losses equal peft's own SGD steps from there; an adapter of another base, and one whose
+  r differs from train.lora.rank, are refused (exit 2, naming model.lora_from).
+- Without train.lora, --format peft and --merge are refused, and a LoRA run's pt export without --merge
+  (exit 2).
 
 Usage: hf_lora.py COMPOSER WORK_DIR
 """
@@ -122,11 +128,59 @@ def main():
     compare_adapters(adapters(peft_export(four, os.path.join(WORK, "peft_tp_fsdp"), "--checkpoint", ckpt)),
                      adapters(final_folder), "the 4-rank step-3 checkpoint's adapters vs the one-device run's")
 
+    merged_dir = os.path.join(WORK, "merged")
+    print(H.composer("export", "--config", four, "--checkpoint", ckpt, "--out", merged_dir, "--format", "hf",
+                     "--merge").strip())
+    merged = H.load_export(merged_dir).eval()
+    reference = load_peft(hf_dir, final_folder).merge_and_unload()
+    got_w, want_w = merged.state_dict(), reference.state_dict()
+    worst = max((got_w[k] - want_w[k]).abs().max().item() for k in want_w)
+    print(f"--merge: {len(got_w)} tensors vs peft's merge_and_unload, max abs difference {worst:.3g}")
+    if set(got_w) != set(want_w) or worst > PARAM_ATOL:
+        fail(f"the merged export differs from peft's merge_and_unload (max abs {worst:.3g})")
+    with torch.no_grad():
+        c, _ = batch_loss(merged, data, STEPS)
+    print(f"loss on step {STEPS}'s batch: the merged export in transformers {c.item():.6f}")
+    if abs(c.item() - b.item()) > LOSS_RTOL * abs(b.item()):
+        fail(f"the merged export's loss {c.item()} differs from peft's trained model's {b.item()}")
+
+    saved = os.path.join(WORK, "peft_saved")
+    model.save_pretrained(saved)  # peft's own folder of its trained adapters
+    cont_yaml = "{name: llama, from_hf: " + hf_dir + ", lora_from: " + saved + "}"
+    cont = with_lora(H.write_config("lora_from", cont_yaml, 2, LR, VOCAB, TP_FSDP))
+    run_cont = H.run(cont)
+    want_cont = sgd_losses(load_peft(hf_dir, saved, trainable=True), run_cont, 2, LR)
+    H.compare_losses(H.composer_losses(run_cont), want_cont,
+                     "lora_from peft's folder, tp 2 (sp) x fully_shard dp 2, vs peft continuing from it")
+    out = H.composer("plan", "--config", cont, "--set", "train.lora.rank=8", expect=2)
+    if "model.lora_from" not in out or "train.lora.rank" not in out:
+        fail(f"lora_from with another rank: {out}")
+    other = os.path.join(WORK, "peft_other_base")
+    torch.manual_seed(1)
+    small = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    from peft import LoraConfig, get_peft_model  # noqa: E402
+    get_peft_model(small, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "gate_proj", "up_proj", "down_proj"])
+                   ).save_pretrained(other)
+    out = H.composer("plan", "--config", cont, "--set", "model.lora_from=" + other, expect=2)
+    if "model.lora_from" not in out or "another base" not in out:
+        fail(f"lora_from an adapter of another base: {out}")
+    print("refused: lora_from with another rank, and an adapter of another base")
+
     plain = H.write_config("plain", model_yaml, 1, LR, VOCAB)
     out = H.composer("export", "--config", plain, "--weights", os.path.join(run_one, "init.safetensors"), "--out",
                      os.path.join(WORK, "refused"), "--format", "peft", expect=2)
     if "has no train.lora" not in out:
         fail(f"--format peft without train.lora: {out}")
+    out = H.composer("export", "--config", plain, "--weights", os.path.join(run_one, "init.safetensors"), "--out",
+                     os.path.join(WORK, "refused"), "--format", "hf", "--merge", expect=2)
+    if "has no train.lora" not in out:
+        fail(f"--merge without train.lora: {out}")
+    out = H.composer("export", "--config", one, "--weights", os.path.join(run_one, "final.safetensors"), "--out",
+                     os.path.join(WORK, "refused.safetensors"), expect=2)
+    if "--merge" not in out:
+        fail(f"a LoRA run's pt export without --merge: {out}")
     print("hf_lora: all checks passed")
 
 
