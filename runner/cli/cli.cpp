@@ -264,6 +264,10 @@ int run_suggest(const CliOptions& o) {
 }
 
 std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c) {
+  if (o.command == Command::kScore && !o.out.empty()) {  // --out names the scores file
+    const std::string dir = std::filesystem::path(o.out).parent_path().string();
+    return dir.empty() ? "." : dir;
+  }
   return o.out.empty() ? "runs/" + c.name : o.out;
 }
 

@@ -16,7 +16,7 @@ namespace composer {
 // The verbs; runner/cli/commands.cpp's table says what each needs and runs.
 // kDiffSide is one side of a diff (`composer diff --record-side`), started
 // by composer diff itself.
-enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kSuggest, kDiff, kDiffSide };
+enum class Command { kRun, kCheck, kGolden, kPlan, kExport, kScore, kSuggest, kDiff, kDiffSide };
 
 // composer plan's own options.
 struct PlanArgs {
@@ -30,6 +30,12 @@ struct ExportArgs {
   std::string format;          // --format; "" = pt
   std::string max_shard_size;  // --max-shard-size; "" = 5GB
   bool merge = false;          // --merge: a train.lora run's adapters added into the base
+};
+
+// composer score's own options.
+struct ScoreArgs {
+  std::string data;        // --data FILE: a token file with FILE.docs (and FILE.mask)
+  bool per_token = false;  // --per-token: every target's log-probability too
 };
 
 // composer suggest's own options: the world searched and the rates it is
@@ -50,6 +56,7 @@ struct CliOptions {
   bool json = false;              // --json (plan and diff): one JSON object for tools
   PlanArgs plan;
   ExportArgs exporting;
+  ScoreArgs score;
   SuggestArgs suggest;
   // composer diff's own (flat, as runner/cli/diff_command.cpp reads them)
   int64_t step = 0;                  // --step; 0: the first step composer check fails, else 1
@@ -88,8 +95,13 @@ int run_golden(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Ra
 int run_diff_side(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 int run_plan(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+// composer score (runner/cli/score_command.cpp): on every rank, the
+// sequences of --data forward only under the plan; rank 0 writes each one's
+// log-probability to --out (default runs/<name>/scores.jsonl).
+int run_score(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
+void check_score_options(const CliOptions& o);
 
-// Where a run's outputs go: --out, or runs/<name>.
+// Where a run's outputs go: --out, or runs/<name> (composer score: the folder of its --out file).
 std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c);
 
 // check.golden, read and checked against `c` (config hash, dtype, mixed

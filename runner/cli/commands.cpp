@@ -42,7 +42,7 @@ std::vector<OptionSpec> common_options() {
       {"config,c", "FILE", "experiment YAML file", {}, [](CliOptions& o) { return value(&o.config); }},
       {"set", "PATH=VALUE", "override a config value by its YAML path, e.g. --set train.steps=20 (repeatable)", {},
        [](CliOptions& o) { return values(&o.sets); }},
-      {"out", "DIR", "output directory (default runs/<name>); export and suggest: the file or folder to write", {},
+      {"out", "DIR", "output directory (default runs/<name>); export, score and suggest: the file or folder to write", {},
        [](CliOptions& o) { return value(&o.out); }},
       {"nnodes", "N", "invocations (nodes) that form the job (default 1)", {},
        [](CliOptions& o) { return value(&o.node.nnodes); }},
@@ -102,6 +102,10 @@ std::vector<OptionSpec> command_options() {
        [](CliOptions& o) { return value(&o.exporting.max_shard_size); }},
       {"merge", "", "pt or hf of a train.lora run: the base with the adapters added into its weights", {C::kExport},
        [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.exporting.merge); }},
+      {"data", "FILE", "the token file to score, one sequence per document (FILE.docs; FILE.mask: the targets counted)",
+       {C::kScore}, [](CliOptions& o) { return value(&o.score.data); }, true},
+      {"per-token", "", "every target's log-probability too, not only each sequence's sum", {C::kScore},
+       [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.score.per_token); }},
   };
   // clang-format on
 }
@@ -379,6 +383,12 @@ const std::vector<CommandSpec>& command_table() {
        "with them added into the base); runs in this process",
        Needs::kPlan, Preflight::kNothing, Devices::kHere, nullptr, check_export_options, run_export,
        "to resume a run, set checkpoint.resume (--set checkpoint.resume=DIR)", false},
+      {C::kScore, "score",
+       "write the log-probability the model (its from_hf, init_from or lora_from weights) gives each sequence of "
+       "--data, forward only under the config's plan: one JSON line per sequence to --out (default "
+       "runs/<name>/scores.jsonl) with its summed log-probability of the targets the loss mask counts and their "
+       "count (--per-token: every target's too); each sequence is one row of data.seq_len + 1 tokens at most",
+       Needs::kRanks, Preflight::kFiles, Devices::kHere, nullptr, check_score_options, run_score, nullptr, false},
       {C::kSuggest, "suggest",
        "search the plans of the config's model for a world of ranks (its own mesh and parallelize ignored), rank "
        "them by a cost model, run the cheapest dry until --top fit --device-memory, and write the best as a config "

@@ -299,7 +299,7 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
   m.own_seed = own_seed(plan, rank);
   m.dtype = scalar_type_of(c.train.dtype);
   m.placements = par.placements.get();
-  if (rank.is_main()) m.write_init = out_dir + "/init.safetensors";
+  if (rank.is_main() && !out_dir.empty()) m.write_init = out_dir + "/init.safetensors";
   if (start && rank.is_main()) {
     m.replaced = [start](const std::string& name, const torch::Tensor& drawn, const torch::Tensor& given) {
       measure_start(*start, name, drawn, given);
@@ -337,7 +337,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
     init_per_rank(c, plan, rank, *out.model);  // rank 0's own values are in init.safetensors
   }
   models::Model& model = *out.model;
-  if (rank.is_main() && !owned_only) save_weights(model, out_dir + "/init.safetensors");
+  if (rank.is_main() && !owned_only && !out_dir.empty()) save_weights(model, out_dir + "/init.safetensors");
   model.to(scalar_type_of(c.train.dtype));
   model.train();
   // A GPU run builds the model on the CPU (every value drawn as a
@@ -348,7 +348,7 @@ RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankCont
   nn::OnDevice run_on(device);
 
   out.data = plan_data(c, model);
-  if (rank.is_main()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
+  if (rank.is_main() && !out_dir.empty()) write_json(out_dir + "/config.resolved.json", resolved_json(c, out.data));
   out.dataset = make_dataset(c, out.data);
   if (c.eval.every > 0) {  // eval's own seq_len, when eval.seq_len gives one
     const ExperimentConfig e = eval_data_config(c);

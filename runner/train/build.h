@@ -77,7 +77,7 @@ struct GoldenStart {
 // Builds this rank's model for training: a plan that shards or splits the
 // model builds it on meta and gives values only to what the rank holds (equal
 // to a single-device build's); the main rank writes config.resolved.json and
-// init.safetensors into `out_dir`.
+// init.safetensors into `out_dir` ("": nothing is written).
 // With `start`, its weights replace the drawn ones (GoldenStart).
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
                            GoldenStart* start = nullptr);

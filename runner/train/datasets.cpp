@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -150,6 +151,8 @@ class TokenFile {
   }
   // Whether token i is trained as a target (always without a loss mask).
   bool trained(int64_t i) const { return mask_.empty() || mask_[static_cast<size_t>(i)] != 0; }
+  const std::vector<uint64_t>& ends() const { return ends_; }
+  const std::vector<uint8_t>& mask() const { return mask_; }
   // doc_start of the `len` tokens from `start` by the index: where, counted
   // from `start`, the document of each begins (0 for the first's).
   void doc_start(int64_t start, int64_t len, int64_t* out) const {
@@ -439,6 +442,17 @@ std::unique_ptr<DataSet> make_dataset(const ExperimentConfig& c, const DataPlan&
     return std::make_unique<TokenFileData>(c, plan);  // names each file's key itself
   }
   return std::make_unique<SyntheticData>(c.seed, plan);
+}
+
+Documents read_documents(const std::string& path, TokenDType dtype) {
+  const bool mask = std::ifstream(path + ".mask").good();
+  const TokenFile f(path, dtype == TokenDType::kUint32 ? 4 : 2, 1, /*index=*/true, mask);
+  Documents d;
+  d.tokens.resize(static_cast<size_t>(f.size()));
+  for (int64_t i = 0; i < f.size(); ++i) d.tokens[static_cast<size_t>(i)] = f.token(i);
+  d.ends.assign(f.ends().begin(), f.ends().end());
+  d.mask = f.mask();
+  return d;
 }
 
 

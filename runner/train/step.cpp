@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "parallelisms/comm/trace_span.h"
+#include "parallelisms/pipeline/pipeline.h"
+#include "parallelisms/tensor_parallel.h"
 #include "runner/train/experts.h"
 #include "runner/train/optim.h"
 
@@ -466,6 +468,51 @@ double evaluate(StepState& s, const std::function<Batch(int64_t, int64_t, int64_
   if (par.fsdp) par.fsdp->set_forward_only(false);
   s.model.train(training);
   return sum / static_cast<double>(batches);
+}
+
+namespace {
+
+// Each target's -log softmax(logits)[target], over the whole vocabulary under loss parallelism.
+torch::Tensor token_nll(const torch::Tensor& output, const torch::Tensor& targets, const parallel::VocabParallel& vocab) {
+  const torch::Tensor y = output.to(torch::kFloat).reshape({-1, output.size(-1)});
+  const torch::Tensor t = targets.reshape({-1});
+  if (vocab.group) return parallel::vocab_parallel_token_nll(vocab, y, t);
+  return -torch::log_softmax(y, 1).gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
+}
+
+}  // namespace
+
+torch::Tensor score_tokens(models::Model& model, parallel::Parallel& par, int64_t microbatch, const Batch& whole,
+                           const torch::Tensor& positions) {
+  torch::NoGradGuard no_grad;
+  const Batch b = local_part(par, whole);
+  const torch::Tensor pos = par.cp ? par.sequence_slice(positions) : positions;
+  const torch::Tensor rows = torch::arange(b.inputs.size(0), pos.options()).unsqueeze(1).expand_as(pos);
+  std::vector<torch::Tensor> out;
+  auto collect = [&](int64_t i, const torch::Tensor& logits) {
+    const int64_t k = microbatch;
+    const torch::Tensor t = b.targets.narrow(0, i * k, k).reshape({-1});
+    const torch::Tensor nll = token_nll(logits, t, par.vocab);
+    const torch::Tensor kept = t != -100;
+    out.push_back(torch::stack({rows.narrow(0, i * k, k).reshape({-1}).to(torch::kDouble),
+                                pos.narrow(0, i * k, k).reshape({-1}).to(torch::kDouble), nll.to(torch::kDouble)},
+                               1)
+                      .index({kept})
+                      .cpu());
+  };
+  if (par.pipe) {
+    par.pipe->evaluate([&](int i) { return b.inputs.narrow(0, i * microbatch, microbatch); },
+                       [&](int i, const torch::Tensor& logits) {
+                         collect(i, logits);
+                         return torch::zeros({}, logits.options().dtype(torch::kFloat));
+                       });
+  } else {
+    for (int64_t i = 0; i < b.inputs.size(0) / microbatch; ++i) {
+      collect(i, model(b.inputs.narrow(0, i * microbatch, microbatch)));
+    }
+  }
+  par.reshard();
+  return out.empty() ? torch::empty({0, 3}, torch::kDouble) : torch::cat(out);
 }
 
 }  // namespace composer

@@ -84,4 +84,14 @@ void run_step(StepState& s, StepRecord& r);
 double evaluate(StepState& s, const std::function<Batch(int64_t step, int64_t begin, int64_t end)>& batch,
                 int64_t batches);
 
+// composer score: this rank's part of `b` (a batch of plan.local_batch rows:
+// its microbatches, its sequence slice) forward only, as evaluate() runs it,
+// and each target's -log p(target | the tokens before it) where this rank
+// computes the logits (every rank of the tp group that holds them; a
+// pipeline's last stage). `positions` gives each token's index in its row,
+// shaped as b.inputs (cut as the inputs are). Returns rows [row of b, position,
+// -log p] (float64, on the CPU) for the targets that are not -100.
+torch::Tensor score_tokens(models::Model& model, parallel::Parallel& par, int64_t microbatch, const Batch& b,
+                           const torch::Tensor& positions);
+
 }  // namespace composer
