@@ -79,6 +79,7 @@ void check_before_ranks(const CommandSpec& command, const CliOptions& o, const E
     preflight(config, out_dir_of(o, config),
               command.preflight == Preflight::kFilesAndResume && config.checkpoint.enabled);
     if (command.preflight == Preflight::kFilesAndGolden) read_checked_golden(config);
+    if (command.command == Command::kScore) check_score_data(o, config);
   }
   if (command.needs != Needs::kRanks) return;
   if (!place.launched) check_fit(config, estimate_memory(config, plan, ranks), ranks);

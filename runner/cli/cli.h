@@ -100,6 +100,9 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan& p, Ra
 // log-probability to --out (default runs/<name>/scores.jsonl).
 int run_score(const CliOptions& o, const ExperimentConfig& c, const Plan& p, RankContext& rank);
 void check_score_options(const CliOptions& o);
+// composer score's --data against the config's model, once before any rank starts: each sequence
+// fits a row and holds ids of the vocabulary (UserError otherwise).
+void check_score_data(const CliOptions& o, const ExperimentConfig& c);
 
 // Where a run's outputs go: --out, or runs/<name> (composer score: the folder of its --out file).
 std::string out_dir_of(const CliOptions& o, const ExperimentConfig& c);

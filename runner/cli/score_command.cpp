@@ -154,6 +154,10 @@ void check_score_options(const CliOptions& o) {
   }
 }
 
+void check_score_data(const CliOptions& o, const ExperimentConfig& c) {
+  score_documents(o.score.data, c, shape_data_plan(c));
+}
+
 int run_score(const CliOptions& o, const ExperimentConfig& c, const Plan& plan, RankContext& rank) {
   torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
   RankModel rm = build_rank_model(c, plan, rank, /*out_dir=*/"");

@@ -143,7 +143,9 @@ void check_folders(const ExperimentConfig& c, const std::string& out_dir) {
   if (!why.empty()) throw UserError("--out " + out_dir + " " + why + "; give --out a folder composer can create or write into");
 }
 
-// The data plan from a shape-only build: names and shapes, no values, no random draws.
+
+}  // namespace
+
 DataPlan shape_data_plan(const ExperimentConfig& c) {
   nn::ShapeOnly shapes;
   models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
@@ -154,8 +156,6 @@ DataPlan shape_data_plan(const ExperimentConfig& c) {
   model->to(scalar_type_of(c.train.dtype));
   return plan_data(c, *model);
 }
-
-}  // namespace
 
 nlohmann::json preview_samples(const ExperimentConfig& c, int64_t n) {
   const auto data = make_dataset(c, shape_data_plan(c));

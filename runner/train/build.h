@@ -28,6 +28,10 @@ models::ModelPtr build_model(const ExperimentConfig& c);
 // errors training would.
 void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resume);
 
+// The data plan (inputs, targets, seq_len, vocabulary) from a shape-only
+// build of the model: names and shapes, no values, no random draws.
+DataPlan shape_data_plan(const ExperimentConfig& c);
+
 // Where the run's first `n` global samples come from (composer plan --samples):
 // each one's step, index, source, path, window start and, with packed
 // documents, how many documents its inputs meet. UserError for data drawn

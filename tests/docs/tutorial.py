@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Runs docs/tutorial.md: every ```sh block, in order, in a scratch folder that
-sees the repository's configs, tools and .venv, with composer on the PATH. A
-block whose first line is `# expect exit N` must exit N; every other block
-must exit 0. Usage: tutorial.py COMPOSER SCRATCH_DIR"""
+"""Runs a guide (docs/tutorial.md, or the one named): every ```sh block, in
+order, in a scratch folder that sees the repository's configs, tools and .venv,
+with composer on the PATH. A block whose first line is `# expect exit N` must
+exit N; every other block must exit 0.
+Usage: tutorial.py COMPOSER SCRATCH_DIR [docs/GUIDE.md]"""
 import os
 import re
 import shutil
@@ -11,10 +12,11 @@ import sys
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 composer, scratch = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-text = open(os.path.join(root, "docs", "tutorial.md")).read()
+guide = sys.argv[3] if len(sys.argv) > 3 else "docs/tutorial.md"
+text = open(os.path.join(root, guide)).read()
 blocks = re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
 if len(blocks) < 8:
-    sys.exit(f"FAIL: docs/tutorial.md has {len(blocks)} sh blocks; the doc test expects the guide's commands")
+    sys.exit(f"FAIL: {guide} has {len(blocks)} sh blocks; the doc test expects the guide's commands")
 
 shutil.rmtree(scratch, ignore_errors=True)
 os.makedirs(scratch)
@@ -28,5 +30,5 @@ for i, block in enumerate(blocks, 1):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(f"--- block {i} (exit {done.returncode}, expected {want})\n{block}{done.stdout[-3000:]}")
     if done.returncode != want:
-        sys.exit(f"FAIL: block {i} of docs/tutorial.md exited {done.returncode}, expected {want}")
-print(f"ok: the {len(blocks)} command blocks of docs/tutorial.md ran as written")
+        sys.exit(f"FAIL: block {i} of {guide} exited {done.returncode}, expected {want}")
+print(f"ok: the {len(blocks)} command blocks of {guide} ran as written")
