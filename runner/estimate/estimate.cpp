@@ -101,19 +101,26 @@ namespace {
 // hold pieces of the same shapes of every parameter, their dry runs are the
 // same. A run is the whole dim, or fully_shard's reshard_after_forward N
 // (each rank's N-rank subgroup is a group of its own). 0: not such a dim.
+// A dim only tensor_parallel spans is one run too: its ranks run the same
+// program on the same batch, each on its piece of every split weight (and
+// of the sequence and the vocabulary under sequence and loss parallelism),
+// so where their pieces have the same shapes their dry runs are the same.
 std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   const auto& names = c.mesh.names;
   std::vector<int64_t> runs(c.mesh.shape.begin(), c.mesh.shape.end());
   std::vector<bool> splits_batch(names.size(), false);
   auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
+  std::vector<bool> tensor_parallel(names.size(), false);
   for (const auto& t : c.parallelize) {
     const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
     const bool dp = data_parallel(t);  // expert_parallel's ranks too: the same shapes under uniform routing
+    const bool tp = std::holds_alternative<TensorParallelConfig>(t.options);
     for (const auto& d : t.mesh_dim()) {
       const size_t i = static_cast<size_t>(index(d));
       if (i >= names.size()) continue;
-      if (!dp) runs[i] = 0;
+      if (!dp && !tp) runs[i] = 0;
       splits_batch[i] = splits_batch[i] || dp;
+      tensor_parallel[i] = tensor_parallel[i] || tp;
     }
     if (fsdp && fsdp->reshard_after_forward.size > 1) {  // subgroups of N consecutive ranks of the shard dim
       const auto shard = flat_dims({fsdp->mesh_dim.back()});
@@ -124,7 +131,8 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
     }
   }
   for (size_t i = 0; i < names.size(); ++i) {
-    if (!splits_batch[i]) runs[i] = 0;
+    if (!splits_batch[i] && !tensor_parallel[i]) runs[i] = 0;
+    if (splits_batch[i] && tensor_parallel[i]) runs[i] = 0;  // one dim for both: not a case of either
   }
   return runs;
 }
