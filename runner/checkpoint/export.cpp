@@ -432,13 +432,12 @@ std::vector<std::string> export_peft(const ExperimentConfig& c, const ExportOpti
   std::vector<std::string> modules;
   for (const auto& it : model_items(c)) {
     if (it.name != it.key || !is_lora_name(it.name)) continue;
-    const std::string layer = it.name.substr(0, it.name.rfind('.'));
     const bool b = it.name.back() == 'B';
-    const std::string weight = hf.hf_name(layer + ".weight", c.model.args);
+    const std::string weight = hf.hf_name(lora_weight(it.name), c.model.args);
     TORCH_INTERNAL_ASSERT(weight.size() > 7 && weight.compare(weight.size() - 7, 7, ".weight") == 0, weight);
     const std::string module = weight.substr(0, weight.size() - 7);
     torch::Tensor t = source.read(it, source.dtype(it.key));
-    const int64_t groups = b ? hf.row_groups(layer + ".weight", c.model.args) : 0;  // B's rows are the base's
+    const int64_t groups = b ? hf.row_groups(lora_weight(it.name), c.model.args) : 0;  // B's rows are the base's
     if (groups) t = hf.to_hf_rows(t, groups).contiguous();
     tensors.emplace_back("base_model.model." + module + (b ? ".lora_B.weight" : ".lora_A.weight"), t);
     if (!b) modules.push_back(module);
@@ -499,24 +498,26 @@ class MergedAdapters {
     if (!c.train.lora) return;
     scale_ = c.train.lora->alpha / static_cast<double>(c.train.lora->rank);
     for (const auto& it : model) {
-      if (is_lora_name(it.name)) adapters_.emplace(it.name, it);
+      if (!is_lora_name(it.name)) continue;
+      auto& [a, b] = adapters_[lora_weight(it.name)];
+      (it.name.back() == 'A' ? a : b) = it;
     }
   }
-  bool adapter(const Item& it) const { return adapters_.count(it.name) > 0; }
-  int64_t layers() const { return static_cast<int64_t>(adapters_.size()) / 2; }
+  bool adapter(const Item& it) const { return is_lora_name(it.name) && adapters_.count(lora_weight(it.name)); }
+  int64_t layers() const { return static_cast<int64_t>(adapters_.size()); }
   // Item `it`'s value: `w`, plus its layer's adapter if it has one.
   torch::Tensor operator()(ExportSource& source, const Item& it, const torch::Tensor& w) const {
-    const std::string layer = it.key.size() > 7 ? it.key.substr(0, it.key.size() - 7) : "";
-    auto a = adapters_.find(layer + ".lora_A"), b = adapters_.find(layer + ".lora_B");
-    if (it.expert >= 0 || a == adapters_.end() || it.key.compare(it.key.size() - 7, 7, ".weight") != 0) return w;
-    const torch::Tensor A = source.read(a->second, source.dtype(a->second.key)).to(torch::kFloat);
-    const torch::Tensor B = source.read(b->second, source.dtype(b->second.key)).to(torch::kFloat);
+    auto found = adapters_.find(it.key);
+    if (it.expert >= 0 || found == adapters_.end()) return w;
+    const auto& [a, b] = found->second;
+    const torch::Tensor A = source.read(a, source.dtype(a.key)).to(torch::kFloat);
+    const torch::Tensor B = source.read(b, source.dtype(b.key)).to(torch::kFloat);
     return (w.to(torch::kFloat) + torch::mm(B, A) * scale_).to(w.scalar_type());
   }
 
  private:
   double scale_ = 0;
-  std::map<std::string, Item> adapters_;
+  std::map<std::string, std::pair<Item, Item>> adapters_;  // by the adapted weight: lora_A's item, lora_B's
 };
 
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {

@@ -8,6 +8,7 @@
 
 #include "models/registry.h"
 #include "runner/base/errors.h"
+#include "runner/plan/plan_lora.h"
 
 namespace composer {
 namespace {
@@ -214,17 +215,14 @@ void WeightSource::add_peft(const std::string& dir, const SourceRef& ref, const 
       throw ConfigError(ref, lora_file_ + ": unexpected tensor '" + e.name + "': not the LoRA adapter (lora_A or "
                              "lora_B) of a Linear layer of model " + model_name_ + "; was it trained on another base?");
     }
-    const std::string name = weight.substr(0, weight.size() - 7) + ".lora_" + m[2].str();
-    if (m[2].str() == "B") rows_as_[name] = weight;
-    tensors_[name] = Param::one({lora_file_, e});
+    tensors_[weight.substr(0, weight.size() - 7) + ".lora_" + m[2].str()] = Param::one({lora_file_, e});
   }
 }
 
 int64_t WeightSource::row_groups(const std::string& name) const {
   if (!hf_) return 0;
-  auto b = rows_as_.find(name);
-  if (b != rows_as_.end()) return hf_->row_groups(b->second, args_);
-  return lora_file_.empty() || tensors_.at(name).parts[0].file != lora_file_ ? hf_->row_groups(name, args_) : 0;
+  if (!is_lora_name(name)) return hf_->row_groups(name, args_);
+  return name.back() == 'B' ? hf_->row_groups(lora_weight(name), args_) : 0;  // lora_B's rows are its weight's
 }
 
 std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
@@ -286,11 +284,8 @@ std::unordered_map<const c10::TensorImpl*, std::string> WeightSource::match(
 }
 
 void WeightSource::check_adapters(const std::map<std::string, torch::Tensor>& params, const ShapeOf& shape_of) const {
-  const auto adapter = [](const std::string& name) {
-    return name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 || name.compare(name.size() - 7, 7, ".lora_B") == 0);
-  };
   const auto hf_module = [&](const std::string& name) {  // of <layer>.lora_X
-    const std::string w = hf_->hf_name(name.substr(0, name.size() - 7) + ".weight", args_);
+    const std::string w = hf_->hf_name(lora_weight(name), args_);
     return w.substr(0, w.size() - 7);
   };
   const std::string fix = "; lora_from names an adapter PEFT trained on this base (model.from_hf) for the modules "
@@ -312,7 +307,7 @@ void WeightSource::check_adapters(const std::map<std::string, torch::Tensor>& pa
     }
   }
   for (const auto& [name, p] : params) {
-    if (adapter(name) && !tensors_.count(name)) {
+    if (is_lora_name(name) && !tensors_.count(name)) {
       throw ConfigError(lora_from_, lora_file_ + ": no adapter of " + hf_module(name) + " (" + name + "), which "
                                         "train.lora.targets selects" + fix);
     }

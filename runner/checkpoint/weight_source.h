@@ -88,7 +88,6 @@ class WeightSource {
   std::string model_name_;                // the config's model.name, for errors ("" when not opened from one)
   std::shared_ptr<const models::HfAdapter> hf_;  // a Hugging Face folder's adapter (null: composer's layout)
   models::ModelArgs args_;                         // and the model's arguments
-  std::map<std::string, std::string> rows_as_;     // lora_B (model.lora_from): the base weight whose rows it has
   SourceRef lora_from_;                            // model.lora_from, when its tensors are among tensors_
   std::string lora_file_;                          // its adapter_model.safetensors
   // Reads model.lora_from's adapters into tensors_ (a Hugging Face folder's source).

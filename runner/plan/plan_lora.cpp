@@ -45,6 +45,10 @@ bool is_lora_name(const std::string& name) {
   return ends(".lora_A") || ends(".lora_B");
 }
 
+std::string lora_weight(const std::string& adapter) {
+  return adapter.substr(0, adapter.size() - 7) + ".weight";  // less ".lora_A" or ".lora_B"
+}
+
 std::function<bool(const std::string&)> drawn_adapters(const ExperimentConfig& c) {
   if (!c.train.lora || !c.model.lora_from.empty()) return {};
   return is_lora_name;

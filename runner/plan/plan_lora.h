@@ -21,6 +21,8 @@ void attach_lora(nn::Module& model, const std::optional<LoraConfig>& l);
 
 // Whether a parameter name is an adapter's (<layer>.lora_A or <layer>.lora_B).
 bool is_lora_name(const std::string& name);
+// The weight an adapter belongs to: <layer>.weight of <layer>.lora_A or <layer>.lora_B.
+std::string lora_weight(const std::string& adapter);
 
 // The parameters a run draws rather than reads from model.init_from or from_hf: train.lora's adapters,
 // unless model.lora_from holds them; none (an empty function) otherwise.

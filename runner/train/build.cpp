@@ -148,8 +148,7 @@ void check_folders(const ExperimentConfig& c, const std::string& out_dir) {
 
 DataPlan shape_data_plan(const ExperimentConfig& c) {
   nn::ShapeOnly shapes;
-  models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-  attach_lora(*model, c.train.lora);
+  models::ModelPtr model = build_model(c);  // shapes only: nothing is read
   naming_config_key(weights_ref(c.model), [&] {
     if (auto source = WeightSource::open(c.model, c.train.lora)) source->match(*model, {}, drawn_adapters(c));
   });
