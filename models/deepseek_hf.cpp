@@ -152,6 +152,7 @@ class DeepseekV3Hf final : public HfAdapter {
     if (a.i("n_experts") == 0) refuse("n_experts 0");
     if (a.s("score_func") != "sigmoid") refuse("score_func " + a.s("score_func"));
     if (a.i("moe_layer_step") != 1) refuse("moe_layer_step " + std::to_string(a.i("moe_layer_step")));
+    if (!a.s("dense_layers").empty()) refuse("dense_layers \"" + a.s("dense_layers") + "\"");
     if (a.i("n_shared_experts") < 1) refuse("n_shared_experts 0");
     if (!a.b("expert_bias") && a.f("bias_update_rate") == 0) refuse("no expert bias (set expert_bias: true)");
     if (a.f("capacity_factor") != 0) refuse("capacity_factor " + hf::shown(a.f("capacity_factor")));

@@ -1,6 +1,7 @@
 // The Llama-style transformer of torchtitan (docs/scenarios.md M14): RMSNorm, rotary
 // position embeddings, grouped-query attention (n_kv_heads), SwiGLU
 // feed-forward, blocks named layers.0 .. layers.<n-1>, depth-scaled init.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -14,7 +15,7 @@ namespace composer::models {
 
 // Whether layer `layer` of a llama (or qwen3) with `a` has a routed
 // feed-forward: n_experts, past the first n_dense_layers, every
-// moe_layer_step-th layer.
+// moe_layer_step-th layer, and not one of dense_layers.
 bool llama_routed_layer(const ModelArgs& a, int64_t layer);
 
 namespace {
@@ -244,11 +245,34 @@ void check_latent_args(const ModelArgs& a) {
   }
 }
 
-// Which layers route: n_dense_layers, moe_layer_step; none without experts.
+// dense_layers: the layer indices, comma-separated ("1, 3"), each once and below n_layers; throws ArgError.
+std::vector<int64_t> dense_layer_list(const ModelArgs& a) {
+  std::vector<int64_t> layers;
+  std::stringstream in(a.s("dense_layers"));
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    const std::string digits = first == std::string::npos ? "" : item.substr(first, last - first + 1);
+    const bool number = !digits.empty() && digits.size() < 10 &&
+                        digits.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t layer = number ? std::stoll(digits) : -1;
+    if (layer < 0 || layer >= a.i("n_layers") ||
+        std::find(layers.begin(), layers.end(), layer) != layers.end()) {
+      throw ArgError("dense_layers", "dense_layers \"" + a.s("dense_layers") + "\": \"" + digits +
+                                         "\" is not a layer index from 0 to n_layers - 1 (" +
+                                         std::to_string(a.i("n_layers") - 1) + ") given once; write the dense "
+                                         "layers' indices separated by commas, e.g. \"0, 2\"");
+    }
+    layers.push_back(layer);
+  }
+  return layers;
+}
+
+// Which layers route: n_dense_layers, moe_layer_step, dense_layers; none without experts.
 void check_routed_layers(const ModelArgs& a) {
   if (a.i("n_experts") == 0) {
     const std::pair<const char*, bool> set[] = {{"n_dense_layers", a.i("n_dense_layers") != 0},
                                                 {"moe_layer_step", a.i("moe_layer_step") != 1},
+                                                {"dense_layers", !a.s("dense_layers").empty()},
                                                 {"n_group", a.i("n_group") != 1},
                                                 {"topk_group", a.i("topk_group") != 1},
                                                 {"expert_bias", a.b("expert_bias")}};
@@ -261,11 +285,13 @@ void check_routed_layers(const ModelArgs& a) {
     return;
   }
   if (a.i("moe_layer_step") < 1) throw ArgError("moe_layer_step", "moe_layer_step must be 1 (every layer) or more");
+  dense_layer_list(a);
   bool any = false;
   for (int64_t i = 0; i < a.i("n_layers"); ++i) any = any || llama_routed_layer(a, i);
   if (a.i("n_dense_layers") < 0 || !any) {
-    throw ArgError("n_dense_layers", "n_dense_layers " + std::to_string(a.i("n_dense_layers")) + " and moe_layer_step " +
-                                         std::to_string(a.i("moe_layer_step")) + " leave no layer of " +
+    throw ArgError("n_dense_layers", "n_dense_layers " + std::to_string(a.i("n_dense_layers")) + ", moe_layer_step " +
+                                         std::to_string(a.i("moe_layer_step")) + " and dense_layers \"" +
+                                         a.s("dense_layers") + "\" leave no layer of " +
                                          std::to_string(a.i("n_layers")) + " routed (or n_dense_layers is negative); "
                                          "route at least one, or set n_experts: 0");
   }
@@ -456,6 +482,9 @@ std::vector<ArgSpec> llama_args() {
                  quiet(int_arg("moe_layer_step", 1,
                                "mixture of experts: layer i (from 0) routes when i + 1 is a multiple of this "
                                "(Qwen3-MoE's decoder_sparse_step); the others are dense")),
+                 quiet(string_arg("dense_layers", "",
+                                  "mixture of experts: these layers keep a dense feed-forward, their indices "
+                                  "separated by commas, e.g. \"0, 2\" (Qwen3-MoE's mlp_only_layers); \"\" is none")),
                  int_arg("n_experts", 0, "routed experts in every block's feed-forward (mixture of experts); 0 is dense"),
                  quiet(int_arg("n_group", 1,
                                "mixture of experts: the experts in this many groups; each token routes within its "
@@ -484,7 +513,10 @@ std::vector<ArgSpec> llama_args() {
 }  // namespace
 
 bool llama_routed_layer(const ModelArgs& a, int64_t layer) {
-  return a.i("n_experts") > 0 && layer >= a.i("n_dense_layers") && (layer + 1) % a.i("moe_layer_step") == 0;
+  if (a.i("n_experts") == 0 || layer < a.i("n_dense_layers") || (layer + 1) % a.i("moe_layer_step") != 0) return false;
+  if (a.s("dense_layers").empty()) return true;
+  const std::vector<int64_t> dense = dense_layer_list(a);
+  return std::find(dense.begin(), dense.end(), layer) == dense.end();
 }
 
 std::shared_ptr<const HfAdapter> llama_hf_adapter();  // llama_hf.cpp

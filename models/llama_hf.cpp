@@ -135,6 +135,23 @@ void refuse_qwen3_window(const nlohmann::json& j) {
   }
 }
 
+// mlp_only_layers (the layers with a dense feed-forward) as the dense_layers argument: "0, 2".
+std::string dense_layers_of(const nlohmann::json& j) {
+  const auto& list = j.at("mlp_only_layers");
+  const int64_t layers = hf::positive_field(j, "num_hidden_layers", nullptr, kWhat);
+  std::string out;
+  for (const auto& v : list.is_array() ? list : nlohmann::json::array({list})) {
+    if (!list.is_array() || !v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= layers ||
+        std::count(list.begin(), list.end(), v) > 1) {
+      throw HfError("mlp_only_layers " + hf::shown(list) + ": " + hf::shown(v) +
+                    " is not a layer index from 0 to num_hidden_layers - 1 (" + std::to_string(layers - 1) +
+                    ") listed once; list each dense layer's index once, e.g. [0, 2], or [] for none");
+    }
+    out += (out.empty() ? "" : ", ") + std::to_string(v.get<int64_t>());
+  }
+  return out;
+}
+
 // What a Qwen3-MoE config.json adds to a Qwen3 one: its experts (every
 // layer's, softmax-routed, no shared experts), and what composer does not
 // compute, refused.
@@ -142,11 +159,7 @@ void read_qwen3_moe_fields(const nlohmann::json& j, ModelArgs& args) {
   read_expert_counts(j, "num_experts", "num_local_experts", args);
   const int64_t one = 1;
   args.set("moe_layer_step", hf::positive_field(j, "decoder_sparse_step", &one, kWhat));
-  if (hf::given(j, "mlp_only_layers") && !j.at("mlp_only_layers").empty()) {
-    throw HfError("mlp_only_layers " + hf::shown(j.at("mlp_only_layers")) +
-                  ": composer's qwen3 chooses its dense layers by decoder_sparse_step (moe_layer_step) alone; a "
-                  "list of dense layers is not supported yet; use a model whose mlp_only_layers is []");
-  }
+  if (hf::given(j, "mlp_only_layers")) args.set("dense_layers", dense_layers_of(j));
   if (hf::bool_field(j, "output_router_logits", false)) {
     throw HfError(
         "output_router_logits true: transformers then adds router_aux_loss_coef times the load-balancing loss to "
@@ -239,6 +252,7 @@ class LlamaHf final : public HfAdapter {
     if (a.s("score_func") != "softmax") refuse("score_func " + a.s("score_func"));
     if (a.i("n_dense_layers") != 0) refuse("n_dense_layers " + std::to_string(a.i("n_dense_layers")));
     if (!qwen3_ && a.i("moe_layer_step") != 1) refuse("moe_layer_step " + std::to_string(a.i("moe_layer_step")));
+    if (!qwen3_ && !a.s("dense_layers").empty()) refuse("dense_layers \"" + a.s("dense_layers") + "\"");
     if (!qwen3_ && !a.b("route_norm")) refuse("route_norm false");
     if (a.f("route_scale") != 1.0) refuse("route_scale " + hf::shown(a.f("route_scale")));
     if (a.i("n_shared_experts") != 0) refuse("n_shared_experts " + std::to_string(a.i("n_shared_experts")));
@@ -280,7 +294,7 @@ class LlamaHf final : public HfAdapter {
       j["router_jitter_noise"] = 0.0;
       j["sliding_window"] = nullptr;
     } else if (qwen3_) {
-      if (qwen3_moe) {  // every layer routed; intermediate_size (dense layers' width) then unused
+      if (qwen3_moe) {
         j["num_experts"] = a.i("n_experts");
         j["num_experts_per_tok"] = a.i("top_k");
         j["moe_intermediate_size"] = intermediate_size;
@@ -290,7 +304,11 @@ class LlamaHf final : public HfAdapter {
         j["intermediate_size"] = first_dense >= 0
                                      ? shape("layers." + std::to_string(first_dense) + ".feed_forward.w1.weight").at(0)
                                      : (a.i("hidden_dim") > 0 ? a.i("hidden_dim") : intermediate_size);
+        // The layers decoder_sparse_step routes that dense_layers keeps dense (n_dense_layers is refused).
         j["mlp_only_layers"] = nlohmann::ordered_json::array();
+        for (int64_t i = 0; i < a.i("n_layers"); ++i) {
+          if ((i + 1) % a.i("moe_layer_step") == 0 && !llama_routed_layer(a, i)) j["mlp_only_layers"].push_back(i);
+        }
         j["output_router_logits"] = false;
         j["router_aux_loss_coef"] = 0.001;  // transformers' default; used only with output_router_logits
       }

@@ -491,6 +491,8 @@ void check_lora_export(const ExperimentConfig& c, const ExportOptions& o) {
   }
 }
 
+namespace {
+
 // --merge: the adapted weights W + (alpha / rank) B A (float32, then W's dtype), the adapters left out.
 class MergedAdapters {
  public:
@@ -519,6 +521,8 @@ class MergedAdapters {
   double scale_ = 0;
   std::map<std::string, std::pair<Item, Item>> adapters_;  // by the adapted weight: lora_A's item, lora_B's
 };
+
+}  // namespace
 
 std::vector<std::string> export_weights(const ExperimentConfig& c, const ExportOptions& o) {
   check_lora_export(c, o);

@@ -92,7 +92,10 @@ std::unique_ptr<WeightSource> WeightSource::hf_folder(const std::string& dir, co
   const int64_t n_experts = spec.experts ? spec.experts(args) : 0;
   for (const auto& f : files.files) {
     for (auto& e : read_safetensors_entries(f)) {
-      if (s->hf_->ignored(e.name, args)) continue;
+      if (s->hf_->ignored(e.name, args)) {
+        s->skipped_.push_back(e.name);
+        continue;
+      }
       if (!files.file_of.empty() && files.file_of.count(e.name) && files.file_of.at(e.name) != f) continue;
       int64_t expert = -1;
       const std::string name = s->hf_->name_of(e.name, args, &expert);
@@ -144,6 +147,13 @@ void WeightSource::stack_experts(const std::string& name, Param& param) const {
   param.shape = param.parts[0].entry.shape;
   param.shape.insert(param.shape.begin(), static_cast<int64_t>(param.parts.size()));
   param.dtype = param.parts[0].entry.dtype;
+}
+
+std::string WeightSource::skipped_note() const {
+  if (skipped_.empty()) return "";
+  return "from_hf: " + std::to_string(skipped_.size()) + " tensor" + (skipped_.size() == 1 ? "" : "s") + " of " +
+         where_ + " not read: no parameter of model " + model_name_ + ", and transformers skips " +
+         (skipped_.size() == 1 ? "it" : "them") + " too (first: " + skipped_.front() + ")";
 }
 
 std::unique_ptr<WeightSource> WeightSource::open(const ModelConfig& c, const std::optional<LoraConfig>& lora) {

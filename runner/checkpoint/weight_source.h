@@ -63,6 +63,11 @@ class WeightSource {
   const std::vector<int64_t>& shape(const std::string& name) const { return tensors_.at(name).shape; }
   // The dtype parameter `name` is stored in.
   torch::ScalarType dtype(const std::string& name) const { return tensors_.at(name).dtype; }
+  // The folder's tensors that are no parameter of the model and that reading skips, as transformers
+  // does (HfAdapter::ignored: DeepSeek-V3's multi-token prediction layer, stale rotary buffers).
+  const std::vector<std::string>& skipped() const { return skipped_; }
+  // "" or one line saying how many were skipped, with the first's name.
+  std::string skipped_note() const;
 
  private:
   struct Stored {
@@ -85,6 +90,7 @@ class WeightSource {
   };
   std::map<std::string, Param> tensors_;  // by composer name
   std::string where_;                     // the file or folder
+  std::vector<std::string> skipped_;      // skipped(), in the order read
   std::string model_name_;                // the config's model.name, for errors ("" when not opened from one)
   std::shared_ptr<const models::HfAdapter> hf_;  // a Hugging Face folder's adapter (null: composer's layout)
   models::ModelArgs args_;                         // and the model's arguments

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/checkpoint/weight_source.h"
 #include "runner/estimate/dry_run.h"
 #include "runner/estimate/estimate.h"
 #include "runner/train/build.h"
@@ -183,6 +184,10 @@ void print_frozen(std::ostream& os, const ExperimentConfig& c, const Plan& p,
 void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
   for (const auto& line : p.summary) os << "plan: " << line << "\n";
   for (const auto& line : p.warnings) os << "warning: " << line << "\n";
+  if (!c.model.from_hf.empty()) {
+    const std::string note = WeightSource::open(c.model, c.train.lora)->skipped_note();
+    if (!note.empty()) os << "plan: " << note << "\n";
+  }
   const auto rows = describe_placements(c, p);
   if (!rows.empty()) print_placements(os, rows);
   const std::vector<MemoryEstimate> estimates = estimate_memory(c, p);

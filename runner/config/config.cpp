@@ -24,7 +24,11 @@ models::ArgValue read_arg(YamlMap& m, const models::ArgSpec& spec) {
     case models::ArgType::kInt: return m.convert<int64_t>(m.node(spec.name), m.child_path(spec.name));
     case models::ArgType::kFloat: return m.convert<double>(m.node(spec.name), m.child_path(spec.name));
     case models::ArgType::kBool: return m.convert<bool>(m.node(spec.name), m.child_path(spec.name));
-    case models::ArgType::kString: return m.convert<std::string>(m.node(spec.name), m.child_path(spec.name));
+    case models::ArgType::kString:
+      if (m.node(spec.name).IsSequence()) {  // e.g. a list where the argument takes one text: "0, 2"
+        throw ConfigError(m.ref(spec.name), "expected text, not a list: " + spec.name + " is " + spec.doc);
+      }
+      return m.convert<std::string>(m.node(spec.name), m.child_path(spec.name));
   }
   return int64_t{0};
 }

@@ -316,6 +316,12 @@ void give_held_values(const ExperimentConfig& c, const Plan& plan, RankContext& 
 RankModel build_rank_model(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
                            GoldenStart* start) {
   RankModel out;
+  if (rank.is_main() && !out_dir.empty() && !c.model.from_hf.empty()) {
+    naming_config_key(weights_ref(c.model), [&] {
+      const std::string note = WeightSource::open(c.model, c.train.lora)->skipped_note();
+      if (!note.empty()) std::cout << rank.log_prefix << note << std::endl;
+    });
+  }
   // A plan that shards or splits the model: the model is built on meta, the
   // transforms decide what this rank holds, and only that is given values
   // (materialise.h); the values equal a single-device build's.

@@ -262,8 +262,14 @@ def part_refusals():
     # transformers skips it; a tensor of a layer past it means more layers than config.json builds.
     mtp = "model.layers.3.eh_proj.weight"
     save_file(dict(tensors, **{mtp: torch.zeros(64, 128)}), weights, metadata={"format": "pt"})
-    composer("plan", "--config", config)
-    print(f"{mtp} (the multi-token prediction layer): skipped")
+    planned = composer("plan", "--config", config)
+    if f"plan: from_hf: 1 tensor of {hf_dir} not read" not in planned or mtp not in planned:
+        fail(f"composer plan of a folder with {mtp} did not say it is not read: {planned}")
+    out = composer("run", "--config", config, "--set", "train.steps=1", "--out", os.path.join(WORK, "mtp_run"))
+    note = [line for line in out.splitlines() if "not read" in line]
+    if not note or "1 tensor of" not in note[0] or mtp not in note[0]:
+        fail(f"a run skipping {mtp} did not say so: {out}")
+    print(f"{mtp} (the multi-token prediction layer): skipped:", note[0].strip())
     beyond = "model.layers.4.input_layernorm.weight"
     save_file(dict(tensors, **{beyond: torch.ones(64)}), weights, metadata={"format": "pt"})
     out = composer("plan", "--config", config, expect=2)

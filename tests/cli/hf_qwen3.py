@@ -106,17 +106,18 @@ def part_load():
 
 EXPERTS, TOP_K = 4, 2
 MOE_SEED = 3  # a draw whose tokens route with a clear margin (MIN_TOPK_GAP)
-VARIANTS = [(True, 1, MOE_SEED), (False, 1, MOE_SEED), (True, 2, 5)]
+# (norm_topk_prob, decoder_sparse_step, mlp_only_layers, a seed whose tokens route with a clear margin)
+VARIANTS = [(True, 1, [], MOE_SEED), (False, 1, [], MOE_SEED), (True, 2, [1], 5)]
 # A token whose top-k experts lead the next by less than this could route otherwise under another
 # summation order (float32 router logits agree with float64's to about 1e-5 here).
 MIN_TOPK_GAP = 1e-3
 
 
-def moe_model(norm_topk_prob, step=1, seed=MOE_SEED):
+def moe_model(norm_topk_prob, step=1, mlp_only=(), seed=MOE_SEED):
     torch.manual_seed(seed)
     config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
                             num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=norm_topk_prob,
-                            decoder_sparse_step=step, num_hidden_layers=2 * step, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            decoder_sparse_step=step, mlp_only_layers=list(mlp_only), num_hidden_layers=2 * step, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                             max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
                             initializer_range=0.25)
     return norms_away_from_one(Qwen3MoeForCausalLM(config))
@@ -147,15 +148,14 @@ def topk_gap(model, run_dir):
 
 def part_moe():
     """Qwen3-MoE (softmax routing, top 2 of 4, the top-k weights divided by their sum or not; and with
-    decoder_sparse_step 2, dense and routed layers alternating): losses against transformers on one device,
+    decoder_sparse_step 2 and mlp_only_layers [1], layers 0-2 dense and layer 3 routed): losses against transformers on one device,
     under expert_parallel ep 2 x fully_shard dp 2 and under tensor_parallel tp 2 (attention and the dense
     layers split, the experts whole on each tp rank); the step-2 checkpoint of ep x fully_shard exported,
     loaded by transformers, gives composer's step-3 loss; the round trip is bit-identical."""
-    # (norm_topk_prob, decoder_sparse_step, a seed whose tokens route with a clear margin)
-    for norm, step, seed in VARIANTS:
-        tag = f"norm_topk_prob {str(norm).lower()}, decoder_sparse_step {step}"
+    for norm, step, mlp_only, seed in VARIANTS:
+        tag = f"norm_topk_prob {str(norm).lower()}, decoder_sparse_step {step}, mlp_only_layers {mlp_only}"
         hf_dir = os.path.join(WORK, f"hf_moe_{norm}_{step}")
-        save(moe_model(norm, step, seed), hf_dir)
+        save(moe_model(norm, step, mlp_only, seed), hf_dir)
         want = None
         for i, (what, mesh) in enumerate([("one device", ""), ("ep 2 x fully_shard dp 2", EP_FSDP),
                                           ("tp 2", "mesh: {shape: [2], names: [tp]}\nparallelize:\n"
@@ -164,8 +164,8 @@ def part_moe():
                                     mesh, "checkpoint: {interval: 2}" if i == 1 else "")
             run_dir = run(config)
             if want is None:
-                want = train_in_torch(moe_model(norm, step, seed), run_dir, STEPS)
-                gap = topk_gap(moe_model(norm, step, seed), run_dir)
+                want = train_in_torch(moe_model(norm, step, mlp_only, seed), run_dir, STEPS)
+                gap = topk_gap(moe_model(norm, step, mlp_only, seed), run_dir)
                 print(f"{tag}: every token's top-{TOP_K} experts lead the next by at least {gap:.3g} in logits")
                 if gap < MIN_TOPK_GAP:
                     fail(f"a token's top-{TOP_K} experts lead by only {gap:.3g}: float32 rounding could route it "
