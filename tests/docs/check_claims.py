@@ -123,7 +123,7 @@ class Tree:
 
 def moe(ids):
     """The plans of the mixture-of-experts models (the ones with the ep feature)."""
-    return [i for i in ids if i.startswith(("moe_llama.", "deepseek_v3."))]
+    return [i for i in ids if i.startswith(("moe_llama.", "deepseek_v3.", "qwen3_moe."))]
 
 
 COUNTS = {

@@ -511,9 +511,11 @@ class LlamaBlock(nn.Module):
         dense = LlamaFeedForward(a["dim"], 4 * a["dim"], a["multiple_of"], a["ffn_dim_multiplier"],
                                  a.get("hidden_dim", 0))
         # Routed: past the first n_dense_layers (DeepSeek-V3's first_k_dense_replace), every
-        # moe_layer_step-th layer (Qwen3-MoE's decoder_sparse_step).
+        # moe_layer_step-th layer (Qwen3-MoE's decoder_sparse_step), but for those dense_layers lists
+        # ("0, 2": Qwen3-MoE's mlp_only_layers).
+        dense_layers = [int(i) for i in a.get("dense_layers", "").split(",") if i.strip()]
         if (a.get("n_experts", 0) and layer >= a.get("n_dense_layers", 0)
-                and (layer + 1) % a.get("moe_layer_step", 1) == 0):
+                and (layer + 1) % a.get("moe_layer_step", 1) == 0 and layer not in dense_layers):
             self.feed_forward = LlamaMoE(a, dense.w1.out_features)
         else:
             self.feed_forward = dense
