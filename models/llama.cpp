@@ -548,8 +548,9 @@ bool group_routing_arg(const std::string& name) {
 std::vector<ArgSpec> qwen3_args() {
   std::vector<ArgSpec> args = llama_args();
   for (ArgSpec& a : args) {
-    // llama's later arguments; qwen3's configs list every one but DeepSeek-V3's routing, which Qwen3 lacks
-    if (!group_routing_arg(a.name)) a.quiet_default = false;
+    // llama's later arguments; qwen3's configs list every one but DeepSeek-V3's routing, which Qwen3 lacks,
+    // and dense_layers (quiet where unused, so that configs written before it keep their hashes)
+    if (!group_routing_arg(a.name) && a.name != "dense_layers") a.quiet_default = false;
     if (a.name == "qk_norm") a.default_value = true;
     if (a.name == "norm_eps") a.default_value = 1e-6;
   }
@@ -563,7 +564,7 @@ std::vector<ArgSpec> deepseek_v3_args() {
   std::vector<ArgSpec> args;
   for (ArgSpec& a : llama_args()) {
     if (a.name == "head_dim" || a.name == "n_kv_heads" || a.name == "qk_norm") continue;
-    if (a.name.rfind("rope_", 0) != 0) a.quiet_default = false;
+    if (a.name.rfind("rope_", 0) != 0 && a.name != "dense_layers") a.quiet_default = false;
     if (a.name == "norm_eps") a.default_value = 1e-6;
     if (a.name == "score_func") a.default_value = std::string("sigmoid");
     if (a.name == "route_norm") a.default_value = true;

@@ -51,6 +51,31 @@ void save_weights(models::Model& model, const std::string& path) {
   write_safetensors(path, snapshot_params(model), {{"format", "pt"}});
 }
 
+bool saves_trained_only(const ExperimentConfig& c) { return c.train.lora || !c.train.freeze.empty(); }
+
+nlohmann::json frozen_base(const ExperimentConfig& c) {
+  if (!saves_trained_only(c)) return nullptr;
+  const std::string hash = start_weights_hash(c.model);
+  if (hash.empty()) return {{"drawn_from_seed", c.seed}};
+  return {{c.model.from_hf.empty() ? "init_from" : "from_hf",
+           c.model.from_hf.empty() ? c.model.init_from : c.model.from_hf},
+          {"content_fnv1a64", hash}};
+}
+
+void check_frozen_base(const ExperimentConfig& c, const std::string& path) {
+  CheckpointReader reader(path);
+  const nlohmann::json& saved = reader.index().frozen_base;
+  if (saved.is_null() || !saved.contains("content_fnv1a64")) return;  // every parameter saved, or drawn (config hash)
+  const std::string now = start_weights_hash(c.model);
+  if (now == saved["content_fnv1a64"]) return;
+  const bool hf = !c.model.from_hf.empty();
+  throw ConfigError(hf ? c.model.from_hf_ref : c.model.init_from_ref,
+                    path + " holds only the parameters that train; its frozen ones came from " + saved.dump() +
+                        ", and " + (hf ? c.model.from_hf : c.model.init_from) + " now holds other weights (content " +
+                        "hash " + (now.empty() ? std::string("none") : now) + "); give the weights the run started " +
+                        "from");
+}
+
 // ---- distributed checkpoints -------------------------------------------------
 
 namespace {
@@ -249,7 +274,7 @@ Listing list_rank_files(const std::string& folder, int64_t world, const torch::T
 
 // The index.json of the checkpoint of `step`, whose rank files `listing` lists.
 nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world, int64_t optimizer_steps,
-                          const Listing& listing) {
+                          const Listing& listing, const nlohmann::json& base) {
   const nlohmann::json resolved = to_json(c);
   return {{"format", "composer-checkpoint"},
           {"version", 2},
@@ -260,6 +285,7 @@ nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world
           {"resume_hash", resume_hash(c)},
           {"train_steps", c.train.steps},
           {"plan", {{"mesh", resolved["mesh"]}, {"parallelize", resolved["parallelize"]}}},
+          {"frozen_base", base},
           {"optimizer", {{"config", resolved["train"]["optimizer"]}, {"steps", optimizer_steps}}},
           {"lr_schedule", {{"config", resolved["train"]["lr_schedule"]}, {"position", step}}},
           {"hash_block_bytes", kHashBlockBytes},
@@ -356,7 +382,8 @@ void Checkpointer::write_index(int64_t step, int64_t optimizer_steps, const File
   const std::string folder = (fs::path(dir_) / step_folder(step)).string();
   const int64_t world = reported.hashes.size(0);
   const Listing listing = list_rank_files(folder, world, reported.hashes);
-  const nlohmann::json index = index_json(c_, step, world, optimizer_steps, listing);
+  if (!frozen_base_) frozen_base_ = frozen_base(c_);  // hashed once a run
+  const nlohmann::json index = index_json(c_, step, world, optimizer_steps, listing, *frozen_base_);
   const std::string index_text = index.dump(1);
   write_synced(folder + "/" + kIndex, index_text);
   log_save(folder, index, reported.stats, static_cast<double>(index_text.size()));

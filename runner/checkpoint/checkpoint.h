@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,18 @@ void load_weights(models::Model& model, const std::string& path);
 void check_resumable(const ExperimentConfig& c, const std::string& path);
 
 void save_weights(models::Model& model, const std::string& path);
+
+// Whether a run's checkpoints leave its frozen parameters out (train.freeze or train.lora): they never
+// change, and every start of the run gives them again, from model.from_hf or init_from or drawn from the
+// seed.
+bool saves_trained_only(const ExperimentConfig& c);
+// What such a checkpoint's index records of that start (null for a run that saves every parameter):
+// {"from_hf" or "init_from": the path, "content_fnv1a64": start_weights_hash} or {"drawn_from_seed": seed}.
+nlohmann::json frozen_base(const ExperimentConfig& c);
+// Refuses (a ConfigError naming model.from_hf or init_from) a checkpoint `path` whose frozen parameters
+// came from weights of other content than the config's give now: resuming or exporting it would pair its
+// trained parameters with another base.
+void check_frozen_base(const ExperimentConfig& c, const std::string& path);
 
 // One parameter as this rank holds it: its FQN, its placement (null without
 // transforms: the whole tensor on every rank) and its local tensor.
@@ -95,6 +108,7 @@ class Checkpointer {
   c10::intrusive_ptr<c10d::Store> store_;  // async: the writer thread's connection
   int attempt_ = 0;
   std::unique_ptr<InFlight> inflight_;
+  mutable std::optional<nlohmann::json> frozen_base_;  // frozen_base(c_), once the first index is written
 
   std::string newest_complete() const;
   void fail_if_asked(int64_t step) const;

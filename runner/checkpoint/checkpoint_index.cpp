@@ -79,6 +79,8 @@ void parse_index_fields(const nlohmann::json& j, const std::string& path, Checkp
   if (j.contains("resume_hash") && j["resume_hash"].is_string()) x.resume_hash = j["resume_hash"].get<std::string>();
   if (j.contains("train_steps") && j["train_steps"].is_number_unsigned()) x.train_steps = j["train_steps"].get<int64_t>();
   x.plan = j.value("plan", nlohmann::json());
+  x.frozen_base = j.value("frozen_base", nlohmann::json());
+  if (!x.frozen_base.is_null() && !x.frozen_base.is_object()) throw FileError(path, "frozen_base must be an object");
   const auto& block = need(j, "hash_block_bytes", "the index", path);
   if (!block.is_number_unsigned() || block.get<uint64_t>() == 0 || block.get<uint64_t>() > (1ull << 40)) {
     throw FileError(path, "hash_block_bytes must be a positive integer");

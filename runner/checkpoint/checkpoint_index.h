@@ -44,6 +44,9 @@ struct CheckpointIndex {
   std::string resume_hash;  // config_hash without train.steps ("" in older checkpoints)
   int64_t train_steps = 0;  // the saving config's train.steps (0 in older checkpoints)
   nlohmann::json plan;
+  // A run with frozen parameters (train.freeze, train.lora) saves only what trains; this says where the
+  // frozen ones come from (frozen_base in runner/checkpoint/checkpoint.h). Null: every parameter is saved.
+  nlohmann::json frozen_base;
   std::map<std::string, File> files;
   std::map<std::string, Entry> tensors;
 };

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "parallelisms/comm/collectives.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/checkpoint_reader.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/config/hf_config.h"
@@ -197,6 +199,7 @@ class ExportSource {
       reader_ = std::make_unique<CheckpointReader>(o.checkpoint);
       check_saved_by(*reader_, c, o.checkpoint);
       what_ = "step " + std::to_string(reader_->index().step) + " of " + o.checkpoint;
+      if (!reader_->index().frozen_base.is_null()) open_frozen_base(c, o.checkpoint);
       return;
     }
     weights_ = WeightSource::file(o.weights);
@@ -213,6 +216,7 @@ class ExportSource {
   }
   // The dtype the source holds `key` in; refuses a key it lacks.
   torch::ScalarType dtype(const std::string& key) const {
+    if (frozen(key)) return frozen_dtype_;
     if (weights_ && !stored_of_.count(key)) {
       throw UserError(what_ + " holds no tensor '" + key + "' (a buffer weights files of older runs leave out); "
                       "export from a checkpoint (--checkpoint) instead");
@@ -226,6 +230,7 @@ class ExportSource {
   }
   // Item `it`'s tensor (the key whole, or one expert's slice of it) in `dtype`.
   torch::Tensor read(const Item& it, torch::ScalarType dtype) {
+    if (frozen(it.key)) return read_frozen(it).to(dtype);
     if (it.expert >= 0) {  // the slice's box of the key: only its bytes are read
       std::vector<int64_t> offset(it.full.size(), 0), size = it.full;
       offset[0] = it.expert;
@@ -248,6 +253,41 @@ class ExportSource {
   std::unique_ptr<CheckpointReader> reader_;
   std::unique_ptr<WeightSource> weights_;
   std::map<std::string, std::string> stored_of_;  // each parameter's name in weights_
+  // A checkpoint of a train.freeze or train.lora run holds what trains; its frozen parameters are the
+  // start's: read from model.from_hf or init_from (base_, each parameter's name there in base_stored_),
+  // or drawn from the seed as the run drew them (drawn_), in train.dtype as the run held them.
+  std::unique_ptr<WeightSource> base_;
+  std::map<std::string, std::string> base_stored_;
+  std::map<std::string, torch::Tensor> drawn_;
+  torch::ScalarType frozen_dtype_ = torch::kFloat;
+
+  bool frozen(const std::string& key) const {
+    return reader_ && !reader_->index().frozen_base.is_null() && !reader_->index().tensors.count(key) &&
+           (base_stored_.count(key) || drawn_.count(key));
+  }
+  void open_frozen_base(const ExperimentConfig& c, const std::string& checkpoint) {
+    check_frozen_base(c, checkpoint);
+    frozen_dtype_ = scalar_type_of(c.train.dtype);
+    base_ = WeightSource::open(c.model, c.train.lora);
+    torch::manual_seed(c.seed);  // a drawn base: the draws of the run's start (build_model's)
+    std::optional<nn::ShapeOnly> shapes;
+    if (base_) shapes.emplace();  // a read base: names and shapes only
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    attach_lora(*model, c.train.lora);
+    if (base_) {
+      const auto stored = base_->match(*model, {}, drawn_adapters(c));
+      for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+        auto it = stored.find(p.unsafeGetTensorImpl());
+        if (it != stored.end()) base_stored_[name] = it->second;
+      }
+      return;
+    }
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) drawn_[name] = p.detach().to(frozen_dtype_);
+  }
+  torch::Tensor read_frozen(const Item& it) const {
+    torch::Tensor t = base_ ? base_->read(base_stored_.at(it.key)).to(frozen_dtype_) : drawn_.at(it.key);
+    return it.expert >= 0 ? t.select(0, it.expert).reshape(it.shape) : t;
+  }
 };
 
 // Each item's entry in the exported files, in the dtype the source holds it in.

@@ -8,6 +8,7 @@
 
 #include "models/registry.h"
 #include "runner/base/errors.h"
+#include "runner/checkpoint/checkpoint_index.h"
 #include "runner/plan/plan_lora.h"
 
 namespace composer {
@@ -69,6 +70,23 @@ HfFiles hf_files(const std::string& dir) {
 }
 
 }  // namespace
+
+std::string start_weights_hash(const ModelConfig& c) {
+  std::vector<std::string> files;
+  if (!c.from_hf.empty()) files = hf_files(c.from_hf).files;
+  if (c.from_hf.empty() && !c.init_from.empty()) files.push_back(c.init_from);
+  if (files.empty()) return "";
+  uint64_t h = fnv1a64(nullptr, 0);
+  std::vector<char> buf(8 << 20);
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw FileError(f, "cannot read the file");
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+      h = fnv1a64(buf.data(), static_cast<size_t>(in.gcount()), h);
+    }
+  }
+  return hex64(h);
+}
 
 std::unique_ptr<WeightSource> WeightSource::file(const std::string& path) {
   auto s = make();

@@ -23,6 +23,11 @@
 
 namespace composer {
 
+// The content hash of the weights model.from_hf or model.init_from names: FNV-1a 64 (hex) over the bytes
+// of each safetensors file read, in the order read; "" when the config names neither (the run draws
+// its weights from the seed).
+std::string start_weights_hash(const ModelConfig& c);
+
 class WeightSource {
  public:
   // A safetensors file in composer's names.

@@ -178,7 +178,9 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
   if (c.eval.every > 0) make_dataset(eval_data_config(c), shape_data_plan(eval_data_config(c)))->check_all();
   if (!resume) return;
   const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
-  if (!from.empty()) check_resumable(c, from);
+  if (from.empty()) return;
+  check_resumable(c, from);
+  check_frozen_base(c, from);
 }
 
 int rank_threads(const TrainConfig& t, int64_t local_ranks) {

@@ -101,7 +101,7 @@ struct Loop {
   std::vector<torch::Tensor>& params;
   Optimizer& optimizer;
   Checkpointer& checkpointer;
-  const std::vector<HeldParam>& held;
+  const std::vector<HeldParam>& saved;  // what checkpoints hold: every parameter but the frozen ones, and buffers
   std::string out_dir;
   bool checkpoints = false;
   StepRecorder* recorder = nullptr;  // composer diff: records one step, the last one run
@@ -282,7 +282,7 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     watch.show(r);
     out.steps.push_back(r);
     const bool stops = r.stop && step < t.steps;  // every rank saw it in this step's gradient-norm reduction
-    if (l.checkpoints && (l.checkpointer.due(step) || stops)) l.checkpointer.save(step, l.held, l.optimizer);
+    if (l.checkpoints && (l.checkpointer.due(step) || stops)) l.checkpointer.save(step, l.saved, l.optimizer);
     if (stops) {
       l.checkpointer.finish();
       throw stopped(l, step);
@@ -353,9 +353,15 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   for (const auto& b : rm.model->named_buffers()) {
     held.push_back({b.key(), b.value(), rm.par.placements->find(b.value()), /*buffer=*/true});
   }
+  // train.freeze, train.lora: checkpoints hold what trains (and the buffers); the frozen parameters are the
+  // start's again on every resume (frozen_base, checked before launch).
+  std::vector<HeldParam> saved;
+  for (const HeldParam& h : held) {
+    if (h.buffer || h.param.requires_grad() || !saves_trained_only(c)) saved.push_back(h);
+  }
   Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix,
                             rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
-  Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, held, out_dir, checkpoints};
+  Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, saved, out_dir, checkpoints};
   std::unique_ptr<StepRecorder> recorder;
   if (record.step != 0) {
     recorder = std::make_unique<StepRecorder>(record, rank_roots(rm), rm.par, held, rank.rank,
@@ -367,7 +373,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   if (checkpoints) {
     const std::string from = checkpointer.resume_path();
     if (!from.empty()) {
-      loop.first_step = checkpointer.load(from, held, *optimizer) + 1;
+      loop.first_step = checkpointer.load(from, saved, *optimizer) + 1;
       if (rank.is_main()) {
         std::cout << rank.log_prefix << "resuming from " << from << " (step " << loop.first_step - 1 << " of "
                   << c.train.steps
