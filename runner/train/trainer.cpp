@@ -334,6 +334,28 @@ void write_reports(const Loop& l, const LoopResult& res, int64_t setup_peak_byte
   }
 }
 
+// What checkpoints hold of `held`: all of it, or under train.freeze and train.lora what trains and the
+// buffers; the frozen parameters are the start's again on every resume (frozen_base, checked before launch).
+std::vector<HeldParam> checkpointed(const ExperimentConfig& c, const std::vector<HeldParam>& held) {
+  std::vector<HeldParam> saved;
+  for (const HeldParam& h : held) {
+    if (h.buffer || h.param.requires_grad() || !saves_trained_only(c)) saved.push_back(h);
+  }
+  return saved;
+}
+
+// checkpoint.resume: the checkpoint's parameters and optimizer state loaded, training from the step after it.
+void resume_if_asked(Loop& l) {
+  const std::string from = l.checkpointer.resume_path();
+  if (from.empty()) return;
+  l.first_step = l.checkpointer.load(from, l.saved, l.optimizer) + 1;
+  if (!l.rank.is_main()) return;
+  std::cout << l.rank.log_prefix << "resuming from " << from << " (step " << l.first_step - 1 << " of "
+            << l.c.train.steps
+            << (l.first_step > l.c.train.steps ? "; training is complete, checkpoint.resume: never trains again" : "")
+            << ")\n";
+}
+
 }  // namespace
 
 TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank, const std::string& out_dir,
@@ -353,12 +375,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   for (const auto& b : rm.model->named_buffers()) {
     held.push_back({b.key(), b.value(), rm.par.placements->find(b.value()), /*buffer=*/true});
   }
-  // train.freeze, train.lora: checkpoints hold what trains (and the buffers); the frozen parameters are the
-  // start's again on every resume (frozen_base, checked before launch).
-  std::vector<HeldParam> saved;
-  for (const HeldParam& h : held) {
-    if (h.buffer || h.param.requires_grad() || !saves_trained_only(c)) saved.push_back(h);
-  }
+  const std::vector<HeldParam> saved = checkpointed(c, held);
   Checkpointer checkpointer(c, out_dir, rank.rank, rm.par.world, rank.log_prefix,
                             rank.mesh ? rank.mesh->store() : c10::intrusive_ptr<c10d::Store>(), rank.attempt);
   Loop loop{c, plan, rank, rm, params, *optimizer, checkpointer, saved, out_dir, checkpoints};
@@ -370,19 +387,7 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
     if (record.step > 0) loop.last_step = std::min(record.step, c.train.steps);
   }
   install_module_fault(loop);
-  if (checkpoints) {
-    const std::string from = checkpointer.resume_path();
-    if (!from.empty()) {
-      loop.first_step = checkpointer.load(from, saved, *optimizer) + 1;
-      if (rank.is_main()) {
-        std::cout << rank.log_prefix << "resuming from " << from << " (step " << loop.first_step - 1 << " of "
-                  << c.train.steps
-                  << (loop.first_step > c.train.steps ? "; training is complete, checkpoint.resume: never trains again"
-                                                      : "")
-                  << ")\n";
-      }
-    }
-  }
+  if (checkpoints) resume_if_asked(loop);
   // Peak RSS in the metrics covers training; setup (building the model,
   // applying the transforms, writing init weights) is memory.rank<r>.json's
   // setup_peak_bytes and setup_peak_rss_mb.
