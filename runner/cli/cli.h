@@ -26,7 +26,7 @@ struct PlanArgs {
 // composer export's own options.
 struct ExportArgs {
   std::string checkpoint;      // --checkpoint DIR
-  std::string weights;         // --weights FILE
+  std::string weights;         // --weights FILE (score's too)
   std::string format;          // --format; "" = pt
   std::string max_shard_size;  // --max-shard-size; "" = 5GB
   bool merge = false;          // --merge: a train.lora run's adapters added into the base

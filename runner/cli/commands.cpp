@@ -92,8 +92,10 @@ std::vector<OptionSpec> command_options() {
        [](CliOptions& o) { return value(&o.suggest.max_estimates); }},
       {"checkpoint", "DIR", "the checkpoint to export (a step-N folder with index.json)", {C::kExport},
        [](CliOptions& o) { return value(&o.exporting.checkpoint); }},
-      {"weights", "FILE", "a weights file instead of a checkpoint (a run's final.safetensors or init.safetensors)",
-       {C::kExport}, [](CliOptions& o) { return value(&o.exporting.weights); }},
+      {"weights", "FILE",
+       "a run's weights file (final.safetensors or init.safetensors, every parameter): export: instead of a "
+       "checkpoint; score: in place of the config's initial weights",
+       {C::kExport, C::kScore}, [](CliOptions& o) { return value(&o.exporting.weights); }},
       {"format", "pt|hf|peft",
        "pt (one safetensors file, PyTorch names; the default), hf (a Hugging Face folder: Llama, Mixtral, Qwen3) or "
        "peft (a train.lora run's adapter as a PEFT folder)",

@@ -13,6 +13,7 @@
 #include "parallelisms/comm/collectives.h"
 #include "parallelisms/fully_shard.h"
 #include "runner/base/errors.h"
+#include "runner/checkpoint/weight_source.h"
 #include "runner/cli/cli.h"
 #include "runner/train/build.h"
 #include "runner/train/datasets.h"
@@ -156,11 +157,15 @@ void check_score_options(const CliOptions& o) {
 
 void check_score_data(const CliOptions& o, const ExperimentConfig& c) {
   score_documents(o.score.data, c, shape_data_plan(c));
+  if (o.exporting.weights.empty()) return;
+  nn::ShapeOnly shapes;  // --weights: every parameter of the model (adapters too), with its shape
+  WeightSource::file(o.exporting.weights)->match(*build_model(c));
 }
 
 int run_score(const CliOptions& o, const ExperimentConfig& c, const Plan& plan, RankContext& rank) {
   torch::set_num_threads(rank_threads(c.train, rank.local_world_size));
-  RankModel rm = build_rank_model(c, plan, rank, /*out_dir=*/"");
+  GoldenStart weights{o.exporting.weights};  // --weights: a file of every parameter in place of the config's start
+  RankModel rm = build_rank_model(c, plan, rank, /*out_dir=*/"", weights.path.empty() ? nullptr : &weights);
   if (rm.data.inputs != InputKind::kTokens) {
     throw UserError("composer score gives the log-probability of token sequences; model " + c.model.name +
                     " takes float features (data.inputs " + name_of(rm.data.inputs) + ")");

@@ -8,7 +8,9 @@ device and under tp 2 (sequence and loss parallel) x fully_shard dp 2, context p
 pipeline of 2 stages, 4 sequences a batch (so the last batch has empty rows). Each run must give, for
 every sequence, every target's log-probability as transformers computes it (log_softmax of the
 logits, float32) and the sum over the targets the mask counts, with their count. A sequence longer
-than data.seq_len + 1 is refused (exit 2).
+than data.seq_len + 1 is refused (exit 2). With --weights, the final weights of 2 SGD steps, scored under
+tp x fully_shard, give transformers' log-probabilities of their Hugging Face export; a file that holds no
+weights is refused (exit 2).
 
 Usage: score.py COMPOSER WORK_DIR
 """
@@ -94,6 +96,38 @@ data: {{source: tokens, path: {data}, token_dtype: uint16, seq_len: {SEQ}}}
     return path
 
 
+def check_trained_weights(hf_dir, data, docs, untrained):
+    """--weights: a run's final weights scored under tp x fully_shard equal transformers' log-probabilities of
+    the same weights (exported to a Hugging Face folder and loaded by from_pretrained)."""
+    cfg = config("trained", hf_dir, data, "")
+    run_dir = os.path.join(WORK, "trained")
+    composer("run", "--config", cfg, "--out", run_dir, "--set", "train.steps=2")
+    final = os.path.join(run_dir, "final.safetensors")
+    exported = os.path.join(WORK, "trained_hf")
+    composer("export", "--config", cfg, "--weights", final, "--format", "hf", "--out", exported)
+    model = LlamaForCausalLM.from_pretrained(exported).float()
+    out = os.path.join(WORK, "trained.jsonl")
+    composer("score", "--config", config("trained_tp_fsdp", hf_dir, data, PLANS["tp_fsdp"]), "--data", data,
+             "--weights", final, "--out", out, "--per-token")
+    worst = moved = 0.0
+    with torch.no_grad():
+        for line, d, before in zip((json.loads(l) for l in open(out)), docs, untrained):
+            ids = torch.tensor(d, dtype=torch.long)[None]
+            lp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0, :-1].gather(1, ids[0, 1:, None])[:, 0]
+            if lp.numel():
+                got = torch.tensor(line["token_logprobs"], dtype=torch.double)
+                worst = max(worst, (got - lp.double()).abs().max().item())
+                moved = max(moved, (got - before).abs().max().item())
+    print(f"--weights (2 SGD steps' final weights) under tp x fully_shard vs transformers on their export: max abs "
+          f"log-probability difference {worst:.3g} (training moved them by up to {moved:.3g})")
+    if worst > TOKEN_ATOL or moved < 100 * TOKEN_ATOL:
+        fail(f"scores with --weights differ from transformers' on the same weights by {worst:.3g}, or from the "
+             f"untrained model's by only {moved:.3g}")
+    out = composer("score", "--config", cfg, "--data", data, "--weights", os.path.join(WORK, "docs.u16"),
+                   "--out", os.path.join(WORK, "refused.jsonl"), expect=2)
+    print("--weights of a file that is no weights file:", out.strip().splitlines()[-1])
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     hf_dir = os.path.join(WORK, "hf")
@@ -132,6 +166,7 @@ def main():
               f"{worst_token:.3g}, sums within {worst_sum:.3g} (relative)")
         if worst_token > TOKEN_ATOL or worst_sum > SUM_RTOL:
             fail(f"{name}: the scores differ from transformers' (token {worst_token:.3g}, sum {worst_sum:.3g})")
+    check_trained_weights(hf_dir, data, docs, want)
     out = composer("score", "--config", config("one", hf_dir, data, ""), "--data", data, "--set", "data.seq_len=16",
                    "--out", os.path.join(WORK, "refused.jsonl"), expect=2)
     if "data.seq_len" not in out or "sequence 1 holds 33 tokens" not in out:
