@@ -7,7 +7,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <optional>
 
 #include "parallelisms/comm/collectives.h"
 #include "runner/checkpoint/checkpoint.h"
@@ -185,6 +184,24 @@ std::vector<Item> model_items(const ExperimentConfig& c) {
   return items;
 }
 
+// The name `source` holds each of the model's parameters and weight buffers under (WeightSource::match), by
+// FQN; the parameters `drawn` names are not in it.
+std::map<std::string, std::string> stored_names(const WeightSource& source, const ExperimentConfig& c,
+                                                const std::function<bool(const std::string&)>& drawn = {}) {
+  nn::ShapeOnly shapes;  // names and shapes only
+  models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+  attach_lora(*model, c.train.lora);
+  const auto stored = source.match(*model, {}, drawn);
+  std::map<std::string, std::string> out;
+  auto add = [&](const std::string& name, const torch::Tensor& t) {
+    auto it = stored.find(t.unsafeGetTensorImpl());
+    if (it != stored.end()) out[name] = it->second;
+  };
+  for (auto& [name, p] : nn::unique_named_parameters(*model)) add(name, p);
+  for (auto& [name, b] : nn::named_weight_buffers(*model)) add(name, b);
+  return out;
+}
+
 // Where exported tensors come from: a checkpoint (any plan) or a safetensors
 // file in composer's names (a run's init or final weights).
 class ExportSource {
@@ -203,15 +220,7 @@ class ExportSource {
       return;
     }
     weights_ = WeightSource::file(o.weights);
-    nn::ShapeOnly shapes;
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-    attach_lora(*model, c.train.lora);
-    const auto stored = weights_->match(*model);
-    for (auto& [name, p] : nn::unique_named_parameters(*model)) stored_of_[name] = stored.at(p.unsafeGetTensorImpl());
-    for (auto& [name, b] : nn::named_weight_buffers(*model)) {
-      auto it = stored.find(b.unsafeGetTensorImpl());
-      if (it != stored.end()) stored_of_[name] = it->second;
-    }
+    stored_of_ = stored_names(*weights_, c);
     what_ = o.weights;
   }
   // The dtype the source holds `key` in; refuses a key it lacks.
@@ -262,26 +271,19 @@ class ExportSource {
   torch::ScalarType frozen_dtype_ = torch::kFloat;
 
   bool frozen(const std::string& key) const {
-    return reader_ && !reader_->index().frozen_base.is_null() && !reader_->index().tensors.count(key) &&
-           (base_stored_.count(key) || drawn_.count(key));
+    return reader_ && !reader_->index().tensors.count(key) && (base_stored_.count(key) || drawn_.count(key));
   }
   void open_frozen_base(const ExperimentConfig& c, const std::string& checkpoint) {
     check_frozen_base(c, checkpoint);
     frozen_dtype_ = scalar_type_of(c.train.dtype);
     base_ = WeightSource::open(c.model, c.train.lora);
-    torch::manual_seed(c.seed);  // a drawn base: the draws of the run's start (build_model's)
-    std::optional<nn::ShapeOnly> shapes;
-    if (base_) shapes.emplace();  // a read base: names and shapes only
-    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
-    attach_lora(*model, c.train.lora);
     if (base_) {
-      const auto stored = base_->match(*model, {}, drawn_adapters(c));
-      for (auto& [name, p] : nn::unique_named_parameters(*model)) {
-        auto it = stored.find(p.unsafeGetTensorImpl());
-        if (it != stored.end()) base_stored_[name] = it->second;
-      }
+      base_stored_ = stored_names(*base_, c, drawn_adapters(c));
       return;
     }
+    torch::manual_seed(c.seed);  // a drawn base: the draws of the run's start (build_model's)
+    models::ModelPtr model = models::find_model(c.model.name)->build(c.model.args);
+    attach_lora(*model, c.train.lora);
     for (auto& [name, p] : nn::unique_named_parameters(*model)) drawn_[name] = p.detach().to(frozen_dtype_);
   }
   torch::Tensor read_frozen(const Item& it) const {
