@@ -26,6 +26,17 @@ void Optimizer::update_all(std::vector<Update>& updates, const torch::optim::Opt
   for (auto& u : updates) update(u.param, u.grad, *u.state, o);
 }
 
+void Optimizer::set_lr(double lr, double peak) {
+  auto& groups = param_groups();
+  if (peaks_.empty()) {
+    for (auto& g : groups) peaks_.push_back(g.options().get_lr());
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double own = i < peaks_.size() ? peaks_[i] : peak;
+    groups[i].options().set_lr(own == peak || peak <= 0 ? lr : lr * (own / peak));
+  }
+}
+
 Optimizer::State* Optimizer::state_of(const torch::Tensor& p) {
   auto it = states_.find(p.unsafeGetTensorImpl());
   return it == states_.end() ? nullptr : &it->second;

@@ -1,5 +1,5 @@
 // The optimizer base whose per-parameter state checkpoints save and restore;
-// the optimizers themselves (SGD, Adam, AdamW) are in runner/train/optim.h.
+// the optimizers themselves (SGD, Adam, AdamW, Muon) are in runner/train/optim.h.
 #pragma once
 #include <torch/torch.h>
 
@@ -21,8 +21,12 @@ class Optimizer : public torch::optim::Optimizer {
     std::map<std::string, torch::Tensor> tensors;  // e.g. exp_avg, exp_avg_sq: the parameter's shape
   };
   torch::Tensor step(LossClosure closure = nullptr) override;
-  // The state tensors a parameter has after its first update, by name.
-  virtual std::vector<std::string> state_names() const = 0;
+  // The state tensors the parameter `name` (p) has after its first update, by
+  // name; also for parameters this rank does not train (another stage's).
+  virtual std::vector<std::string> state_names(const std::string& name, const torch::Tensor& p) const = 0;
+  // Every group's lr at `lr` over the peak `peak` (optimizer.lr): a group whose
+  // own peak differs (Muon's matrices) keeps its ratio to it.
+  void set_lr(double lr, double peak);
   // p's state; null before its first update.
   State* state_of(const torch::Tensor& p);
   // p's state to fill from a checkpoint, as if `step` updates had run.
@@ -46,6 +50,7 @@ class Optimizer : public torch::optim::Optimizer {
   // optimizer batches them (multi-tensor kernels on a GPU).
   virtual void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& o);
   std::unordered_map<c10::TensorImpl*, State> states_;
+  std::vector<double> peaks_;  // each group's lr when first scheduled
   int64_t steps_ = 0;
 };
 

@@ -148,7 +148,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     // A buffer, or a parameter train.freeze keeps fixed, has no optimizer state.
     const bool trains = !hp.buffer && hp.param.requires_grad();
     std::vector<std::string> keys{hp.name};
-    for (const auto& s : opt.state_names()) {
+    for (const auto& s : opt.state_names(hp.name, hp.param)) {
       if (trains) keys.push_back(kStatePrefix + hp.name + "." + s);
     }
     known.insert(keys.begin(), keys.end());
@@ -162,7 +162,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     out.push_back(base);
     if (!trains) continue;
     Optimizer::State* st = restore ? &opt.restore_state_of(hp.param, step) : opt.state_of(hp.param);
-    for (const auto& s : opt.state_names()) {
+    for (const auto& s : opt.state_names(hp.name, hp.param)) {
       if (!st) break;
       torch::Tensor& t = st->tensors[s];
       if (restore) t = torch::zeros_like(hp.param);

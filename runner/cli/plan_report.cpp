@@ -179,6 +179,31 @@ void print_frozen(std::ostream& os, const ExperimentConfig& c, const Plan& p,
   os << line;
 }
 
+// optimizer muon: how many matrices it orthogonalises and what making them whole moves per step.
+void print_muon(std::ostream& os, const MuonTraffic& t) {
+  if (t.matrices == 0) return;
+  os << "optimizer muon: " << t.matrices << " matrices (" << t.values << " values) orthogonalised whole, "
+     << t.whole_here << " of them whole where they are held";
+  if (t.bytes.empty()) {
+    os << "; nothing moves\n";
+    return;
+  }
+  os << "; per step over all ranks, to their owners and back (each matrix x (s - 1) / s per mesh dim of s ranks "
+        "splitting it, within the sends and receives above):";
+  const char* sep = " ";
+  for (const auto& [dim, b] : t.bytes) {
+    os << sep << dim << " " << format_bytes(b.first) << " + " << format_bytes(b.second);
+    sep = ", ";
+  }
+  os << "\n";
+}
+
+nlohmann::json muon_json(const MuonTraffic& t) {
+  nlohmann::json bytes = nlohmann::json::object();
+  for (const auto& [dim, b] : t.bytes) bytes[dim] = {{"to_owners", b.first}, {"back", b.second}};
+  return {{"matrices", t.matrices}, {"values", t.values}, {"whole_here", t.whole_here}, {"bytes", bytes}};
+}
+
 }  // namespace
 
 void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
@@ -193,6 +218,7 @@ void print_plan(std::ostream& os, const ExperimentConfig& c, const Plan& p) {
   const std::vector<MemoryEstimate> estimates = estimate_memory(c, p);
   print_estimates(os, estimates);
   print_frozen(os, c, p, estimates);
+  print_muon(os, muon_traffic(c, p));
   os << "config hash " << config_hash(c) << "; the resolved config and every figure in full: composer plan --json\n";
 }
 
@@ -207,6 +233,7 @@ nlohmann::json plan_json(const ExperimentConfig& c, const Plan& p) {
     j["placements"].push_back(
         {{"name", r.name}, {"shape", r.shape}, {"placement", r.placement}, {"gradient", r.gradient}});
   }
+  if (c.train.optimizer.name == OptimizerKind::kMuon) j["muon"] = muon_json(muon_traffic(c, p));
   j["ranks"] = nlohmann::json::array();
   for (const auto& e : estimate_memory(c, p)) {
     j["ranks"].push_back({{"rank", e.rank},

@@ -89,7 +89,7 @@ std::optional<FieldError> lora_from_error(const ModelConfig& model, const TrainC
 }
 
 // debug's ranks against the mesh, and its faults against what the run has.
-std::optional<FieldError> debug_error(const DebugConfig& d, int64_t world_size, bool documents) {
+std::optional<FieldError> debug_error(const DebugConfig& d, int64_t world_size, bool documents, bool muon) {
   if (d.inject_rank < 0 || d.inject_rank >= world_size) {
     return FieldError{"debug.inject_rank", "inject_rank " + std::to_string(d.inject_rank) + " is not a rank of the " +
                                                std::to_string(world_size) + "-rank mesh; use 0 .. " +
@@ -98,6 +98,10 @@ std::optional<FieldError> debug_error(const DebugConfig& d, int64_t world_size, 
   if (d.inject == Inject::kNoDocumentMask && !documents) {
     return FieldError{"debug.inject", "no_document_mask drops data.documents' mask, and this run packs no "
                                       "documents; set data.documents: {mask: true} or inject another fault"};
+  }
+  if (d.inject == Inject::kMuonLocalPiece && !muon) {
+    return FieldError{"debug.inject", "muon_local_piece breaks Muon's whole-matrix orthogonalisation, and this run's "
+                                      "optimizer is not muon; set train.optimizer.name: muon or inject another fault"};
   }
   if (d.inject == Inject::kSkipCollective && world_size < 2) {
     return FieldError{"debug.inject", "skip_collective leaves out a collective, which needs a mesh of at least 2 "
@@ -178,7 +182,8 @@ std::optional<FieldError> across_sections(ExperimentConfig& c) {
                                              std::to_string(std::min<int64_t>(3, train.steps)) + "]"};
     }
   }
-  return debug_error(debug, mesh.world_size(), data.documents.active());
+  return debug_error(debug, mesh.world_size(), data.documents.active(),
+                     train.optimizer.name == OptimizerKind::kMuon);
 }
 
 }  // namespace

@@ -70,8 +70,45 @@ struct MeshConfig {
   std::optional<FieldError> check(const std::set<std::string>& given);
 };
 
+// optimizer.muon (name: muon): torch.optim.Muon's arithmetic for the hidden weight matrices, each
+// orthogonalised whole by Newton-Schulz iterations in bfloat16; every other trained parameter
+// (embeddings, the output head, norms, biases) takes AdamW with optimizer's lr, betas, eps and
+// weight_decay.
+struct MuonConfig {
+  double lr = 0;              // Muon's peak lr, scheduled as optimizer.lr is; 0 = optimizer.lr
+  double momentum = 0.95;     // the momentum buffer's decay
+  bool nesterov = true;       // Nesterov momentum
+  std::vector<double> ns_coefficients{3.4445, -4.7750, 2.0315};  // (a, b, c) of each iteration
+  int64_t ns_steps = 5;       // Newton-Schulz iterations, under 100
+  double eps = 1e-7;          // floor of the norm the matrix is divided by first
+  // The iterations' dtype: bfloat16 (torch.optim.Muon's) or float32, whose results do not
+  // swing with the last bit of a gradient (bfloat16's iterations turn one rounding flip of an
+  // input element into changes of up to ~3% of the result's largest element)
+  DType ns_dtype = DType::kBFloat16;
+  MuonAdjustLr adjust_lr_fn = MuonAdjustLr::kOriginal;  // original or match_rms_adamw
+  // Parameters AdamW trains although they are matrices (FQN patterns, models/select.h): the
+  // embeddings and the output head. Muon takes every other 2-D weight, and each expert of a
+  // 3-D expert stack [experts, out, in].
+  std::vector<std::string> exclude{"*embed*.*", "output.*"};
+  SourceRef ref;              // optimizer.muon
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("lr", lr, kNonNegative);
+    v("momentum", momentum, kNonNegative);
+    v("nesterov", nesterov);
+    v("ns_coefficients", ns_coefficients);
+    v("ns_steps", ns_steps, kPositive);
+    v("eps", eps, kPositive);
+    v("ns_dtype", ns_dtype);
+    v("adjust_lr_fn", adjust_lr_fn);
+    v("exclude", exclude);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
+};
+
 struct OptimizerConfig {
-  OptimizerKind name = OptimizerKind::kAdam;  // sgd, adam or adamw
+  OptimizerKind name = OptimizerKind::kAdam;  // sgd, adam, adamw or muon (muon: AdamW for what Muon does not take)
   double lr = 1e-3;                           // peak learning rate
   double momentum = 0;                        // sgd momentum
   double dampening = 0;                       // sgd dampening
@@ -79,8 +116,11 @@ struct OptimizerConfig {
   double weight_decay = 0;                    // L2 (sgd, adam) or decoupled (adamw)
   std::vector<double> betas{0.9, 0.999};      // adam/adamw moment decay
   double eps = 1e-8;                          // adam/adamw denominator epsilon
+  std::optional<MuonConfig> muon;             // name muon: Muon's options (their defaults when absent)
+  SourceRef ref;                              // train.optimizer
   template <class V>
   void fields(V& v) {
+    v.where("", ref);
     v("name", name);
     v("lr", lr, kNonNegative);
     v("momentum", momentum, kNonNegative);
@@ -89,8 +129,11 @@ struct OptimizerConfig {
     v("weight_decay", weight_decay, kNonNegative);
     v("betas", betas);
     v("eps", eps, kPositive);
+    v("muon", muon);
   }
   std::optional<FieldError> check(const std::set<std::string>& given);
+  // name muon: optimizer.muon as given, or its defaults.
+  MuonConfig muon_or_default() const { return muon ? *muon : MuonConfig{}; }
 };
 
 struct LrScheduleConfig {

@@ -7,7 +7,7 @@ namespace composer {
 
 enum class Backend { kGloo, kNccl };
 enum class DeviceKind { kCpu, kCuda };
-enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kMuon };
 enum class Decay { kNone, kLinear, kCosine };
 enum class LossKind { kSum, kMean, kMse, kCrossEntropy, kSoftCrossEntropy };
 enum class DataSource { kSynthetic, kFile, kTokens };
@@ -16,12 +16,18 @@ enum class InputKind { kAuto, kNormal, kUniform, kTokens };
 enum class TargetKind { kAuto, kNone, kNormal, kUniform, kTokens, kNextTokens };
 enum class OnNonFinite { kStop, kSkip };  // what a step with a non-finite loss or gradient does
 enum class Fp8Recipe { kTensorwise };      // train.fp8's scaling: one dynamic scale per tensor
+// Muon's learning-rate scale per matrix [A, B] (torch.optim.Muon's adjust_lr_fn):
+// original sqrt(max(1, A / B)), match_rms_adamw 0.2 sqrt(max(A, B)).
+enum class MuonAdjustLr { kOriginal, kMatchRmsAdamw };
 
 // The enums' YAML names (names_of(E{}) is what the field walk and name_of look up).
 inline constexpr EnumName<Backend> kBackends[] = {{Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
 inline constexpr EnumName<DeviceKind> kDevices[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 inline constexpr EnumName<OptimizerKind> kOptimizers[] = {
-    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}};
+    {OptimizerKind::kSgd, "sgd"},
+    {OptimizerKind::kAdam, "adam"},
+    {OptimizerKind::kAdamW, "adamw"},
+    {OptimizerKind::kMuon, "muon"}};
 inline constexpr EnumName<Decay> kDecays[] = {
     {Decay::kNone, "none"}, {Decay::kLinear, "linear"}, {Decay::kCosine, "cosine"}};
 inline constexpr EnumName<LossKind> kLosses[] = {{LossKind::kSum, "sum"},
@@ -42,6 +48,8 @@ inline constexpr EnumName<TargetKind> kTargets[] = {
     {TargetKind::kUniform, "uniform"}, {TargetKind::kTokens, "tokens"}, {TargetKind::kNextTokens, "next_tokens"}};
 inline constexpr EnumName<OnNonFinite> kOnNonFinite[] = {{OnNonFinite::kStop, "stop"}, {OnNonFinite::kSkip, "skip"}};
 inline constexpr EnumName<Fp8Recipe> kFp8Recipes[] = {{Fp8Recipe::kTensorwise, "tensorwise"}};
+inline constexpr EnumName<MuonAdjustLr> kMuonAdjustLrs[] = {{MuonAdjustLr::kOriginal, "original"},
+                                                          {MuonAdjustLr::kMatchRmsAdamw, "match_rms_adamw"}};
 inline const auto& names_of(Backend) { return kBackends; }
 inline const auto& names_of(DeviceKind) { return kDevices; }
 inline const auto& names_of(OptimizerKind) { return kOptimizers; }
@@ -53,6 +61,7 @@ inline const auto& names_of(InputKind) { return kInputs; }
 inline const auto& names_of(TargetKind) { return kTargets; }
 inline const auto& names_of(OnNonFinite) { return kOnNonFinite; }
 inline const auto& names_of(Fp8Recipe) { return kFp8Recipes; }
+inline const auto& names_of(MuonAdjustLr) { return kMuonAdjustLrs; }
 
 // Fault injection: for testing the launcher, rank fail_rank fails at step
 // fail_step, as fail_mode says; for testing the golden checks, `inject` makes
@@ -75,6 +84,7 @@ enum class Inject {
   kNoDocumentMask,      // packed documents run together: no document mask, positions run on (data.documents)
   kModuleOutput,        // rank inject_rank's module inject_module returns its output x 1.01 in step inject_step
   kModuleGrad,          // ... the gradient flowing back into its input is x 1.01 in step inject_step
+  kMuonLocalPiece,      // Muon orthogonalises each rank's own piece of a matrix, never the whole
 };
 inline constexpr EnumName<FailMode> kFailModes[] = {
     {FailMode::kError, "error"}, {FailMode::kExit, "exit"}, {FailMode::kSignal, "signal"}};
@@ -86,7 +96,8 @@ inline constexpr EnumName<Inject> kInjects[] = {{Inject::kNone, "none"},
                                                 {Inject::kSkipCollective, "skip_collective"},
                                                 {Inject::kNoDocumentMask, "no_document_mask"},
                                                 {Inject::kModuleOutput, "module_output"},
-                                                {Inject::kModuleGrad, "module_grad"}};
+                                                {Inject::kModuleGrad, "module_grad"},
+                                                {Inject::kMuonLocalPiece, "muon_local_piece"}};
 inline const auto& names_of(FailMode) { return kFailModes; }
 inline const auto& names_of(FailAt) { return kFailAts; }
 inline const auto& names_of(Inject) { return kInjects; }

@@ -26,7 +26,36 @@ std::optional<FieldError> MeshConfig::check(const std::set<std::string>& given) 
   return std::nullopt;
 }
 
-std::optional<FieldError> OptimizerConfig::check(const std::set<std::string>&) {
+std::optional<FieldError> MuonConfig::check(const std::set<std::string>&) {
+  if (ns_coefficients.size() != 3) {
+    return FieldError{"ns_coefficients", "ns_coefficients must be three numbers (a, b, c), e.g. [3.4445, -4.775, 2.0315]"};
+  }
+  if (ns_dtype != DType::kBFloat16 && ns_dtype != DType::kFloat32) {
+    return FieldError{"ns_dtype", "ns_dtype is bfloat16 (torch.optim.Muon's) or float32"};
+  }
+  if (ns_steps >= 100) {
+    return FieldError{"ns_steps", "ns_steps " + std::to_string(ns_steps) + " is 100 or more; use fewer (5 is the default)"};
+  }
+  return std::nullopt;
+}
+
+std::optional<FieldError> OptimizerConfig::check(const std::set<std::string>& given) {
+  if (name != OptimizerKind::kMuon && muon) {
+    return FieldError{"muon", "optimizer.muon holds Muon's options; set optimizer.name: muon, or remove optimizer.muon"};
+  }
+  if (name == OptimizerKind::kMuon) {
+    if (!muon) muon = MuonConfig{};  // its defaults, in the resolved config for tools to read
+    for (const char* key : {"momentum", "dampening", "nesterov"}) {
+      if (given.count(key)) {
+        return FieldError{key, std::string("optimizer.") + key + " is sgd's; Muon's momentum and nesterov are "
+                               "optimizer.muon.momentum and optimizer.muon.nesterov"};
+      }
+    }
+    if (muon && muon->lr > 0 && lr == 0) {
+      return FieldError{"lr", "optimizer.lr is 0 while optimizer.muon.lr is " + std::to_string(muon->lr) +
+                                  "; the schedule scales both by lr's, so set lr > 0 (the AdamW parameters' lr)"};
+    }
+  }
   if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1) {
     return FieldError{"betas", "betas must be two numbers in [0, 1), e.g. [0.9, 0.999]"};
   }

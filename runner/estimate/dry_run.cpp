@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "models/layers.h"
 #include "runner/base/memory.h"
@@ -56,6 +57,47 @@ std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const P
   return out;
 }
 
+MuonTraffic muon_traffic(const ExperimentConfig& c, const Plan& plan) {
+  MuonTraffic out;
+  if (c.train.optimizer.name != OptimizerKind::kMuon) return out;
+  const MuonConfig muon = c.train.optimizer.muon_or_default();
+  const int64_t in_bytes = c10::elementSize(scalar_type_of(c.train.dtype));
+  const int64_t back_bytes = c10::elementSize(scalar_type_of(muon.ns_dtype));
+  const int64_t world = c.mesh.world_size();
+  std::set<std::string> seen;
+  for (int r : stage_first_ranks(c, plan)) {
+    RankContext ctx = planning_rank(c, plan, r);
+    nn::ShapeOnly shapes;
+    models::ModelPtr model = build_model(c);
+    parallel::Parallel par = apply_plan(*model, c, plan, ctx, nullptr);
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) {
+      const parallel::ShardSpec* spec = par.placements->find(p);
+      if (!p.requires_grad() || (spec && !spec->held()) || !seen.insert(name).second) continue;
+      const auto shape = spec && !spec->global_shape.empty() ? spec->global_shape : p.sizes().vec();
+      if (!muon_trains(muon, name, shape)) continue;
+      ++out.matrices;
+      out.values += c10::multiply_integers(shape);
+      int64_t holders = world, pieces = 1;
+      std::vector<std::pair<std::string, int64_t>> levels;  // (mesh dim, ranks)
+      for (const auto& d : spec ? spec->dims : std::vector<parallel::SpecDim>{}) {
+        if (!d.members.empty()) holders = holders * static_cast<int64_t>(d.members.size()) / d.size;
+        if (d.param.is_shard() && d.size > 1 && d.param.dim >= static_cast<int64_t>(shape.size()) - 2) {
+          levels.emplace_back(d.name, d.size);
+          pieces *= d.size;
+        }
+      }
+      if (levels.empty()) ++out.whole_here;
+      const int64_t copies = holders / pieces, n = c10::multiply_integers(shape);
+      for (const auto& [dim, s] : levels) {
+        auto& [to, back] = out.bytes[dim];
+        to += copies * n * (s - 1) / s * in_bytes;
+        back += copies * n * (s - 1) / s * back_bytes;
+      }
+    }
+  }
+  return out;
+}
+
 DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps, const MetaBatch& meta_batch) {
   memory::MetaCount count;
   nn::ShapeOnly shapes;
@@ -85,7 +127,8 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
   std::vector<torch::Tensor> params = par.held_params();
   params.erase(std::remove_if(params.begin(), params.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
                params.end());  // train.freeze: a frozen parameter gets no optimizer state
-  auto optimizer = make_optimizer(c.train.optimizer, params);
+  auto optimizer = make_optimizer(c.train.optimizer, params, names_in(*model, params),
+                                  std::make_shared<parallel::WholeMatrices>(par.placements.get()));
   static const parallel::Delays kNoDelays({}, 0);
   StepState state{c,
                   plan,
@@ -105,7 +148,7 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
     StepRecord rec;
     rec.step = step;
     rec.lr = lr_at(c.train.optimizer, c.train.lr_schedule, step, c.train.steps);
-    set_lr(*optimizer, rec.lr);
+    optimizer->set_lr(rec.lr, c.train.optimizer.lr);
     run_step(state, rec);
     out.step_peaks.push_back(count.peak());
     if (step == 1) out.terms = memory_terms(par, params, buffers_before, before, count.live());

@@ -4,6 +4,7 @@
 // a real run, with every meta tensor's bytes counted (memory::MetaCount).
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,5 +46,17 @@ struct PlacementRow {
 // pipeline stage and applies the plan on a mesh without process groups: no
 // rank starts.
 std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const Plan& plan);
+
+// optimizer muon: what making its matrices whole moves per step, in closed form over all ranks.
+// A mesh dim of s ranks that splits a matrix (not a stack's expert dim) moves (s - 1) / s of it
+// to that level's owners in the training dtype and as much back in ns_dtype, once per copy of the
+// matrix's pieces (replicas gather on their own).
+struct MuonTraffic {
+  int64_t matrices = 0;     // parameters Muon trains (an expert stack counts once)
+  int64_t values = 0;       // their elements
+  int64_t whole_here = 0;   // of them, whole on every rank that holds them: nothing moves
+  std::map<std::string, std::pair<int64_t, int64_t>> bytes;  // mesh dim: (to the owners, back)
+};
+MuonTraffic muon_traffic(const ExperimentConfig& c, const Plan& plan);
 
 }  // namespace composer

@@ -133,6 +133,9 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (!splits_batch[i] && !tensor_parallel[i]) runs[i] = 0;
     if (splits_batch[i] && tensor_parallel[i]) runs[i] = 0;  // one dim for both: not a case of either
+    // Muon's owners differ from rank to rank (what each gathers, holds whole and sends back): no
+    // two ranks run alike, so each gets a dry run of its own.
+    if (c.train.optimizer.name == OptimizerKind::kMuon) runs[i] = 0;
   }
   return runs;
 }

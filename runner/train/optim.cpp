@@ -4,6 +4,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "models/select.h"
 #include "runner/train/optim_kernels.h"
 
 namespace composer {
@@ -124,9 +125,11 @@ class Adam : public Optimizer {
       : Optimizer(std::move(params), std::make_unique<torch::optim::AdamOptions>(o)),
         decoupled_(decoupled_weight_decay) {}
 
-  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  std::vector<std::string> state_names(const std::string&, const torch::Tensor&) const override {
+    return {"exp_avg", "exp_avg_sq"};
+  }
 
- private:
+ protected:
   // The two moments of `p` in its state, made on its first step: zeros in p's layout.
   struct Moments {
     torch::Tensor& exp_avg;
@@ -227,6 +230,62 @@ class Adam : public Optimizer {
   bool decoupled_;
 };
 
+// torch.optim.Muon's options, one group's.
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  double lr = 0;
+  double weight_decay = 0;
+  MuonConfig c;
+  double get_lr() const override { return lr; }
+  void set_lr(const double v) override { lr = v; }
+};
+
+// Muon for the matrices (the second group), AdamW for the rest (the first):
+// torch.optim.Muon's single-tensor arithmetic for each matrix, each expert of
+// a [experts, out, in] stack on its own, with the orthogonalisation of each
+// whole matrix on its owner (parallelisms/whole_matrix.h).
+class Muon : public Adam {
+ public:
+  Muon(std::vector<torch::Tensor> matrices, std::vector<torch::Tensor> rest, const MuonOptions& m,
+       const torch::optim::AdamOptions& a, std::shared_ptr<const parallel::WholeMatrices> whole)
+      : Adam(std::move(rest), a, /*decoupled_weight_decay=*/true), muon_(m.c), whole_(std::move(whole)) {
+    add_param_group(torch::optim::OptimizerParamGroup(std::move(matrices), std::make_unique<MuonOptions>(m)));
+  }
+
+  std::vector<std::string> state_names(const std::string& name, const torch::Tensor& p) const override {
+    if (muon_trains(muon_, name, whole_->global_shape(p))) return {"momentum_buffer"};
+    return Adam::state_names(name, p);
+  }
+
+ private:
+  void update_all(std::vector<Update>& updates, const torch::optim::OptimizerOptions& options) override {
+    const auto* m = dynamic_cast<const MuonOptions*>(&options);
+    if (!m) return Adam::update_all(updates, options);
+    const MuonConfig& c = m->c;
+    std::vector<torch::Tensor> params, locals;
+    std::vector<int> batch_dims;
+    for (auto& u : updates) {
+      torch::Tensor& buf = u.state->tensors["momentum_buffer"];
+      if (!buf.defined()) buf = torch::zeros_like(u.grad, torch::MemoryFormat::Preserve);
+      buf.lerp_(u.grad, 1 - c.momentum);
+      params.push_back(u.param);
+      locals.push_back(c.nesterov ? u.grad.lerp(buf, c.momentum) : buf);
+      batch_dims.push_back(u.param.dim() == 3 ? 1 : 0);
+    }
+    const auto ortho = whole_->apply(params, locals, batch_dims, scalar_type_of(c.ns_dtype),
+                                     [&](const torch::Tensor& whole) { return newton_schulz(whole, c); });
+    for (size_t i = 0; i < updates.size(); ++i) {
+      torch::Tensor& p = updates[i].param;
+      const auto shape = whole_->global_shape(p);
+      const double adjusted = m->lr * muon_lr_ratio(c.adjust_lr_fn, shape[shape.size() - 2], shape.back());
+      p.mul_(1 - m->lr * m->weight_decay);
+      p.add_(ortho[i], -adjusted);
+    }
+  }
+
+  MuonConfig muon_;
+  std::shared_ptr<const parallel::WholeMatrices> whole_;
+};
+
 // SGD as torch.optim's single-tensor path computes it: the momentum buffer
 // starts as a copy of the first gradient.
 class Sgd : public Optimizer {
@@ -234,7 +293,7 @@ class Sgd : public Optimizer {
   Sgd(std::vector<torch::Tensor> params, const torch::optim::SGDOptions& o)
       : Optimizer(std::move(params), std::make_unique<torch::optim::SGDOptions>(o)) {}
 
-  std::vector<std::string> state_names() const override {
+  std::vector<std::string> state_names(const std::string&, const torch::Tensor&) const override {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(defaults());
     return o.momentum() != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   }
@@ -258,9 +317,67 @@ class Sgd : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params) {
+torch::Tensor newton_schulz(const torch::Tensor& u, const MuonConfig& c) {
+  if (u.dim() == 3) {  // a stack of matrices, each on its own as torch.optim.Muon would see it
+    std::vector<torch::Tensor> each;
+    for (int64_t e = 0; e < u.size(0); ++e) each.push_back(newton_schulz(u[e], c));
+    return each.empty() ? u.to(scalar_type_of(c.ns_dtype)) : torch::stack(each);
+  }
+  TORCH_INTERNAL_ASSERT(u.dim() == 2, "newton_schulz takes a matrix, got ", u.sizes());
+  const double a = c.ns_coefficients.at(0), b = c.ns_coefficients.at(1), k = c.ns_coefficients.at(2);
+  const bool tall = u.size(0) > u.size(1);
+  torch::Tensor x = u.to(scalar_type_of(c.ns_dtype), /*non_blocking=*/false, /*copy=*/true);  // never u itself
+  if (tall) x = x.t();
+  x.div_(x.norm().clamp_min(c.eps));
+  for (int64_t i = 0; i < c.ns_steps; ++i) {
+    const torch::Tensor gram = x.mm(x.t());
+    const torch::Tensor update = torch::addmm(gram, gram, gram, b, k);
+    x = torch::addmm(x, update, x, a);
+  }
+  return tall ? x.t() : x;
+}
+
+double muon_lr_ratio(MuonAdjustLr fn, int64_t rows, int64_t cols) {
+  const double r = static_cast<double>(rows), cl = static_cast<double>(cols);
+  return fn == MuonAdjustLr::kMatchRmsAdamw ? 0.2 * std::sqrt(std::max(r, cl)) : std::sqrt(std::max(1.0, r / cl));
+}
+
+std::vector<std::string> names_in(torch::nn::Module& model, const std::vector<torch::Tensor>& params) {
+  std::unordered_map<const c10::TensorImpl*, std::string> by_impl;
+  for (auto& [name, p] : nn::unique_named_parameters(model)) by_impl.emplace(p.unsafeGetTensorImpl(), name);
+  std::vector<std::string> out;
+  for (const auto& p : params) {
+    auto it = by_impl.find(p.unsafeGetTensorImpl());
+    out.push_back(it == by_impl.end() ? std::string() : it->second);
+  }
+  return out;
+}
+
+bool muon_trains(const MuonConfig& c, const std::string& name, const std::vector<int64_t>& global_shape) {
+  return (global_shape.size() == 2 || global_shape.size() == 3) && !models::matches_any(c.exclude, name);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params,
+                                          const std::vector<std::string>& names,
+                                          std::shared_ptr<const parallel::WholeMatrices> whole) {
   using torch::optim::AdamOptions;
   using torch::optim::SGDOptions;
+  if (c.name == OptimizerKind::kMuon) {
+    TORCH_INTERNAL_ASSERT(names.size() == params.size(), "muon needs every parameter's name");
+    if (!whole) whole = std::make_shared<parallel::WholeMatrices>(nullptr);
+    MuonOptions m;
+    m.c = c.muon_or_default();
+    m.lr = m.c.lr > 0 ? m.c.lr : c.lr;
+    m.weight_decay = c.weight_decay;
+    std::vector<torch::Tensor> matrices, rest;
+    for (size_t i = 0; i < params.size(); ++i) {
+      (muon_trains(m.c, names[i], whole->global_shape(params[i])) ? matrices : rest).push_back(params[i]);
+    }
+    return std::make_unique<Muon>(
+        matrices, rest, m,
+        AdamOptions(c.lr).betas(std::make_tuple(c.betas[0], c.betas[1])).eps(c.eps).weight_decay(c.weight_decay),
+        whole);
+  }
   switch (c.name) {
     case OptimizerKind::kSgd:
       return std::make_unique<Sgd>(params, SGDOptions(c.lr)
@@ -273,12 +390,9 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<
       return std::make_unique<Adam>(
           params, AdamOptions(c.lr).betas(std::make_tuple(c.betas[0], c.betas[1])).eps(c.eps).weight_decay(c.weight_decay),
           c.name == OptimizerKind::kAdamW);
+    case OptimizerKind::kMuon: break;  // above
   }
   return nullptr;
-}
-
-void set_lr(torch::optim::Optimizer& opt, double lr) {
-  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
 double lr_at(const OptimizerConfig& opt, const LrScheduleConfig& s, int64_t step, int64_t steps) {

@@ -10,6 +10,7 @@
 
 #include "runner/base/optimizer.h"
 #include "parallelisms/tensor_parallel.h"
+#include "parallelisms/whole_matrix.h"
 #include "runner/config/config.h"
 
 namespace composer {
@@ -25,9 +26,23 @@ torch::Tensor compute_loss(const LossConfig& loss, const torch::Tensor& output, 
                            int64_t n, int64_t global, const parallel::VocabParallel& vocab = {},
                            double loss_tokens = 0);
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params);
+// The optimizer c names over `params`. Muon needs each parameter's FQN
+// (`names`, for optimizer.muon.exclude) and where its matrices lie (`whole`;
+// null: every parameter is whole on this rank).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<torch::Tensor> params,
+                                          const std::vector<std::string>& names = {},
+                                          std::shared_ptr<const parallel::WholeMatrices> whole = nullptr);
 
-void set_lr(torch::optim::Optimizer& opt, double lr);
+// torch.optim.Muon's orthogonalisation (_zeropower_via_newtonschulz) of a
+// matrix, in c.ns_dtype (torch's: bfloat16): the same ATen calls in the same
+// order; a [n, out, in] stack matrix by matrix.
+torch::Tensor newton_schulz(const torch::Tensor& u, const MuonConfig& c);
+// The factor Muon's lr takes for a [rows, cols] matrix (adjust_lr_fn).
+double muon_lr_ratio(MuonAdjustLr fn, int64_t rows, int64_t cols);
+// Each of `params`' FQN in `model` (a tied weight's first name).
+std::vector<std::string> names_in(torch::nn::Module& model, const std::vector<torch::Tensor>& params);
+// Whether Muon trains the parameter `name` of this global shape (the rest: AdamW).
+bool muon_trains(const MuonConfig& c, const std::string& name, const std::vector<int64_t>& global_shape);
 
 // One Adam (or, `decoupled`, AdamW) step through torch.optim's fused kernel
 // (fused=True): one pass over each parameter, reading its gradient and both

@@ -266,7 +266,7 @@ LoopResult run_loop(const Loop& l, const parallel::Delays& delays) {
     StepRecord r;
     r.step = step;
     r.lr = lr_at(t.optimizer, t.lr_schedule, step, t.steps);
-    set_lr(l.optimizer, r.lr);
+    l.optimizer.set_lr(r.lr, l.c.train.optimizer.lr);
     const bool recording = l.recorder && l.recorder->records(step);
     if (recording) l.recorder->begin();
     run_step(state, r);
@@ -369,7 +369,9 @@ TrainResult train(const ExperimentConfig& c, const Plan& plan, RankContext& rank
   std::vector<torch::Tensor> params = rm.par.held_params();
   params.erase(std::remove_if(params.begin(), params.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
                params.end());  // train.freeze: a frozen parameter gets no optimizer state
-  auto optimizer = make_optimizer(c.train.optimizer, params);
+  auto optimizer = make_optimizer(c.train.optimizer, params, names_in(*rm.model, params),
+                                  std::make_shared<parallel::WholeMatrices>(
+                                      c.debug.inject == Inject::kMuonLocalPiece ? nullptr : rm.par.placements.get()));
   std::vector<HeldParam> held;
   for (auto& [name, p] : nn::unique_named_parameters(*rm.model)) held.push_back({name, p, rm.par.placements->find(p)});
   for (const auto& b : rm.model->named_buffers()) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Resharding: checkpoints saved under fully_shard over 4 ranks, of the
 # uneven mlp_stack 17 (17-row weights in chunks of 5, 4, 4, 4) and of the
-# tied-weight Transformer, load under other plans: tp 2 x fully_shard 2,
+# tied-weight Transformer (and of the Llama under tp 2 x fully_shard 2 with Muon), load under other plans: tp 2 x fully_shard 2,
 # pp 2 x fully_shard 2 (tied weights on both stages), HSDP 2 x 2 and one rank.
 #  - Loading the last checkpoint (nothing left to train) and writing
 #    final.safetensors from the new plan's pieces gives the saving run's
@@ -36,6 +36,10 @@ reshard() {  # SAVER LAST_STEP SINGLE_DEVICE_CONFIG TARGET_CONFIGS...
 reshard configs/parity/fsdp_mlp_stack_17_dp4_keep.yaml 5 configs/parity/mlp_stack_17.yaml \
   configs/parity/fsdp2_tp2_mlp_stack_17_keep.yaml tests/cli/checkpoint_mlp_stack_17_hsdp.yaml \
   configs/parity/mlp_stack_17.yaml
+# Muon's momentum buffers (and the AdamW group's moments) saved under tp 2 x fully_shard 2 resume
+# under pp 2 x fully_shard 2 and on one rank.
+reshard configs/parity/tp2_fsdp2_llama_muon.yaml 6 configs/parity/llama_muon.yaml \
+  configs/parity/pp2_fsdp2_llama_muon.yaml configs/parity/llama_muon.yaml
 reshard configs/parity/fsdp_transformer_dp4.yaml 6 configs/parity/transformer.yaml \
   configs/parity/fsdp2_tp2_transformer.yaml tests/cli/checkpoint_transformer_pp2_dp2.yaml \
   configs/parity/hsdp_transformer_2x2.yaml configs/parity/transformer.yaml

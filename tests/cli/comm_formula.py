@@ -6,8 +6,8 @@
 For the Llama and the Transformer, small and in float32: tensor parallelism with and without
 sequence parallelism (and Llama's loss parallelism), replicate, fully_shard, a 1F1B pipeline,
 context parallelism (a load-balanced ring over cp 2 and 4, and all-to-all over cp 2 and 4 where the
-heads divide) and, on a mixture-of-experts Llama,
-expert parallelism over ep 2 and 4.
+heads divide), on a mixture-of-experts Llama,
+expert parallelism over ep 2 and 4, and Muon's whole-matrix gathers and scatters.
 Every group's every collective kind must equal the formula, and no other may appear. Bytes are the
 payload a rank hands the collective per step (an all-gather: this rank's piece; a reduce-scatter:
 the whole input; an all-reduce: the tensor), as docs/memory.md defines them.
@@ -48,10 +48,11 @@ def transformer_sizes(dim=32, n_layers=2, vocab=64, max_seq_len=16):
                           dropout_p=0.0))
 
 
-def plan(name, model, m, mesh, names, transform, microbatches=None):
+def plan(name, model, m, mesh, names, transform, microbatches=None, optimizer=None):
     cfg = {"name": name, "seed": 0, "model": {"name": model, "args": m["args"]},
-           "mesh": {"shape": mesh, "names": names}, "parallelize": [transform],
-           "train": {"steps": 2, "global_batch": B, "optimizer": {"name": "sgd", "lr": 0.1},
+           "mesh": {"shape": mesh, "names": names},
+           "parallelize": transform if isinstance(transform, list) else [transform],
+           "train": {"steps": 2, "global_batch": B, "optimizer": optimizer or {"name": "sgd", "lr": 0.1},
                      "loss": {"name": "cross_entropy"}},
            "data": {"seq_len": S}}
     path = os.path.join(work, name + ".yaml")
@@ -59,7 +60,9 @@ def plan(name, model, m, mesh, names, transform, microbatches=None):
         json.dump(cfg, f)  # JSON is YAML
     out = subprocess.run([composer, "plan", "--config", path, "--json"], check=True, stdout=subprocess.PIPE,
                          text=True).stdout
-    return [r["comm"] for r in json.loads(out)["ranks"]]
+    global last_json
+    last_json = json.loads(out)
+    return [r["comm"] for r in last_json["ranks"]]
 
 
 failures = 0
@@ -227,6 +230,57 @@ for ep in (2, 4):
     expect(name, plan(name, "llama", moe, [ep], ["ep"], {"expert_parallel": {"mesh_dim": "ep"}}),
            {"ep": {"all_to_all": L * (E * F64 + 4 * R * D * F32),
                    "all_reduce": (non_expert + n_non_expert) * F32 + LOSS + L * (E + 1) * F64}, "world": world})
+
+# Muon (float32 iterations) makes each hidden matrix whole on one owner among the ranks holding its
+# pieces and sends the pieces of the result back, point to point: a mesh dim of s ranks that splits
+# a matrix moves (s - 1) / s of it to the level's owners, and as much back, so over all ranks a step
+# sends (and receives) 2 x sum over matrices of |M| x sum over its splitting dims of (s - 1) / s,
+# each dim's traffic on that dim's group; how it spreads over the ranks is the owners' balance.
+# The embedding and the output head train with AdamW and move nothing more.
+muon = {"name": "muon", "lr": 0.01, "muon": {"ns_dtype": "float32"}}
+D, L, V = ll["dim"], ll["L"], ll["vocab"]
+matrices = sum(ll["layer"][:7]) * L * F32
+
+
+def expect_muon(name, base, ranks, levels):
+    """Every rank's collectives equal `base`'s (the same plan with SGD), and the sends and receives
+    of each group (levels: {group: (s - 1) / s of every matrix}) add up over the ranks to the form."""
+    global failures
+    bad = []
+    for group, share in levels.items():
+        for kind in ("send", "recv"):
+            got = sum(r.get(group, {}).get(kind, 0) for r in ranks)
+            if got != round(2 * matrices * share):
+                bad.append(f"{group} {kind}: plan {got} over the ranks, formula {round(2 * matrices * share)}")
+        printed = last_json["muon"]["bytes"].get(group, {})
+        if printed.get("to_owners", 0) + printed.get("back", 0) != round(2 * matrices * share):
+            bad.append(f"{group}: composer plan's closed form {printed} != formula {round(2 * matrices * share)}")
+    for r, (got, want) in enumerate(zip(ranks, base)):
+        rest = {g: {k: v for k, v in kinds.items() if not (g in levels and k in ("send", "recv"))}
+                for g, kinds in got.items()}
+        if rest != want:
+            bad.append(f"rank {r}: collectives besides Muon's {json.dumps(rest, sort_keys=True)} != "
+                       f"SGD's {json.dumps(want, sort_keys=True)}")
+    failures += len(bad)
+    for b in bad:
+        print(f"FAIL {name}: {b}")
+    if not bad:
+        sends = [sum(r[g].get("send", 0) for g in levels) for r in ranks]
+        print(f"ok: {name}, {len(ranks)} ranks: Muon sends {sends} bytes per rank, as the form's total")
+
+
+for name, mesh, names, transform, levels in (
+        ("llama_muon_fsdp_dp2", [2], ["dp"], {"fully_shard": {"mesh_dim": "dp", "units": ["layers.*"]}},
+         {"dp": 1 / 2}),
+        ("llama_muon_fsdp_dp4", [4], ["dp"], {"fully_shard": {"mesh_dim": "dp", "units": ["layers.*"]}},
+         {"dp": 3 / 4}),
+        ("llama_muon_tp2_sp", [2], ["tp"], {"tensor_parallel": {"mesh_dim": "tp", "sequence_parallel": True}},
+         {"tp": 1 / 2}),
+        ("llama_muon_tp2_fsdp2", [2, 2], ["dp", "tp"],
+         [{"tensor_parallel": {"mesh_dim": "tp", "sequence_parallel": True}},
+          {"fully_shard": {"mesh_dim": "dp", "units": ["layers.*"]}}], {"dp": 1 / 2, "tp": 1 / 2})):
+    base = plan(name + "_sgd", "llama", ll, mesh, names, transform)
+    expect_muon(name, base, plan(name, "llama", ll, mesh, names, transform, optimizer=muon), levels)
 
 if failures:
     sys.exit(f"{failures} rank(s) differ from the formulas")

@@ -260,7 +260,90 @@ def trainable(model, freeze, lora=False):
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def make_optimizer(o, params):
+def newton_schulz_float32(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's _zeropower_via_newtonschulz with the iterations in float32 instead of
+    bfloat16 (optimizer.muon.ns_dtype: float32): the same calls, line for line."""
+    a, b, c = ns_coefficients
+    ortho_grad = grad.float().clone()
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram_matrix = ortho_grad @ ortho_grad.T
+        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    return ortho_grad
+
+
+class MuonWithAdamW:
+    """optimizer name muon: torch.optim.Muon for every 2-D parameter optimizer.muon.exclude leaves,
+    each expert of a 3-D [experts, out, in] stack as a 2-D parameter of its own (torch.optim.Muon takes
+    matrices only), and torch.optim.AdamW with optimizer's lr, betas, eps and weight_decay for the
+    rest. The AdamW group comes first: its lr is the one a golden records."""
+
+    def __init__(self, o, named):
+        m = o["muon"]
+        excluded = [fqn_pattern(x) for x in m["exclude"]]
+        self.stacks, matrices, rest = [], [], []
+        for name, p in named:
+            if p.ndim not in (2, 3) or any(r.match(name) for r in excluded):
+                rest.append(p)
+            elif p.ndim == 2:
+                matrices.append(p)
+            else:
+                experts = [torch.nn.Parameter(p.detach()[e].clone()) for e in range(p.shape[0])]
+                self.stacks.append((p, experts))
+                matrices += experts
+        self.optimizers = []
+        if rest:
+            self.optimizers.append(torch.optim.AdamW(rest, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                                     weight_decay=o["weight_decay"], foreach=False))
+        if m["ns_dtype"] == "float32":
+            import torch.optim._muon as muon_module
+            muon_module._zeropower_via_newtonschulz = newton_schulz_float32
+        elif m["ns_dtype"] != "bfloat16":
+            sys.exit(f"reference: optimizer.muon.ns_dtype {m['ns_dtype']}: bfloat16 or float32")
+        if matrices:
+            self.optimizers.append(torch.optim.Muon(
+                matrices, lr=m["lr"] or o["lr"], weight_decay=o["weight_decay"], momentum=m["momentum"],
+                nesterov=m["nesterov"], ns_coefficients=tuple(m["ns_coefficients"]), eps=m["eps"],
+                ns_steps=m["ns_steps"], adjust_lr_fn=m["adjust_lr_fn"]))
+        self.param_groups = [g for opt in self.optimizers for g in opt.param_groups]
+
+    def zero_grad(self, set_to_none=True):
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+        for p, _ in self.stacks:  # the stacks themselves are in no optimizer
+            p.grad = None
+
+    def step(self):
+        for p, experts in self.stacks:
+            for e, q in enumerate(experts):
+                q.grad = None if p.grad is None else p.grad[e].clone()
+        for opt in self.optimizers:
+            opt.step()
+        with torch.no_grad():
+            for p, experts in self.stacks:
+                for e, q in enumerate(experts):
+                    p[e].copy_(q)
+
+
+class Schedulers:
+    """One schedule over several optimizers (MuonWithAdamW's), stepped together."""
+
+    def __init__(self, schedulers):
+        self.schedulers = schedulers
+
+    def step(self):
+        for s in self.schedulers:
+            s.step()
+
+
+def make_optimizer(o, params, names=None):
+    if o["name"] == "muon":
+        return MuonWithAdamW(o, zip(names, params))
     if o["name"] == "sgd":
         return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
                                nesterov=o["nesterov"], weight_decay=o["weight_decay"], foreach=False)
@@ -274,6 +357,8 @@ def make_scheduler(opt, o, s, steps):
     LinearLR warms up from lr / warmup_steps (step 1) to lr (step warmup_steps); then a constant lr,
     LinearLR to min_lr or CosineAnnealingLR to min_lr over the remaining steps; SequentialLR chains
     them."""
+    if isinstance(opt, MuonWithAdamW):
+        return Schedulers([make_scheduler(x, o, s, steps) for x in opt.optimizers])
     sched = torch.optim.lr_scheduler
     lr, w = o["lr"], s["warmup_steps"]
     rest = max(1, steps - w)
@@ -481,7 +566,7 @@ def main():
     data = Data(cfg, dtype)
 
     params = trainable(model, t.get("freeze", []), lora=bool(t.get("lora")))
-    opt = make_optimizer(t["optimizer"], params)
+    opt = make_optimizer(t["optimizer"], params, [n for n, p in model.named_parameters() if p.requires_grad])
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     mixed = None
     if args.param_dtype:
