@@ -69,6 +69,31 @@ from peer_plan import (Stage, Unsupported, custom_tp_plan, expert_parallel, loca
                        tp_plan, units)
 
 
+def gather_everything_muon():
+    """Distributed Muon as a PyTorch user writes it over FSDP2 or DTensor tensor parallelism today
+    (torch.optim.Muon has none): each sharded matrix's update all-gathered whole onto every rank
+    (full_tensor), orthogonalised there by torch.optim.Muon's own function, and each rank's torch.chunk
+    piece kept. Every rank gathers and iterates every matrix."""
+    import torch.optim._muon as muon_module
+    whole = muon_module._zeropower_via_newtonschulz  # the reference's float32 variant when ns_dtype asks
+
+    def distributed(grad, *args):
+        if not isinstance(grad, DTensor):
+            return whole(grad, *args)
+        x = whole(grad.full_tensor(), *args)
+        mesh = grad.device_mesh
+        for d, placement in enumerate(grad.placements):
+            if placement.is_shard():
+                x = x.chunk(mesh.size(d), placement.dim)[mesh.get_local_rank(d)]
+        return DTensor.from_local(x.contiguous(), mesh, grad.placements, run_check=False, shape=grad.shape,
+                                  stride=grad.stride())
+
+    if getattr(whole, "gathers", False):
+        return
+    distributed.gathers = True
+    muon_module._zeropower_via_newtonschulz = distributed
+
+
 # ---- the parallel plan -------------------------------------------------------------
 
 class Plan:
@@ -465,7 +490,9 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
     copied = {n for names, _ in copies for n in names[1:]} if plan.pp else set()
     normed = [q for n, q in local.items() if n not in copied and n not in experts]
     local_experts = [q for n, q in local.items() if n in experts]  # this rank's block of each expert weight
-    opt = make_optimizer(t["optimizer"], params)
+    opt = make_optimizer(t["optimizer"], params, list(local.keys()))
+    if t["optimizer"]["name"] == "muon":
+        gather_everything_muon()
     scheduler = make_scheduler(opt, t["optimizer"], t["lr_schedule"], t["steps"])
     max_norm = t["grad_clip"] if t["grad_clip"] > 0 else math.inf
     records = []
