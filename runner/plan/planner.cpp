@@ -581,6 +581,11 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
   os << "model " << c.model.name << ", " << c.train.steps << " steps of " << c.train.global_batch << " samples ("
      << c.train.microbatches << " microbatch" << (c.train.microbatches > 1 ? "es" : "") << "), dtype "
      << name_of(c.train.dtype) << ", optimizer " << name_of(c.train.optimizer.name) << " lr " << c.train.optimizer.lr;
+  if (c.train.optimizer.name == OptimizerKind::kMuon) {
+    const MuonConfig m = c.train.optimizer.muon_or_default();
+    os << " (AdamW's; Muon's matrices lr " << (m.lr > 0 ? m.lr : c.train.optimizer.lr) << ", " << name_of(m.ns_dtype)
+       << " iterations)";
+  }
   p.summary.push_back(os.str());
   if (c.parallelize.empty()) {
     p.summary.push_back("world size 1, no parallel transforms (single device)");
