@@ -85,7 +85,7 @@ void gather(Matrix& m, torch::Tensor t) {
     if (g.rank != l.owner) {
       m.sent_at = static_cast<int>(k);
       m.sent_shape = t.sizes().vec();
-      send(g, t.contiguous(), l.owner, kWholeTag);
+      if (t.numel() > 0) send(g, t.contiguous(), l.owner, kWholeTag);  // an empty torch.chunk piece moves nothing
       return;
     }
     const auto sizes = chunk_sizes(m.spec->box(l.index).size[l.tdim], g.size);
@@ -98,7 +98,7 @@ void gather(Matrix& m, torch::Tensor t) {
       auto shape = t.sizes().vec();
       shape[l.tdim] = sizes[r];
       torch::Tensor piece = torch::empty(shape, t.options());
-      recv(g, piece, r, kWholeTag);
+      if (piece.numel() > 0) recv(g, piece, r, kWholeTag);
       pieces.push_back(piece);
     }
     t = torch::cat(pieces, l.tdim);
@@ -115,7 +115,7 @@ torch::Tensor scatter(const Matrix& m, torch::Tensor t, c10::ScalarType dtype, c
     Group& g = *l.dim->group;
     if (static_cast<int>(k) == m.sent_at) {
       t = torch::empty(m.sent_shape, like.dtype(dtype));
-      recv(g, t, l.owner, kWholeTag);
+      if (t.numel() > 0) recv(g, t, l.owner, kWholeTag);
       continue;
     }
     const auto sizes = chunk_sizes(t.size(l.tdim), g.size);
@@ -124,7 +124,7 @@ torch::Tensor scatter(const Matrix& m, torch::Tensor t, c10::ScalarType dtype, c
       torch::Tensor piece = t.narrow(l.tdim, offset_of(sizes, r), sizes[r]);
       if (r == g.rank) {
         mine = piece;
-      } else {
+      } else if (piece.numel() > 0) {
         send(g, piece.contiguous(), r, kWholeTag);
       }
     }
