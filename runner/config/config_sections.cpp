@@ -52,8 +52,10 @@ std::optional<FieldError> OptimizerConfig::check(const std::set<std::string>& gi
       }
     }
     if (muon && muon->lr > 0 && lr == 0) {
-      return FieldError{"lr", "optimizer.lr is 0 while optimizer.muon.lr is " + std::to_string(muon->lr) +
-                                  "; the schedule scales both by lr's, so set lr > 0 (the AdamW parameters' lr)"};
+      std::ostringstream os;
+      os << "optimizer.lr is 0 while optimizer.muon.lr is " << muon->lr
+         << ": the schedule scales both by lr's, so set lr > 0 (the AdamW parameters' lr)";
+      return FieldError{"lr", os.str()};
     }
   }
   if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1) {
