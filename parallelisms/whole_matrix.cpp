@@ -22,7 +22,7 @@ struct Level {
 // One matrix on its way: the levels it is gathered over, innermost last, and
 // what this rank holds of it between the gather and the scatter.
 struct Matrix {
-  const ShardSpec* spec = nullptr;
+  const ShardSpec* spec = nullptr;  // null: no placement, whole here
   std::vector<Level> levels;
   int sent_at = -1;               // the level this rank sent its piece at (-1: it owns the whole)
   std::vector<int64_t> sent_shape;
@@ -31,10 +31,8 @@ struct Matrix {
 
 std::vector<Level> levels_of(const ShardSpec& spec, int batch_dims) {
   std::vector<Level> out;
-  for (size_t i = 0; i < spec.dims.size(); ++i) {
-    const SpecDim& d = spec.dims[i];
-    if (!d.param.is_shard() || d.size == 1 || d.param.dim < batch_dims) continue;
-    out.push_back({&d, i, d.param.dim, 0});
+  for (size_t i : WholeMatrices::splitting_dims(spec, batch_dims)) {
+    out.push_back({&spec.dims[i], i, spec.dims[i].param.dim, 0});
   }
   return out;
 }
@@ -46,6 +44,7 @@ void choose_owners(std::vector<Matrix>& ms) {
   std::iota(order.begin(), order.end(), 0);
   std::vector<double> cost(ms.size(), 0);
   for (size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i].levels.empty()) continue;  // whole here: no owner to choose
     const auto& g = ms[i].spec->global_shape;
     const int64_t a = g.size() >= 2 ? g[g.size() - 2] : 1, b = g.empty() ? 1 : g.back();
     double batch = 1;
@@ -135,6 +134,15 @@ torch::Tensor scatter(const Matrix& m, torch::Tensor t, c10::ScalarType dtype, c
 
 }  // namespace
 
+std::vector<size_t> WholeMatrices::splitting_dims(const ShardSpec& spec, int batch_dims) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < spec.dims.size(); ++i) {
+    const SpecDim& d = spec.dims[i];
+    if (d.param.is_shard() && d.size > 1 && d.param.dim >= batch_dims) out.push_back(i);
+  }
+  return out;
+}
+
 std::vector<int64_t> WholeMatrices::global_shape(const torch::Tensor& p) const {
   const ShardSpec* spec = placements_ ? placements_->find(p) : nullptr;
   return spec && !spec->global_shape.empty() ? spec->global_shape : p.sizes().vec();
@@ -146,16 +154,13 @@ std::vector<torch::Tensor> WholeMatrices::apply(const std::vector<torch::Tensor>
                                                 const std::function<torch::Tensor(const torch::Tensor&)>& fn) const {
   TORCH_INTERNAL_ASSERT(params.size() == locals.size() && params.size() == batch_dims.size());
   std::vector<Matrix> ms(params.size());
-  static const ShardSpec kWhole;
   for (size_t i = 0; i < params.size(); ++i) {
-    const ShardSpec* spec = placements_ ? placements_->find(params[i]) : nullptr;
-    ms[i].spec = spec ? spec : &kWhole;
-    if (spec) ms[i].levels = levels_of(*spec, batch_dims[i]);
+    ms[i].spec = placements_ ? placements_->find(params[i]) : nullptr;
+    if (ms[i].spec) ms[i].levels = levels_of(*ms[i].spec, batch_dims[i]);
   }
   choose_owners(ms);
   for (size_t i = 0; i < ms.size(); ++i) {
-    const torch::Tensor t = ms[i].spec == &kWhole ? locals[i] : locals[i].reshape(ms[i].spec->box().size);
-    gather(ms[i], t);
+    gather(ms[i], ms[i].levels.empty() ? locals[i] : locals[i].reshape(ms[i].spec->box().size));
   }
   std::vector<torch::Tensor> out(ms.size());
   for (size_t i = 0; i < ms.size(); ++i) {

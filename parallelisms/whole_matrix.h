@@ -38,6 +38,11 @@ class WholeMatrices {
   // p's global shape (its own shape when it has no placement).
   std::vector<int64_t> global_shape(const torch::Tensor& p) const;
 
+  // The dims of `spec` (indices into spec.dims) whose ranks hold pieces of a
+  // matrix that must be joined: a Shard over more than one rank of a dim past
+  // the first `batch_dims` (a stack's expert dim leaves each matrix whole).
+  static std::vector<size_t> splitting_dims(const ShardSpec& spec, int batch_dims);
+
  private:
   const Placements* placements_;
 };

@@ -71,7 +71,7 @@ struct MeshConfig {
 };
 
 // optimizer.muon (name: muon): torch.optim.Muon's arithmetic for the hidden weight matrices, each
-// orthogonalised whole by Newton-Schulz iterations in bfloat16; every other trained parameter
+// orthogonalised whole by Newton-Schulz iterations in ns_dtype; every other trained parameter
 // (embeddings, the output head, norms, biases) takes AdamW with optimizer's lr, betas, eps and
 // weight_decay.
 struct MuonConfig {
@@ -117,10 +117,8 @@ struct OptimizerConfig {
   std::vector<double> betas{0.9, 0.999};      // adam/adamw moment decay
   double eps = 1e-8;                          // adam/adamw denominator epsilon
   std::optional<MuonConfig> muon;             // name muon: Muon's options (their defaults when absent)
-  SourceRef ref;                              // train.optimizer
   template <class V>
   void fields(V& v) {
-    v.where("", ref);
     v("name", name);
     v("lr", lr, kNonNegative);
     v("momentum", momentum, kNonNegative);
@@ -134,6 +132,8 @@ struct OptimizerConfig {
   std::optional<FieldError> check(const std::set<std::string>& given);
   // name muon: optimizer.muon as given, or its defaults.
   MuonConfig muon_or_default() const { return muon ? *muon : MuonConfig{}; }
+  // name muon: the matrices' peak lr (muon.lr, or lr when it is 0).
+  double muon_lr() const { return muon && muon->lr > 0 ? muon->lr : lr; }
 };
 
 struct LrScheduleConfig {

@@ -1,6 +1,7 @@
 #include "runner/estimate/dry_run.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -29,29 +30,39 @@ RankContext planning_rank(const ExperimentConfig& c, const Plan& plan, int r) {
   return ctx;
 }
 
-}  // namespace
-
-std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const Plan& plan) {
-  if (plan.transforms.empty()) return {};
-  const std::vector<int> ranks = stage_first_ranks(c, plan);  // together they hold every parameter
-  std::vector<std::string> names;
-  std::map<std::string, PlacementRow> rows;
+// Every parameter of the first rank of each pipeline stage (together they
+// hold every parameter), with its placement there (null: none), the model
+// built shape-only and the plan applied on a mesh without process groups:
+// fn(first stage, name, parameter, spec).
+void visit_stage_parameters(
+    const ExperimentConfig& c, const Plan& plan,
+    const std::function<void(bool, const std::string&, const torch::Tensor&, const parallel::ShardSpec*)>& fn) {
+  const std::vector<int> ranks = stage_first_ranks(c, plan);
   for (int r : ranks) {
     RankContext ctx = planning_rank(c, plan, r);
     nn::ShapeOnly shapes;  // names and placements only
     models::ModelPtr model = build_model(c);
     model->to(scalar_type_of(c.train.dtype));
     parallel::Parallel par = apply_plan(*model, c, plan, ctx, nullptr);
-    for (auto& [name, p] : nn::unique_named_parameters(*model)) {
-      if (r == ranks.front()) names.push_back(name);
-      const parallel::ShardSpec* spec = par.placements->find(p);
-      if (!spec || !spec->held() || rows.count(name)) continue;
-      const std::string s = spec->str();  // "[16, 8] tp:S(0) ..."
-      const size_t cut = s.find("] ");
-      rows[name] = {name, s.substr(0, cut + 1), cut == std::string::npos ? "" : s.substr(cut + 2),
-                    p.requires_grad() ? parallel::grad_plan(*spec).str() : "none (frozen)"};
-    }
+    for (auto& [name, p] : nn::unique_named_parameters(*model)) fn(r == ranks.front(), name, p, par.placements->find(p));
   }
+}
+
+}  // namespace
+
+std::vector<PlacementRow> describe_placements(const ExperimentConfig& c, const Plan& plan) {
+  if (plan.transforms.empty()) return {};
+  std::vector<std::string> names;
+  std::map<std::string, PlacementRow> rows;
+  visit_stage_parameters(c, plan, [&](bool first, const std::string& name, const torch::Tensor& p,
+                                      const parallel::ShardSpec* spec) {
+    if (first) names.push_back(name);
+    if (!spec || !spec->held() || rows.count(name)) return;
+    const std::string s = spec->str();  // "[16, 8] tp:S(0) ..."
+    const size_t cut = s.find("] ");
+    rows[name] = {name, s.substr(0, cut + 1), cut == std::string::npos ? "" : s.substr(cut + 2),
+                  p.requires_grad() ? parallel::grad_plan(*spec).str() : "none (frozen)"};
+  });
   std::vector<PlacementRow> out;
   for (const auto& n : names) out.push_back(rows.count(n) ? rows[n] : PlacementRow{n, "", "(no placement)", ""});
   return out;
@@ -65,36 +76,33 @@ MuonTraffic muon_traffic(const ExperimentConfig& c, const Plan& plan) {
   const int64_t back_bytes = c10::elementSize(scalar_type_of(muon.ns_dtype));
   const int64_t world = c.mesh.world_size();
   std::set<std::string> seen;
-  for (int r : stage_first_ranks(c, plan)) {
-    RankContext ctx = planning_rank(c, plan, r);
-    nn::ShapeOnly shapes;
-    models::ModelPtr model = build_model(c);
-    parallel::Parallel par = apply_plan(*model, c, plan, ctx, nullptr);
-    for (auto& [name, p] : nn::unique_named_parameters(*model)) {
-      const parallel::ShardSpec* spec = par.placements->find(p);
-      if (!p.requires_grad() || (spec && !spec->held()) || !seen.insert(name).second) continue;
-      const auto shape = spec && !spec->global_shape.empty() ? spec->global_shape : p.sizes().vec();
-      if (!muon_trains(muon, name, shape)) continue;
-      ++out.matrices;
-      out.values += c10::multiply_integers(shape);
-      int64_t holders = world, pieces = 1;
-      std::vector<std::pair<std::string, int64_t>> levels;  // (mesh dim, ranks)
-      for (const auto& d : spec ? spec->dims : std::vector<parallel::SpecDim>{}) {
-        if (!d.members.empty()) holders = holders * static_cast<int64_t>(d.members.size()) / d.size;
-        if (d.param.is_shard() && d.size > 1 && d.param.dim >= static_cast<int64_t>(shape.size()) - 2) {
-          levels.emplace_back(d.name, d.size);
-          pieces *= d.size;
-        }
-      }
-      if (levels.empty()) ++out.whole_here;
-      const int64_t copies = holders / pieces, n = c10::multiply_integers(shape);
-      for (const auto& [dim, s] : levels) {
-        auto& [to, back] = out.bytes[dim];
-        to += copies * n * (s - 1) / s * in_bytes;
-        back += copies * n * (s - 1) / s * back_bytes;
-      }
+  visit_stage_parameters(c, plan, [&](bool, const std::string& name, const torch::Tensor& p,
+                                      const parallel::ShardSpec* spec) {
+    if (!p.requires_grad() || (spec && !spec->held()) || !seen.insert(name).second) return;
+    const auto shape = spec && !spec->global_shape.empty() ? spec->global_shape : p.sizes().vec();
+    if (!muon_trains(muon, name, shape)) return;
+    ++out.matrices;
+    const int64_t n = c10::multiply_integers(shape);
+    out.values += n;
+    const auto levels = spec ? parallel::WholeMatrices::splitting_dims(*spec, muon_stack_dims(shape))
+                             : std::vector<size_t>{};
+    if (levels.empty()) {
+      ++out.whole_here;
+      return;
     }
-  }
+    int64_t holders = world, pieces = 1;
+    for (const auto& d : spec->dims) {
+      if (!d.members.empty()) holders = holders * static_cast<int64_t>(d.members.size()) / d.size;
+    }
+    for (size_t i : levels) pieces *= spec->dims[i].size;
+    const int64_t copies = holders / pieces;
+    for (size_t i : levels) {
+      const parallel::SpecDim& d = spec->dims[i];
+      auto& [to, back] = out.bytes[d.name];
+      to += copies * n * (d.size - 1) / d.size * in_bytes;
+      back += copies * n * (d.size - 1) / d.size * back_bytes;
+    }
+  });
   return out;
 }
 

@@ -583,7 +583,7 @@ Plan make_plan(const ExperimentConfig& c, int64_t world_size) {
      << name_of(c.train.dtype) << ", optimizer " << name_of(c.train.optimizer.name) << " lr " << c.train.optimizer.lr;
   if (c.train.optimizer.name == OptimizerKind::kMuon) {
     const MuonConfig m = c.train.optimizer.muon_or_default();
-    os << " (AdamW's; Muon's matrices lr " << (m.lr > 0 ? m.lr : c.train.optimizer.lr) << ", " << name_of(m.ns_dtype)
+    os << " (AdamW's; Muon's matrices lr " << c.train.optimizer.muon_lr() << ", " << name_of(m.ns_dtype)
        << " iterations)";
   }
   p.summary.push_back(os.str());

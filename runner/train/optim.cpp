@@ -269,7 +269,7 @@ class Muon : public Adam {
       buf.lerp_(u.grad, 1 - c.momentum);
       params.push_back(u.param);
       locals.push_back(c.nesterov ? u.grad.lerp(buf, c.momentum) : buf);
-      batch_dims.push_back(u.param.dim() == 3 ? 1 : 0);
+      batch_dims.push_back(muon_stack_dims(u.param.sizes().vec()));
     }
     const auto ortho = whole_->apply(params, locals, batch_dims, scalar_type_of(c.ns_dtype),
                                      [&](const torch::Tensor& whole) { return newton_schulz(whole, c); });
@@ -353,6 +353,8 @@ std::vector<std::string> names_in(torch::nn::Module& model, const std::vector<to
   return out;
 }
 
+int muon_stack_dims(const std::vector<int64_t>& shape) { return shape.size() == 3 ? 1 : 0; }
+
 bool muon_trains(const MuonConfig& c, const std::string& name, const std::vector<int64_t>& global_shape) {
   return (global_shape.size() == 2 || global_shape.size() == 3) && !models::matches_any(c.exclude, name);
 }
@@ -367,7 +369,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, std::vector<
     if (!whole) whole = std::make_shared<parallel::WholeMatrices>(nullptr);
     MuonOptions m;
     m.c = c.muon_or_default();
-    m.lr = m.c.lr > 0 ? m.c.lr : c.lr;
+    m.lr = c.muon_lr();
     m.weight_decay = c.weight_decay;
     std::vector<torch::Tensor> matrices, rest;
     for (size_t i = 0; i < params.size(); ++i) {

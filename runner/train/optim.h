@@ -41,6 +41,9 @@ torch::Tensor newton_schulz(const torch::Tensor& u, const MuonConfig& c);
 double muon_lr_ratio(MuonAdjustLr fn, int64_t rows, int64_t cols);
 // Each of `params`' FQN in `model` (a tied weight's first name).
 std::vector<std::string> names_in(torch::nn::Module& model, const std::vector<torch::Tensor>& params);
+// The leading dims of a Muon parameter of this shape that index its matrices:
+// 1 for a [experts, out, in] stack, 0 for a matrix.
+int muon_stack_dims(const std::vector<int64_t>& shape);
 // Whether Muon trains the parameter `name` of this global shape (the rest: AdamW).
 bool muon_trains(const MuonConfig& c, const std::string& name, const std::vector<int64_t>& global_shape);
 
