@@ -19,11 +19,21 @@ struct Level {
   int owner = 0;     // the group rank that holds the gathered piece
 };
 
-// One matrix on its way: the levels it is gathered over, innermost last, and
-// what this rank holds of it between the gather and the scatter.
-struct Matrix {
+}  // namespace
+
+// One matrix's way: the levels it is gathered over, innermost last, with their owners.
+struct WholeMatrices::Route {
   const ShardSpec* spec = nullptr;  // null: no placement, whole here
   std::vector<Level> levels;
+};
+
+namespace {
+
+// One matrix on its way: its route and what this rank holds of it between
+// the gather and the scatter.
+struct Matrix {
+  const ShardSpec* spec = nullptr;
+  const std::vector<Level>& levels;
   int sent_at = -1;               // the level this rank sent its piece at (-1: it owns the whole)
   std::vector<int64_t> sent_shape;
   torch::Tensor whole;            // on the owner, after the gather
@@ -39,7 +49,7 @@ std::vector<Level> levels_of(const ShardSpec& spec, int batch_dims) {
 
 // Owners by cost, largest first, each to the least loaded holder of its
 // group shape; every holder computes the same choice from the same list.
-void choose_owners(std::vector<Matrix>& ms) {
+void choose_owners(std::vector<WholeMatrices::Route>& ms) {
   std::vector<size_t> order(ms.size());
   std::iota(order.begin(), order.end(), 0);
   std::vector<double> cost(ms.size(), 0);
@@ -143,6 +153,25 @@ std::vector<size_t> WholeMatrices::splitting_dims(const ShardSpec& spec, int bat
   return out;
 }
 
+WholeMatrices::WholeMatrices(const Placements* placements) : placements_(placements) {}
+WholeMatrices::~WholeMatrices() = default;
+
+const std::vector<WholeMatrices::Route>& WholeMatrices::routes(const std::vector<torch::Tensor>& params,
+                                                               const std::vector<int>& batch_dims) const {
+  std::vector<const c10::TensorImpl*> key;
+  for (const auto& p : params) key.push_back(p.unsafeGetTensorImpl());
+  if (key == routed_) return routes_;
+  std::vector<Route> routes(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    routes[i].spec = placements_ ? placements_->find(params[i]) : nullptr;
+    if (routes[i].spec) routes[i].levels = levels_of(*routes[i].spec, batch_dims[i]);
+  }
+  choose_owners(routes);
+  routed_ = std::move(key);
+  routes_ = std::move(routes);
+  return routes_;
+}
+
 std::vector<int64_t> WholeMatrices::global_shape(const torch::Tensor& p) const {
   const ShardSpec* spec = placements_ ? placements_->find(p) : nullptr;
   return spec && !spec->global_shape.empty() ? spec->global_shape : p.sizes().vec();
@@ -153,12 +182,8 @@ std::vector<torch::Tensor> WholeMatrices::apply(const std::vector<torch::Tensor>
                                                 const std::vector<int>& batch_dims, c10::ScalarType result_dtype,
                                                 const std::function<torch::Tensor(const torch::Tensor&)>& fn) const {
   TORCH_INTERNAL_ASSERT(params.size() == locals.size() && params.size() == batch_dims.size());
-  std::vector<Matrix> ms(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    ms[i].spec = placements_ ? placements_->find(params[i]) : nullptr;
-    if (ms[i].spec) ms[i].levels = levels_of(*ms[i].spec, batch_dims[i]);
-  }
-  choose_owners(ms);
+  std::vector<Matrix> ms;
+  for (const Route& r : routes(params, batch_dims)) ms.push_back({r.spec, r.levels});
   for (size_t i = 0; i < ms.size(); ++i) {
     gather(ms[i], ms[i].levels.empty() ? locals[i] : locals[i].reshape(ms[i].spec->box().size));
   }

@@ -23,7 +23,8 @@ namespace composer::parallel {
 class WholeMatrices {
  public:
   // Null placements: every tensor is whole on this rank.
-  explicit WholeMatrices(const Placements* placements) : placements_(placements) {}
+  explicit WholeMatrices(const Placements* placements);
+  ~WholeMatrices();
 
   // For each params[i] (a matrix, or with batch_dims[i] = 1 a stack of them:
   // [experts, out, in], whose shards on the stack's dim need no gathering),
@@ -43,8 +44,16 @@ class WholeMatrices {
   // the first `batch_dims` (a stack's expert dim leaves each matrix whole).
   static std::vector<size_t> splitting_dims(const ShardSpec& spec, int batch_dims);
 
+  // One matrix's levels (the splitting dims) and their owners.
+  struct Route;
+
  private:
+  // Each matrix's route depends only on the parameters and their placements:
+  // made on the first apply() for a list of them, kept for the next steps.
+  const std::vector<Route>& routes(const std::vector<torch::Tensor>& params, const std::vector<int>& batch_dims) const;
   const Placements* placements_;
+  mutable std::vector<const c10::TensorImpl*> routed_;  // the list routes_ was made for
+  mutable std::vector<Route> routes_;
 };
 
 }  // namespace composer::parallel
