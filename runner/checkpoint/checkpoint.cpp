@@ -83,7 +83,19 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kIndex = "index.json";
-constexpr const char* kStatePrefix = "optim.state.";
+// Optimizer state keys are torchtitan's (`optimizer.state.<fqn>.<name>`, as DCP
+// flattens get_optimizer_state_dict's), so that PyTorch's HuggingFaceStorageReader
+// loads a step folder into a torchtitan-shaped state dict (docs/checkpoints.md#pytorch-dcp).
+constexpr const char* kStatePrefix = "optimizer.state.";
+
+// The Adam family's state keeps a `step` per parameter in PyTorch; composer's
+// count is the optimizer's. A parameter with Adam moments gets a 0-d float32
+// `optimizer.state.<fqn>.step` in the file of the rank holding its first piece,
+// for PyTorch's loaders; composer's own load takes the count from the index.
+bool keeps_step(const std::vector<std::string>& states) {
+  return std::find(states.begin(), states.end(), "exp_avg") != states.end();  // Piece::step_of's state
+}
+std::string step_key(const std::string& fqn) { return kStatePrefix + fqn + ".step"; }
 
 std::string step_folder(int64_t step) {
   char b[32];
@@ -132,6 +144,7 @@ struct Piece {
   std::vector<int64_t> global;
   parallel::Box box;
   bool owner = false;  // this rank writes it
+  std::string step_of;  // an Adam first moment: its parameter's name, whose step the rank at offset zero writes
 };
 
 std::vector<int64_t> shape_of(const torch::Tensor& t) {
@@ -148,9 +161,11 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
     // A buffer, or a parameter train.freeze keeps fixed, has no optimizer state.
     const bool trains = !hp.buffer && hp.param.requires_grad();
     std::vector<std::string> keys{hp.name};
-    for (const auto& s : opt.state_names(hp.name, hp.param)) {
+    const std::vector<std::string> states = opt.state_names(hp.name, hp.param);
+    for (const auto& s : states) {
       if (trains) keys.push_back(kStatePrefix + hp.name + "." + s);
     }
+    if (trains && keeps_step(states)) keys.push_back(step_key(hp.name));
     known.insert(keys.begin(), keys.end());
     if (hp.spec && !hp.spec->held()) continue;
     Piece base;
@@ -170,6 +185,7 @@ std::vector<Piece> pieces_of(const std::vector<HeldParam>& params, Optimizer& op
       Piece piece = base;
       piece.key = kStatePrefix + hp.name + "." + s;
       piece.local = t.view(base.box.size);
+      if (s == "exp_avg") piece.step_of = hp.name;
       out.push_back(piece);
     }
   }
@@ -200,13 +216,25 @@ RankSnapshot snapshot_rank(const std::vector<HeldParam>& params, Optimizer& opt,
     }
     s.tensors.emplace_back(key, c);
   };
+  std::set<std::string> stepped;  // the parameters whose Adam moments this rank writes from offset zero
   for (auto& p : pieces_of(params, opt, rank, false, 0, known)) {
     if (!p.owner) continue;
     add(p.key, p.local);
     s.offsets[p.key] = p.box.offset;
     s.global[p.key] = p.global;
+    const bool first = std::all_of(p.box.offset.begin(), p.box.offset.end(), [](int64_t o) { return o == 0; });
+    if (first && !p.step_of.empty()) stepped.insert(p.step_of);
   }
-  add("rng", at::detail::getDefaultCPUGenerator().get_state());
+  for (const auto& fqn : stepped) {
+    const std::string key = step_key(fqn);
+    add(key, torch::tensor(static_cast<float>(opt.steps()), torch::kFloat32));
+    s.offsets[key] = nlohmann::json::array();
+    s.global[key] = nlohmann::json::array();
+  }
+  const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  add("rng", rng);
+  // Every rank's RNG state, for DCP's sharding info: one [ranks x n] byte tensor, rank r's at r x n.
+  s.offsets["rng"] = {static_cast<int64_t>(rank) * rng.numel()};
   return s;
 }
 
@@ -277,7 +305,7 @@ nlohmann::json index_json(const ExperimentConfig& c, int64_t step, int64_t world
                           const Listing& listing, const nlohmann::json& base) {
   const nlohmann::json resolved = to_json(c);
   return {{"format", "composer-checkpoint"},
-          {"version", 2},
+          {"version", 3},
           {"step", step},
           {"samples_seen", step * c.train.global_batch},
           {"world_size", world},
@@ -375,6 +403,24 @@ void Checkpointer::save(int64_t step, const std::vector<HeldParam>& params, Opti
   const int64_t world = world_ ? world_->size : 1;
   const FileStats reported = gather_file_stats(world_, world, rank_, file, start);
   if (rank_ == 0) write_index(step, opt.steps(), reported);
+}
+
+std::string Checkpointer::save_files(int64_t step, int64_t optimizer_steps, int64_t files,
+                              const std::function<RankSnapshot(int64_t)>& file) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string folder = (fs::path(dir_) / step_folder(step)).string();
+  fs::create_directories(folder);
+  FileStats reported;
+  reported.hashes = torch::zeros({files}, torch::kLong);
+  reported.stats = torch::zeros({2, files}, torch::kDouble);
+  for (int64_t k = 0; k < files; ++k) {
+    const WrittenFile w = write_rank_file(folder + "/" + rank_file(k), file(k));
+    reported.hashes[k] = static_cast<int64_t>(w.hash);
+    reported.stats[0][k] = static_cast<double>(w.bytes);
+    reported.stats[1][k] = seconds_since(start);
+  }
+  write_index(step, optimizer_steps, reported);
+  return folder;
 }
 
 // Rank 0, once every rank's file of `step` is on disk: the index, the log line, the pruning.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,6 +93,11 @@ class Checkpointer {
   void save(int64_t step, const std::vector<HeldParam>& params, Optimizer& opt);
   // Waits for the save in flight, if any, and throws what failed in it.
   void finish();
+  // In one process: writes step `step`'s checkpoint from `files` snapshots,
+  // rank-0000k.safetensors for file(k), one in memory at a time, then its index
+  // (dcp_import.h makes a checkpoint of another program's this way). Returns the step's folder.
+  std::string save_files(int64_t step, int64_t optimizer_steps, int64_t files,
+                  const std::function<RankSnapshot(int64_t)>& file);
   // Loads `path` into the parameters and optimizer state, reading only the
   // rows of the saved chunks that this rank's pieces overlap; returns its step.
   int64_t load(const std::string& path, const std::vector<HeldParam>& params, Optimizer& opt);

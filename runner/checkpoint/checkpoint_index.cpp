@@ -61,10 +61,12 @@ void parse_index_fields(const nlohmann::json& j, const std::string& path, Checkp
   if (!j.is_object() || !j.contains("format") || j["format"] != "composer-checkpoint") {
     throw FileError(path, "not a composer checkpoint index (format is not composer-checkpoint)");
   }
-  if (need(j, "version", "the index", path) != 2) {
-    throw FileError(path, "unsupported checkpoint version " + j["version"].dump() +
-                              "; this composer reads version 2 (save it again with this composer)");
+  const auto& version = need(j, "version", "the index", path);
+  if (version != 2 && version != 3) {
+    throw FileError(path, "unsupported checkpoint version " + version.dump() +
+                              "; this composer reads versions 2 and 3 (save it again with this composer)");
   }
+  x.version = version.get<int>();
   const auto& step = need(j, "step", "the index", path);
   const auto& world = need(j, "world_size", "the index", path);
   if (!step.is_number_unsigned() || !world.is_number_unsigned() || world.get<uint64_t>() == 0 ||
@@ -161,7 +163,14 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   const auto& tensors = need(j, "tensors", "the index", path);
   if (!tensors.is_object()) throw FileError(path, "tensors must be an object");
   for (const auto& item : tensors.items()) {
-    x.tensors.emplace(item.key(), parse_tensor(item.value(), "tensor '" + item.key() + "'", x.files, path));
+    CheckpointIndex::Entry e = parse_tensor(item.value(), "tensor '" + item.key() + "'", x.files, path);
+    e.stored = item.key();
+    // Version 2 named optimizer states optim.state.<fqn>.<name>; version 3 names them as torchtitan does.
+    const std::string old_prefix = "optim.state.";
+    const std::string key = x.version == 2 && item.key().rfind(old_prefix, 0) == 0
+                                ? "optimizer.state." + item.key().substr(old_prefix.size())
+                                : item.key();
+    x.tensors.emplace(key, std::move(e));
   }
   return x;
 }

@@ -28,6 +28,7 @@ struct CheckpointIndex {
     std::vector<std::string> block_hashes;  // of the stored bytes, per hash block
   };
   struct Entry {
+    std::string stored;  // its name in the rank files (a version 2 index's optimizer states keep their old names)
     std::string dtype;
     std::vector<int64_t> shape;
     std::vector<Chunk> chunks;
@@ -37,6 +38,7 @@ struct CheckpointIndex {
     std::string header_hash;             // its safetensors header's (the JSON bytes)
     std::vector<std::string> rng_hashes;  // its rng tensor's blocks
   };
+  int version = 3;
   int64_t step = 0;
   int64_t world_size = 1;
   int64_t hash_block_bytes = kHashBlockBytes;

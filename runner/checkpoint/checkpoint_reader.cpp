@@ -131,7 +131,8 @@ void CheckpointReader::read_box(const std::string& key, const std::vector<int64_
     }
     if (n == 0) continue;
     File& f = open(ch.file);
-    const auto& h = f.header.contains(key) ? f.header[key] : nlohmann::json();
+    const std::string& stored = e.stored;
+    const auto& h = f.header.contains(stored) ? f.header[stored] : nlohmann::json();
     // Members compared as JSON values: json::value with a typed default throws on a member of another type.
     if (!h.is_object() || !h.contains("shape") || h["shape"] != nlohmann::json(ch.size) || !h.contains("dtype") ||
         h["dtype"] != e.dtype) {
@@ -143,7 +144,7 @@ void CheckpointReader::read_box(const std::string& key, const std::vector<int64_
     for (size_t d = 1; d < dims; ++d) row *= ch.size[d];
     const int64_t r0 = lo[0] - ch.offset[0], r1 = hi[0] - ch.offset[0];
     const std::string bytes =
-        read_range(f, key, static_cast<uint64_t>(r0 * row), static_cast<uint64_t>(r1 * row), ch.block_hashes);
+        read_range(f, stored, static_cast<uint64_t>(r0 * row), static_cast<uint64_t>(r1 * row), ch.block_hashes);
     std::vector<int64_t> rows_shape = ch.size;
     rows_shape[0] = r1 - r0;
     torch::Tensor src = torch::empty(rows_shape, torch::dtype(type));

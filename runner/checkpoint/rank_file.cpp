@@ -73,10 +73,16 @@ WrittenFile write_rank_file(const std::string& path, const RankSnapshot& s) {
     entries.push_back({key, t.scalar_type(), t.sizes().vec()});
     chunks.emplace_back(data, n);
   }
+  // PyTorch's HuggingFaceStorageReader takes each tensor of a file with this entry as the
+  // chunk at its saved_offsets (torch/distributed/checkpoint/_hf_utils.py), so dcp.load reads a step folder.
+  nlohmann::json sharding = nlohmann::json::object();
+  for (const auto& [key, offset] : s.offsets.items()) sharding[key] = {{"saved_offsets", offset}};
   const std::string header = header_bytes(entries, {{"format", "composer-checkpoint-rank"},
                                                     {"offsets", s.offsets.dump()},
                                                     {"global_shapes", s.global.dump()},
-                                                    {"fnv1a64", hashes.dump()}});
+                                                    {"fnv1a64", hashes.dump()},
+                                                    {"DCP_SHARDING_INFO", sharding.dump()},
+                                                    {"DCP_VERSION", "1.0"}});
   chunks[0] = {header.data(), header.size()};
   WrittenFile w;
   w.hash = fnv1a64(header.data(), header.size());

@@ -349,6 +349,10 @@ struct CheckpointConfig {
   int64_t interval = 0;       // save every N steps; 0 = only at the end of training
   int64_t keep_latest_k = 2;  // complete checkpoints kept (>= 2); older ones are deleted
   std::string resume = "auto";  // auto (newest complete checkpoint in dir, else fresh), never, or a path
+  // A PyTorch Distributed Checkpoint folder (torchtitan's step-N) to start from when dir holds no
+  // complete checkpoint of composer's: read by tools/dcp_import.py into dir's step-N (runner/checkpoint/dcp_import.h)
+  std::string resume_from_dcp;
+  SourceRef resume_from_dcp_ref;
   // async: each rank copies its pieces to host memory at the step's end and a
   // background thread writes them while training goes on (one save in flight)
   bool async_save = false;
@@ -364,6 +368,8 @@ struct CheckpointConfig {
     v("keep_latest_k", keep_latest_k);
     v("resume", resume);
     v.where("resume", resume_ref);
+    v("resume_from_dcp", resume_from_dcp);
+    v.where("resume_from_dcp", resume_from_dcp_ref);
     v("async", async_save);
   }
   std::optional<FieldError> check(const std::set<std::string>& given);
@@ -402,9 +408,44 @@ struct EvalConfig {
 };
 
 // What a run records beyond metrics.jsonl.
+// metrics.wandb: rank 0's scalars and the resolved config to a Weights & Biases run, through the
+// wandb client in tools/track.py (runner/observe/trackers.h).
+struct WandbConfig {
+  std::string project = "composer";
+  std::string entity;       // "" = the account's default
+  std::string name;         // the run's name; "" = the config's name
+  std::string mode = "online";  // online, offline (a run folder under the output folder; `wandb sync` uploads it) or disabled
+  SourceRef ref;
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("project", project);
+    v("entity", entity);
+    v("name", name);
+    v("mode", mode);
+  }
+  std::optional<FieldError> check(const std::set<std::string>& given);
+};
+
+// metrics.mlflow: the same to an MLflow run, through MLflow's client in tools/track.py.
+struct MlflowConfig {
+  std::string tracking_uri;  // "" = file://<output folder>/mlruns (a file store)
+  std::string experiment;    // "" = the config's name
+  SourceRef ref;
+  template <class V>
+  void fields(V& v) {
+    v.where("", ref);
+    v("tracking_uri", tracking_uri);
+    v("experiment", experiment);
+  }
+  std::optional<FieldError> check(const std::set<std::string>&) { return std::nullopt; }
+};
+
 struct MetricsConfig {
   std::string tensorboard;  // a folder for TensorBoard event files; "" = none
   SourceRef tensorboard_ref;
+  std::optional<WandbConfig> wandb;
+  std::optional<MlflowConfig> mlflow;
   // A rank whose compute time per step (its step time less its time in
   // collectives) is above straggler_factor x the ranks' median (and 10 ms
   // above it) for straggler_steps steps in a row is named in the log.
@@ -415,6 +456,8 @@ struct MetricsConfig {
   void fields(V& v) {
     v("tensorboard", tensorboard);
     v.where("tensorboard", tensorboard_ref);
+    v("wandb", wandb);
+    v("mlflow", mlflow);
     v("straggler_factor", straggler_factor);
     v("straggler_steps", straggler_steps, kPositive);
     v("flight_recorder", flight_recorder, kNonNegative);

@@ -153,8 +153,17 @@ std::optional<FieldError> CheckpointConfig::check(const std::set<std::string>& g
                                        "the next is written"};
   }
   if (resume.empty()) return FieldError{"resume", "resume must be auto, never or the path of a checkpoint"};
+  if (given.count("resume_from_dcp") && resume_from_dcp.empty()) {
+    return FieldError{"resume_from_dcp", "resume_from_dcp names a PyTorch Distributed Checkpoint folder (a "
+                                         "step-N holding .metadata); remove it to start afresh"};
+  }
+  if (!resume_from_dcp.empty() && resume != "auto") {
+    return FieldError{"resume_from_dcp", "resume_from_dcp starts from a DCP checkpoint when dir holds none of "
+                                         "composer's, which takes resume: auto (given: " + resume + "); remove resume "
+                                         "or resume_from_dcp"};
+  }
   if (enabled) return std::nullopt;
-  for (const char* key : {"dir", "interval", "keep_latest_k", "resume", "async"}) {  // a key that would do nothing
+  for (const char* key : {"dir", "interval", "keep_latest_k", "resume", "resume_from_dcp", "async"}) {  // a key that would do nothing
     if (given.count(key) && !(std::string(key) == "resume" && resume == "never")) {
       return FieldError{key, std::string(key) + " has no effect with enabled: false (nothing is saved or resumed); "
                                                 "remove it, or set enabled: true"};
@@ -172,6 +181,14 @@ std::optional<FieldError> EvalConfig::check(const std::set<std::string>& given) 
     }
   }
   if (data && every == 0) return FieldError{"data", "eval.data is read only when eval.every is set; set eval.every: N"};
+  return std::nullopt;
+}
+
+std::optional<FieldError> WandbConfig::check(const std::set<std::string>&) {
+  if (mode != "online" && mode != "offline" && mode != "disabled") {
+    return FieldError{"mode", "mode must be online, offline or disabled (given: " + mode + ")"};
+  }
+  if (project.empty()) return FieldError{"project", "project must name a W&B project"};
   return std::nullopt;
 }
 

@@ -14,6 +14,7 @@
 
 #include "runner/base/errors.h"
 #include "runner/observe/tensorboard.h"
+#include "runner/observe/trackers.h"
 
 namespace composer {
 
@@ -162,7 +163,9 @@ nlohmann::json metrics_line(const StepRecord& r) {
   return j;
 }
 
-Metrics::Metrics(const std::string& path, int64_t resumed_at, const std::string& tensorboard) {
+Metrics::Metrics(const std::string& path, int64_t resumed_at, const std::string& tensorboard,
+                 std::unique_ptr<Trackers> trackers)
+    : trackers_(std::move(trackers)) {
   const std::string history = resumed_at > 0 ? history_until(path, resumed_at) : "";
   jsonl_.open(path, std::ios::trunc);
   if (!jsonl_) throw RuntimeFailure("cannot write metrics file " + path);
@@ -176,7 +179,11 @@ void Metrics::record(const StepRecord& r) {
   const nlohmann::json j = metrics_line(r);
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
-  if (tb_) tb_->scalars(r.step, scalars_of(j));
+  if (tb_ || trackers_) {
+    const auto scalars = scalars_of(j);
+    if (tb_) tb_->scalars(r.step, scalars);
+    if (trackers_) trackers_->scalars(r.step, scalars);
+  }
 }
 
 }  // namespace composer

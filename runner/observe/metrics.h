@@ -69,6 +69,7 @@ double peak_rss_mb();
 void reset_peak_rss();
 
 class TensorBoardWriter;
+class Trackers;
 
 // A step's metrics.jsonl line as TensorBoard scalars: every number by its key,
 // nested ones as key/name (comm_bytes_by_group/dp) and lists as key/index.
@@ -83,13 +84,16 @@ class Metrics {
   // With `resumed_at` > 0 the file keeps its lines of steps up to that step (a
   // resumed run's history) and this run's lines follow them. With
   // `tensorboard` every line's numbers also go to an event file there.
-  Metrics(const std::string& jsonl_path, int64_t resumed_at = 0, const std::string& tensorboard = "");
+  // With `trackers` (metrics.wandb, metrics.mlflow) they get them too.
+  Metrics(const std::string& jsonl_path, int64_t resumed_at = 0, const std::string& tensorboard = "",
+          std::unique_ptr<Trackers> trackers = nullptr);
   ~Metrics();
   void record(const StepRecord& r);
 
  private:
   std::ofstream jsonl_;
   std::unique_ptr<TensorBoardWriter> tb_;
+  std::unique_ptr<Trackers> trackers_;
 };
 
 }  // namespace composer

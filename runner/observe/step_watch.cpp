@@ -7,6 +7,7 @@
 
 #include "parallelisms/comm/flight_recorder.h"
 #include "runner/base/memory.h"
+#include "runner/observe/trackers.h"
 
 namespace composer {
 namespace {
@@ -26,7 +27,9 @@ std::vector<std::pair<std::string, double>> rank_scalars(const StepRecord& r) {
 
 std::unique_ptr<Metrics> main_metrics(const WatchedRun& run) {
   if (run.rank != 0) return nullptr;
-  return std::make_unique<Metrics>(run.out_dir + "/metrics.jsonl", run.first_step - 1, run.c.metrics.tensorboard);
+  auto trackers = Trackers::wanted(run.c) ? std::make_unique<Trackers>(run.c, run.out_dir, run.first_step - 1) : nullptr;
+  return std::make_unique<Metrics>(run.out_dir + "/metrics.jsonl", run.first_step - 1, run.c.metrics.tensorboard,
+                                   std::move(trackers));
 }
 
 std::unique_ptr<ProgressLine> main_progress(const WatchedRun& run) {

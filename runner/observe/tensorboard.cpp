@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/base/errors.h"
+#include "runner/base/python_tool.h"
 
 namespace composer {
 namespace {
@@ -24,12 +25,6 @@ std::string writer_program() {
   return path;
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
@@ -43,7 +38,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
   if (ec) throw FileError(dir, "cannot create the TensorBoard folder: " + ec.message() + "; check metrics.tensorboard");
   const std::string program = writer_program();
   signal(SIGPIPE, SIG_IGN);  // a writer that died is an error at the next write, not a signal
-  pipe_ = popen(("exec " + quoted(program) + " " + quoted(dir) + " >/dev/null").c_str(), "w");
+  pipe_ = popen(("exec " + shell_quoted(program) + " " + shell_quoted(dir) + " >/dev/null").c_str(), "w");
   if (!pipe_) throw RuntimeFailure("cannot start " + program);
 }
 

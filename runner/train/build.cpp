@@ -16,6 +16,7 @@
 #include "models/registry.h"
 #include "models/select.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/dcp_import.h"
 #include "runner/checkpoint/weight_source.h"
 #include "runner/train/datasets.h"
 #include "runner/plan/plan_fp8.h"
@@ -177,6 +178,7 @@ void preflight(const ExperimentConfig& c, const std::string& out_dir, bool resum
   make_dataset(c, data)->check_all();  // opens the data files, checks their sizes, dtypes and values
   if (c.eval.every > 0) make_dataset(eval_data_config(c), shape_data_plan(eval_data_config(c)))->check_all();
   if (!resume) return;
+  import_dcp_if_needed(c, out_dir);  // checkpoint.resume_from_dcp, once, before the ranks look for a checkpoint
   const std::string from = Checkpointer(c, out_dir, 0, nullptr).resume_path();
   if (from.empty()) return;
   check_resumable(c, from);

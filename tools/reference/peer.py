@@ -294,12 +294,12 @@ def grad_norm_sq(params):
     return total
 
 
-def worker(rank, cfg, run_dir, golden, init_file, command, threads, timings):
+def worker(rank, cfg, run_dir, golden, init_file, command, threads, timings, dcp_save=None):
     torch.set_num_threads(threads)
     plan = Plan(cfg)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=plan.world)
     try:
-        train(rank, cfg, run_dir, golden, plan, command, timings)
+        train(rank, cfg, run_dir, golden, plan, command, timings, dcp_save)
     except Unsupported as e:
         if rank == 0:
             sys.stderr.write(f"peer: {cfg['name']}: not run with PyTorch's parallelisms: {e}\n")
@@ -356,7 +356,31 @@ def tcp_tx_bytes():
     return sent
 
 
-def train(rank, cfg, run_dir, golden, plan, command, timings=None):
+def save_torchtitan_dcp(folder, model, opt, scheduler, step, plan, rank, cfg):
+    """dcp.save of the training at `step` into `folder`, laid out as torchtitan's checkpointer lays out
+    its step-N (components/checkpoint.py): the model's state dict at the top level, the optimizer's
+    flattened state dict under optimizer (optimizer.state.<fqn>.<name>, optimizer.param_groups.<fqn>.<key>),
+    the LR scheduler's state dict under lr_scheduler, each data-parallel rank's dataloader state under
+    dataloader.dp_rank_<i>, and train_state's step and ntokens_seen."""
+    import io
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    if plan.pp or isinstance(model, DDP) or not isinstance(opt, torch.optim.Optimizer):
+        raise Unsupported("--dcp-save takes a plan without pipeline or replicate, and a torch.optim optimizer")
+    model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    t = cfg["train"]
+    loader = io.BytesIO(json.dumps({"step": step, "dp_rank": plan.dp_rank(rank)}).encode())
+    state = dict(model_sd)
+    state.update({"optimizer": optim_sd, "lr_scheduler": scheduler.state_dict(),
+                  "dataloader": {"dp_rank_%d" % plan.dp_rank(rank): loader},
+                  "train_state": {"step": torch.tensor(step, dtype=torch.int32),
+                                  "ntokens_seen": torch.tensor(step * t["global_batch"] * cfg["data"]["seq_len"])}})
+    dcp.save(state, checkpoint_id=folder)
+    if rank == 0:
+        print(f"peer: saved step {step} with dcp.save in torchtitan's layout to {folder}", flush=True)
+
+
+def train(rank, cfg, run_dir, golden, plan, command, timings=None, dcp_save=None):
     t = cfg["train"]
     dtype = DTYPES[t["dtype"]]
     mesh = init_device_mesh("cpu", tuple(plan.shape), mesh_dim_names=tuple(plan.names))
@@ -552,6 +576,8 @@ def train(rank, cfg, run_dir, golden, plan, command, timings=None):
         opt.step()
         scheduler.step()
         records.append({"step": step, "loss": total.item(), "grad_norm": norm, "lr": lr})
+        if dcp_save and step == dcp_save[0]:
+            save_torchtitan_dcp(dcp_save[1], modules[0], opt, scheduler, step, plan, rank, cfg)
         if timings:
             ms = (time.perf_counter() - start) * 1000.0
             timing.append({"step": step, "loss": total.item(), "step_ms": ms, "samples_per_s": B * 1000.0 / ms,
@@ -596,6 +622,8 @@ def main():
     ap.add_argument("--timings", help="metrics file (JSON lines) to write: rank 0's step_ms, samples_per_s, "
                     "peak_rss_mb and tcp_tx_bytes per step, measured as composer measures them")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1)")
+    ap.add_argument("--dcp-save", metavar="STEP:DIR", help="also save step STEP with dcp.save into DIR, laid out as "
+                    "torchtitan's checkpoints are (model, optimizer, lr_scheduler, dataloader, train_state)")
     args = ap.parse_args()
     if not args.golden and not args.timings:
         ap.error("give --golden, --timings or both")
@@ -606,6 +634,12 @@ def main():
         sys.stderr.write(f"peer: {cfg['name']}: not run with PyTorch's parallelisms: {e}\n")
         sys.exit(2)
     command = "tools/reference/peer.py --run-dir " + args.run_dir
+    dcp_save = None
+    if args.dcp_save:
+        at, _, folder = args.dcp_save.partition(":")
+        if not at.isdigit() or not folder:
+            ap.error("--dcp-save takes STEP:DIR, e.g. 3:/tmp/tt/step-3")
+        dcp_save = (int(at), os.path.abspath(folder))
     print(f"peer: {cfg['name']} on {plan.world} Gloo ranks: {plan.describe()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="peer") as tmp:
         # Forked ranks share the parent's imported torch (no per-rank import); the parent has
@@ -615,7 +649,7 @@ def main():
         for attempt, method in enumerate(["fork", "spawn"]):
             try:
                 mp.start_processes(worker, args=(cfg, args.run_dir, args.golden, os.path.join(tmp, f"store{attempt}"),
-                                                 command, args.threads, args.timings),
+                                                 command, args.threads, args.timings, dcp_save),
                                    nprocs=plan.world, start_method=method)
                 break
             except mp.ProcessRaisedException as e:
