@@ -15,6 +15,7 @@ Only one file's tensors are in memory at a time.
 OUT/manifest.json says what the folder holds beside its tensors:
   step        torchtitan's train_state.step (a tensor or pickled bytes)
   files       the parts files, in order
+  renamed     torchtitan's names the parts hold under composer's (RENAMES: --model's)
   tensors     every tensor: name, dtype, shape
   computed    the rotary tables (freqs_cis), which composer computes from model.args
   objects     every non-tensor entry (optimizer.param_groups.*, lr_scheduler.*,
@@ -41,6 +42,25 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 
 # torchtitan's checkpoint entries beside the model and the optimizer (components/checkpoint.py).
 LOOP_STATE = ("train_state", "lr_scheduler", "dataloader")
+
+# torchtitan's names that differ from composer's, per composer model. Llama 3: torchtitan's main
+# (b5bcd76, 2026-08) puts wq, wk and wv under attention.qkv_linear and calls the head lm_head; its
+# earlier releases used composer's names. Each rule renames a name's part (parameters and
+# optimizer.state.<fqn>.* alike); every other model takes the names as they are.
+RENAMES = {"llama": [(".attention.qkv_linear.", ".attention."), ("lm_head.", "output.")]}
+
+
+def composer_name(name, rules):
+    """`name` (a parameter's, or optimizer.state.<fqn>.<name>) with torchtitan's parts renamed to
+    composer's: a rule starting with "." anywhere in the FQN, another at its start."""
+    prefix = "optimizer.state." if name.startswith("optimizer.state.") else ""
+    fqn = name[len(prefix):]
+    for old, new in rules:
+        if old.startswith("."):
+            fqn = fqn.replace(old, new)
+        elif fqn.startswith(old):
+            fqn = new + fqn[len(old):]
+    return prefix + fqn
 
 
 def fail(msg):
@@ -70,6 +90,7 @@ def main():
     ap.add_argument("--dcp", required=True, help="the DCP folder (holds .metadata and *.distcp)")
     ap.add_argument("--out", required=True, help="an empty or new folder for the parts and manifest.json")
     ap.add_argument("--file-bytes", type=int, default=1 << 30, help="bytes per parts file (default 1 GiB)")
+    ap.add_argument("--model", default="", help="composer's model name, for its renames of torchtitan's names")
     args = ap.parse_args()
     if not os.path.isfile(os.path.join(args.dcp, ".metadata")):
         fail(f"{args.dcp} is not a DCP checkpoint folder: it has no .metadata (give the step-N folder "
@@ -119,6 +140,8 @@ def main():
 
     # The tensors, whole, a parts file at a time (dcp.load reads every chunk each one overlaps).
     names = sorted(tensors)
+    rules = RENAMES.get(args.model, [])
+    renamed = {k: composer_name(k, rules) for k in names}
     files, batch, size = [], [], 0
 
     def flush():
@@ -128,7 +151,7 @@ def main():
         sd = {k: torch.empty(tensors[k].size, dtype=tensors[k].properties.dtype) for k in batch}
         dcp.load(sd, storage_reader=FileSystemReader(args.dcp), no_dist=True)
         name = "parts-%05d.safetensors" % len(files)
-        save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(args.out, name))
+        save_file({renamed[k]: v.contiguous() for k, v in sd.items()}, os.path.join(args.out, name))
         files.append(name)
         batch, size = [], 0
 
@@ -142,7 +165,8 @@ def main():
     flush()
 
     manifest = {"format": "composer-dcp-import", "source": os.path.abspath(args.dcp), "step": step, "files": files,
-                "tensors": [{"name": k, "dtype": str(tensors[k].properties.dtype).replace("torch.", ""),
+                "renamed": {k: v for k, v in renamed.items() if k != v},
+                "tensors": [{"name": renamed[k], "dtype": str(tensors[k].properties.dtype).replace("torch.", ""),
                              "shape": list(tensors[k].size)} for k in names],
                 "objects": manifest_objects, "computed": computed}
     with open(os.path.join(args.out, "manifest.json"), "w") as f:

@@ -105,7 +105,7 @@ std::string import_dcp_if_needed(const ExperimentConfig& c, const std::string& o
   fs::create_directories(staging);
   const std::string log = staging + "/log.txt";
   std::cout << prefix << "reading " << from << " with PyTorch (tools/dcp_import.py)" << std::endl;
-  const int rc = run_python_tool("dcp_import.py", {"--dcp", from, "--out", staging}, log);
+  const int rc = run_python_tool("dcp_import.py", {"--dcp", from, "--out", staging, "--model", c.model.name}, log);
   if (rc == 2) throw ConfigError(c.checkpoint.resume_from_dcp_ref, "cannot import " + from + ": " + last_lines(log, 2));
   if (rc != 0) {
     throw RuntimeFailure("tools/dcp_import.py failed on " + from + " (exit " + std::to_string(rc) + "): " +
@@ -136,6 +136,11 @@ std::string import_dcp_if_needed(const ExperimentConfig& c, const std::string& o
   std::cout << prefix << from << " (step " << step << ", " << manifest.at("tensors").size() << " tensors) is now "
             << folder << "\n";
   for (const auto& n : manifest.value("computed", nlohmann::json::array())) std::cout << prefix << "not taken: " << n.get<std::string>() << ": composer computes it from model.args\n";
+  const auto renamed = manifest.value("renamed", nlohmann::json::object());
+  if (!renamed.empty()) {
+    std::cout << prefix << renamed.size() << " tensors renamed from torchtitan's names (e.g. " << renamed.begin().key()
+              << " -> " << renamed.begin().value().get<std::string>() << ")\n";
+  }
   report(manifest, c, step, prefix);
   fs::remove_all(staging);
   return folder;

@@ -42,6 +42,7 @@ b=$work/composer_pp2_tp2
 "$composer" run --config tests/cli/dcp_llama_pp2_tp2.yaml --out "$b" \
   --set checkpoint.resume_from_dcp="$work/torchtitan/step-3" >"$b.log" 2>&1 || fail "the resume: $(tail -3 "$b.log")"
 for said in "is now $b/checkpoints/step-000003" "not taken: dataloader.dp_rank_0, dataloader.dp_rank_1" \
+            "28 tensors renamed from torchtitan's names" \
             "not taken: lr_scheduler (last_epoch 3)" "not taken: optimizer.param_groups" "resuming from"; do
   grep -qF "$said" "$b.log" || fail "the resume's log does not say '$said'"
 done

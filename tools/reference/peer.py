@@ -368,6 +368,15 @@ def save_torchtitan_dcp(folder, model, opt, scheduler, step, plan, rank, cfg):
     if plan.pp or isinstance(model, DDP) or not isinstance(opt, torch.optim.Optimizer):
         raise Unsupported("--dcp-save takes a plan without pipeline or replicate, and a torch.optim optimizer")
     model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    if cfg["model"]["name"] == "llama":  # torchtitan main's (b5bcd76) Llama 3 names, which tools/dcp_import.py renames
+
+        def titan(fqn):
+            for w in ("wq", "wk", "wv"):
+                fqn = fqn.replace(f".attention.{w}.", f".attention.qkv_linear.{w}.")
+            return "lm_head." + fqn[len("output."):] if fqn.startswith("output.") else fqn
+
+        model_sd = {titan(k): v for k, v in model_sd.items()}
+        optim_sd = {k.split(".", 1)[0] + "." + titan(k.split(".", 1)[1]): v for k, v in optim_sd.items()}
     t = cfg["train"]
     loader = io.BytesIO(json.dumps({"step": step, "dp_rank": plan.dp_rank(rank)}).encode())
     state = dict(model_sd)
