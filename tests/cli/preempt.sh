@@ -10,7 +10,7 @@ rm -rf "$work"
 mkdir -p "$work"
 status=0
 fail() { echo "FAIL: $*"; status=1; }
-slow=(--set train.steps=30 --set 'debug.delay=[{point: after_loss, ms: 60}]')
+slow=(--set train.steps=30 --set 'debug.delay=[{point: before_optimizer_step, ms: 60}]')  # once a step, whatever the microbatches
 wait_for_steps() {  # until metrics.jsonl of $1 has $2 lines (at most 60 s)
   for _ in $(seq 600); do
     [ -f "$1/metrics.jsonl" ] && [ "$(wc -l <"$1/metrics.jsonl")" -ge "$2" ] && return 0
@@ -36,7 +36,7 @@ cmp -s "$work/run/final.safetensors" "$work/whole/final.safetensors" ||
   fail "stopped and resumed, the run ends elsewhere than the uninterrupted one"
 [ "$status" -eq 0 ] && echo "ok: run again, it resumes and ends bit for bit like the uninterrupted run"
 "$composer" run --config "$cfg" --out "$work/twice" --set train.steps=30 \
-  --set 'debug.delay=[{point: after_loss, ms: 4000}]' >"$work/twice.log" 2>&1 &
+  --set 'debug.delay=[{point: before_optimizer_step, ms: 4000}]' >"$work/twice.log" 2>&1 &
 pid=$!
 wait_for_steps "$work/twice" 1 || fail "the slow run did not reach step 1"
 start=$(date +%s%N)
