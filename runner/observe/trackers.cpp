@@ -43,7 +43,7 @@ Trackers::Trackers(const ExperimentConfig& c, const std::string& out_dir, int64_
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int err = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  const int err = posix_spawnp(&pid_, argv[0], &actions, nullptr, argv.data(), environ);  // COMPOSER_PYTHON may be a name on PATH
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[0]);
   if (err != 0) {
