@@ -21,6 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr const char* kPrefix = "checkpoint.resume_from_dcp: ";
+
 std::string last_lines(const std::string& path, int n) {
   std::ifstream in(path);
   std::vector<std::string> lines;
@@ -42,7 +44,16 @@ std::string ends_of(const std::string& s) {
 }
 
 // What composer does not take of the folder, line by line: the non-tensor entries grouped as torchtitan keeps them.
-void report(const nlohmann::json& manifest, const ExperimentConfig& c, int64_t step, const std::string& prefix) {
+void report(const nlohmann::json& manifest, const ExperimentConfig& c, int64_t step) {
+  const std::string prefix = kPrefix;
+  for (const auto& n : manifest.value("computed", nlohmann::json::array())) {
+    std::cout << prefix << "not taken: " << n.get<std::string>() << ": composer computes it from model.args\n";
+  }
+  const auto renamed = manifest.value("renamed", nlohmann::json::object());
+  if (!renamed.empty()) {
+    std::cout << prefix << renamed.size() << " tensors renamed from torchtitan's names (e.g. " << renamed.begin().key()
+              << " -> " << renamed.begin().value().get<std::string>() << ")\n";
+  }
   std::map<std::string, std::set<std::string>> groups;  // optimizer.param_groups: key -> distinct values
   std::vector<std::string> loader, other;
   std::string schedule;
@@ -82,47 +93,35 @@ void report(const nlohmann::json& manifest, const ExperimentConfig& c, int64_t s
   for (const auto& o : other) std::cout << prefix << "not taken: " << o << "\n";
 }
 
-}  // namespace
-
-std::string import_dcp_if_needed(const ExperimentConfig& c, const std::string& out_dir) {
+// tools/dcp_import.py reads checkpoint.resume_from_dcp into `staging`: the parts and their manifest.
+nlohmann::json read_with_pytorch(const ExperimentConfig& c, const std::string& staging) {
   const std::string& from = c.checkpoint.resume_from_dcp;
-  if (from.empty() || !c.checkpoint.enabled) return "";
-  const std::string prefix = "checkpoint.resume_from_dcp: ";
-  Checkpointer ck(c, out_dir, 0, nullptr);
-  const std::string newest = ck.resume_path();
-  if (!newest.empty()) {
-    std::cout << prefix << from << " not read: " << newest << " is composer's newest checkpoint of this run; "
-              << "resuming it\n";
-    return "";
-  }
-  if (!fs::is_regular_file(fs::path(from) / ".metadata")) {
-    throw ConfigError(c.checkpoint.resume_from_dcp_ref,
-                      from + " is not a PyTorch Distributed Checkpoint folder (it has no .metadata); give the step-N "
-                             "folder that dcp.save wrote (torchtitan: <dump_folder>/checkpoint/step-N)");
-  }
-  const std::string staging = (fs::path(ck.dir()) / "dcp-import.tmp").string();
   fs::remove_all(staging);
   fs::create_directories(staging);
   const std::string log = staging + "/log.txt";
-  std::cout << prefix << "reading " << from << " with PyTorch (tools/dcp_import.py)" << std::endl;
+  std::cout << kPrefix << "reading " << from << " with PyTorch (tools/dcp_import.py)" << std::endl;
   const int rc = run_python_tool("dcp_import.py", {"--dcp", from, "--out", staging, "--model", c.model.name}, log);
   if (rc == 2) throw ConfigError(c.checkpoint.resume_from_dcp_ref, "cannot import " + from + ": " + last_lines(log, 2));
   if (rc != 0) {
     throw RuntimeFailure("tools/dcp_import.py failed on " + from + " (exit " + std::to_string(rc) + "): " +
                          last_lines(log, 3) + "; the whole output is in " + log);
   }
-  nlohmann::json manifest;
   try {
     std::ifstream in(staging + "/manifest.json");
-    manifest = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw RuntimeFailure(staging + "/manifest.json: " + e.what());
   }
+}
+
+// The parts in `staging` as the rank files and index of the checkpoint of the manifest's step.
+std::string write_checkpoint(Checkpointer& ck, const ExperimentConfig& c, const std::string& staging,
+                             const nlohmann::json& manifest) {
   const int64_t step = manifest.at("step").get<int64_t>();
   const auto files = manifest.at("files").get<std::vector<std::string>>();
   // The RNG state a fresh run of this seed starts with, in every file (DCP holds no composer RNG state).
   const torch::Tensor rng = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed)).get_state();
-  const std::string folder = ck.save_files(step, step, static_cast<int64_t>(files.size()), [&](int64_t k) {
+  return ck.save_files(step, step, static_cast<int64_t>(files.size()), [&](int64_t k) {
     RankSnapshot s;
     for (auto& [name, t] : read_safetensors(staging + "/" + files[k])) {
       s.offsets[name] = std::vector<int64_t>(t.dim(), 0);
@@ -133,15 +132,32 @@ std::string import_dcp_if_needed(const ExperimentConfig& c, const std::string& o
     s.offsets["rng"] = {k * rng.numel()};
     return s;
   });
-  std::cout << prefix << from << " (step " << step << ", " << manifest.at("tensors").size() << " tensors) is now "
-            << folder << "\n";
-  for (const auto& n : manifest.value("computed", nlohmann::json::array())) std::cout << prefix << "not taken: " << n.get<std::string>() << ": composer computes it from model.args\n";
-  const auto renamed = manifest.value("renamed", nlohmann::json::object());
-  if (!renamed.empty()) {
-    std::cout << prefix << renamed.size() << " tensors renamed from torchtitan's names (e.g. " << renamed.begin().key()
-              << " -> " << renamed.begin().value().get<std::string>() << ")\n";
+}
+
+}  // namespace
+
+std::string import_dcp_if_needed(const ExperimentConfig& c, const std::string& out_dir) {
+  const std::string& from = c.checkpoint.resume_from_dcp;
+  if (from.empty() || !c.checkpoint.enabled) return "";
+  Checkpointer ck(c, out_dir, 0, nullptr);
+  const std::string newest = ck.resume_path();
+  if (!newest.empty()) {
+    std::cout << kPrefix << from << " not read: " << newest << " is composer's newest checkpoint of this run; "
+              << "resuming it\n";
+    return "";
   }
-  report(manifest, c, step, prefix);
+  if (!fs::is_regular_file(fs::path(from) / ".metadata")) {
+    throw ConfigError(c.checkpoint.resume_from_dcp_ref,
+                      from + " is not a PyTorch Distributed Checkpoint folder (it has no .metadata); give the step-N "
+                             "folder that dcp.save wrote (torchtitan: <dump_folder>/checkpoint/step-N)");
+  }
+  const std::string staging = (fs::path(ck.dir()) / "dcp-import.tmp").string();
+  const nlohmann::json manifest = read_with_pytorch(c, staging);
+  const int64_t step = manifest.at("step").get<int64_t>();
+  const std::string folder = write_checkpoint(ck, c, staging, manifest);
+  std::cout << kPrefix << from << " (step " << step << ", " << manifest.at("tensors").size() << " tensors) is now "
+            << folder << "\n";
+  report(manifest, c, step);
   fs::remove_all(staging);
   return folder;
 }
