@@ -183,45 +183,85 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan&, Rank
 
 namespace {
 
+// Rates for a GPU of the H100 class where none were measured or given: bfloat16 matmuls, HBM, NVLink
+// within a node and InfiniBand across.
+MachineRates gpu_defaults() {
+  MachineRates r;
+  r.source = "defaults for an H100-class GPU; give the cluster's with --rates FILE";
+  r.matmul_flops = 400e12;
+  r.elementwise_bytes_per_s = 2.5e12;
+  r.kernel_s = 5e-6;
+  r.intra = {20e-6, 200e9};
+  r.inter = {40e-6, 25e9};
+  return r;
+}
+
 // The world suggest prices plans for: the options given, else the config's
-// memory and this machine's measured matmul rate (CPU) or a GPU's defaults.
-World suggest_world(const CliOptions& o, const ExperimentConfig& given) {
+// memory and this machine's measured rates (CPU) or a GPU's defaults.
+World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t ranks_per_node, int64_t nodes) {
   World w;
-  w.ranks_per_node = o.suggest.ranks_per_node;
-  w.nodes = o.suggest.nodes;
-  const bool cuda = given.mesh.device == DeviceKind::kCuda;
+  w.ranks_per_node = ranks_per_node;
+  w.nodes = nodes;
+  w.cuda = given.mesh.device == DeviceKind::kCuda;
   if (!o.suggest.device_memory.empty()) {
     w.memory_per_rank = static_cast<int64_t>(parse_byte_size(o.suggest.device_memory, "--device-memory"));
-  } else if (given.mesh.memory_per_rank_mb > 0 || !cuda) {
+  } else if (given.mesh.memory_per_rank_mb > 0 || !w.cuda) {
     w.memory_per_rank = memory_per_rank(given, w.ranks_per_node);
   } else {
     throw UserError("composer suggest of a cuda config needs --device-memory (e.g. 80GB) or mesh.memory_per_rank_mb");
   }
-  w.matmul_flops = o.suggest.matmul_tflops > 0 ? o.suggest.matmul_tflops * 1e12 : 400e12;
-  // here: measured at each plan's shape, the cores shared by a node's ranks
-  if (o.suggest.matmul_tflops <= 0 && !cuda) {
-    auto cache = std::make_shared<std::map<std::tuple<int64_t, int64_t, int64_t>, double>>();
-    w.matmul_rate = [cache, ranks = w.ranks_per_node](int64_t rows, int64_t k, int64_t n) {
-      auto [it, fresh] = cache->emplace(std::make_tuple(rows, k, n), 0.0);
-      if (fresh) it->second = measure_matmul_flops(rows, k, n, 0.2) / static_cast<double>(ranks);
-      return it->second;
-    };
+  if (!o.suggest.rates.empty()) {
+    w.rates = rates_from_file(o.suggest.rates);
+  } else if (w.cuda) {
+    w.rates = gpu_defaults();
+  } else {
+    w.rates = probe_machine(w.ranks_per_node, rank_threads(given.train, w.ranks_per_node), o.suggest.probe);
   }
-  w.intra_bytes_per_s = (o.suggest.intra_gbs > 0 ? o.suggest.intra_gbs : cuda ? 200 : 2) * 1e9;
-  w.inter_bytes_per_s = (o.suggest.inter_gbs > 0 ? o.suggest.inter_gbs : cuda ? 25 : 1) * 1e9;
+  w.overlap = w.cuda ? 0.8 : 0.0;  // NCCL on its own streams; Gloo's copies share the compute cores
+  if (o.suggest.matmul_tflops > 0) {
+    w.rates.matmul_flops = o.suggest.matmul_tflops * 1e12;
+    w.rates.shapes.clear();
+    w.rates.measure = false;
+  }
+  if (o.suggest.intra_gbs > 0) {
+    w.rates.intra.bytes_per_s = o.suggest.intra_gbs * 1e9;
+    for (auto& [g, link] : w.rates.intra_by_size) link.bytes_per_s = o.suggest.intra_gbs * 1e9;
+  }
+  if (o.suggest.inter_gbs > 0) w.rates.inter.bytes_per_s = o.suggest.inter_gbs * 1e9;
   return w;
+}
+
+// The rates the plans are priced at, one line.
+void print_rates(const World& w) {
+  const MachineRates& r = w.rates;
+  std::cout.precision(4);
+  std::cout << "rates (" << r.source << "): matmul " << r.matmul_flops / 1e9 << " GFLOP/s per rank at 1024^3, "
+            << "elementwise " << r.elementwise_bytes_per_s / 1e9 << " GB/s, " << r.kernel_s * 1e6 << " us per op";
+  for (const auto& [g, link] : r.intra_by_size) {
+    std::cout << ", " << g << " ranks " << link.latency_s * 1e6 << " us + " << link.bytes_per_s / 1e9 << " GB/s";
+  }
+  if (r.intra_by_size.empty()) {
+    std::cout << ", within a node " << r.intra.latency_s * 1e6 << " us + " << r.intra.bytes_per_s / 1e9 << " GB/s";
+  }
+  std::cout << ", across nodes " << r.inter.latency_s * 1e6 << " us + " << r.inter.bytes_per_s / 1e9 << " GB/s";
+  if (r.runs_fitted) std::cout << "; refit from " << r.runs_fitted << " run(s): compute x" << r.compute_fit
+                               << ", communication latency x" << r.latency_fit << ", bytes x" << r.bandwidth_fit;
+  std::cout << "\n";
 }
 
 // The ranking: the plans that fit with their priced step, then those over the memory.
 void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
-  std::cout << "suggest: " << s.candidates << " plans for " << w.size() << " ranks, " << s.refused
-            << " refused by the planner, " << s.estimated << " run dry, " << s.fitting.size() << " fit in "
+  std::cout << "suggest: " << s.candidates << " plans priced for " << w.size() << " ranks; in cost order "
+            << s.planned << " put to the planner, " << s.refused << " refused, " << s.estimated << " run dry, "
+            << s.fitting.size() << " fit" << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in "
             << format_bytes(w.memory_per_rank) << " per rank (" << seconds << " s)\n";
   for (const auto& c : s.fitting) {
-    std::cout << "  " << c.name << ": step " << c.step_s() << " s (compute " << c.compute_s << ", communication "
-              << c.comm_s << ", bubble " << c.bubble << "), peak " << format_bytes(c.peak) << "\n";
+    std::cout << "  " << c.name << ": step " << c.step_s() * 1e3 << " ms (compute " << c.terms.compute_s() * 1e3
+              << ", communication " << c.terms.comm_s() * 1e3 << ", bubble " << c.terms.bubble << "), peak "
+              << format_bytes(c.peak) << "\n";
   }
+  if (s.fitting.size() > 1) std::cout << "why: " << explain_choice(s.fitting[0], s.fitting[1]) << "\n";
   for (const auto& c : s.unfit) {
     std::cout << "  over the memory: " << c.name << ", peak " << format_bytes(c.peak) << "\n";
   }
@@ -229,7 +269,7 @@ void print_suggestion(const Suggestion& s, const World& w, double seconds) {
 
 // The best plan's config at `path` (--out, default runs/<name>/suggested.yaml)
 // and each runner-up k beside it as <stem>.<k>.yaml.
-void write_suggested(const Suggestion& s, const World& w, const std::string& path) {
+void write_suggested(const Suggestion& s, const World& w, const std::string& path, bool quiet) {
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -240,7 +280,7 @@ void write_suggested(const Suggestion& s, const World& w, const std::string& pat
     f << suggested_yaml(s, w, k);
     if (!f.good()) throw UserError("--out " + file.string() + ": cannot write the suggested config");
   }
-  std::cout << "wrote " << path << (s.fitting.size() > 1 ? " (runners-up beside it, .2.yaml ...)" : "") << "\n";
+  if (!quiet) std::cout << "wrote " << path << (s.fitting.size() > 1 ? " (runners-up beside it, .2.yaml ...)" : "") << "\n";
 }
 
 }  // namespace
@@ -248,18 +288,33 @@ void write_suggested(const Suggestion& s, const World& w, const std::string& pat
 int run_suggest(const CliOptions& o) {
   check_suggest_overrides(o.sets);
   const ExperimentConfig given = load_config(o.config, o.sets);  // its errors point at the file
-  const World w = suggest_world(o, given);
+  if (!o.suggest.from_run.empty()) {
+    int64_t world = 1;
+    for (int64_t d : given.mesh.shape) world *= d;
+    const Plan plan = make_plan(given, world);
+    World w = suggest_world(o, given, world, 1);
+    if (!o.json) print_rates(w);
+    for (const auto& line : compare_with_run(o.suggest.from_run, given, plan, w)) std::cout << line << "\n";
+    return 0;
+  }
+  World w = suggest_world(o, given, o.suggest.ranks_per_node, o.suggest.nodes);
+  if (!o.json) print_rates(w);
   const auto t0 = std::chrono::steady_clock::now();
   Suggestion s =
-      suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates));
-  print_suggestion(s, w, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates),
+              o.suggest.max_seconds);
+  if (o.json) {
+    std::cout << suggestion_json(s, w).dump(1) << "\n";
+  } else {
+    print_suggestion(s, w, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (s.fitting.empty()) {
     throw UserError("no plan of " + given.model.name + " fits " + format_bytes(w.memory_per_rank) + " per rank on " +
                     std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
                     " cheapest; give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
                     "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
   }
-  write_suggested(s, w, o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out);
+  write_suggested(s, w, o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out, o.json);
   return 0;
 }
 

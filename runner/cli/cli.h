@@ -42,8 +42,12 @@ struct ScoreArgs {
 // priced at (0: the defaults, see composer suggest --help).
 struct SuggestArgs {
   int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
+  double max_seconds = 90;  // --max-seconds: the dry runs' time once a plan fits
   std::string device_memory;
   double matmul_tflops = 0, intra_gbs = 0, inter_gbs = 0;
+  std::string rates;     // --rates FILE: the machine's figures, as the probe's cache writes them
+  bool probe = false;    // --probe: measure this machine again, though cached
+  std::string from_run;  // --from-run DIR: compare a finished run with its price and refit the rates
 };
 
 struct CliOptions {

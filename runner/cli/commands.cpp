@@ -63,7 +63,7 @@ std::vector<OptionSpec> command_options() {
   // clang-format off
   return {
       {"json", "", "print one JSON object for tools (plan: the resolved config and the plan's figures)",
-       {C::kPlan, C::kDiff}, [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.json); }},
+       {C::kPlan, C::kDiff, C::kSuggest}, [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.json); }},
       {"samples", "N", "where the first N global samples come from (token files: source, window, documents)",
        {C::kPlan}, [](CliOptions& o) { return value(&o.plan.samples); }},
       {"step", "N", "the step to compare (default: the first step composer check fails, else 1)", {C::kDiff},
@@ -75,21 +75,6 @@ std::vector<OptionSpec> command_options() {
        [](CliOptions& o) { return value(&o.record_side); }, false, true},
       {"record-step", "N", "internal (the runs diff starts)", {C::kDiff},
        [](CliOptions& o) { return value(&o.record_step); }, false, true},
-      {"ranks-per-node", "N", "ranks (devices) per node", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.ranks_per_node); }, true},
-      {"nodes", "N", "nodes (default 1)", {C::kSuggest}, [](CliOptions& o) { return value(&o.suggest.nodes); }},
-      {"device-memory", "SIZE", "memory per rank (80GB, 512MiB)", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.device_memory); }},
-      {"matmul-tflops", "X", "a rank's matmul rate, TFLOP/s", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.matmul_tflops); }},
-      {"intra-gbs", "X", "a rank's bandwidth within its node, GB/s", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.intra_gbs); }},
-      {"inter-gbs", "X", "a rank's bandwidth across nodes, GB/s", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.inter_gbs); }},
-      {"top", "N", "plans that must fit before the search stops (default 3)", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.top); }},
-      {"max-estimates", "N", "most plans run dry (default 40)", {C::kSuggest},
-       [](CliOptions& o) { return value(&o.suggest.max_estimates); }},
       {"checkpoint", "DIR", "the checkpoint to export (a step-N folder with index.json)", {C::kExport},
        [](CliOptions& o) { return value(&o.exporting.checkpoint); }},
       {"weights", "FILE",
@@ -112,11 +97,44 @@ std::vector<OptionSpec> command_options() {
   // clang-format on
 }
 
+// composer suggest's options: the world, the rates, the search's bounds.
+std::vector<OptionSpec> suggest_options() {
+  using C = Command;
+  // clang-format off
+  return {
+      {"ranks-per-node", "N", "ranks (devices) per node", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.ranks_per_node); }, true},
+      {"nodes", "N", "nodes (default 1)", {C::kSuggest}, [](CliOptions& o) { return value(&o.suggest.nodes); }},
+      {"device-memory", "SIZE", "memory per rank (80GB, 512MiB)", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.device_memory); }},
+      {"matmul-tflops", "X", "a rank's matmul rate, TFLOP/s", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.matmul_tflops); }},
+      {"intra-gbs", "X", "a rank's bandwidth within its node, GB/s", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.intra_gbs); }},
+      {"inter-gbs", "X", "a rank's bandwidth across nodes, GB/s", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.inter_gbs); }},
+      {"rates", "FILE", "the machine's rates as JSON, in the format of the probe's cache (a cluster's, another machine's)",
+       {C::kSuggest}, [](CliOptions& o) { return value(&o.suggest.rates); }},
+      {"probe", "", "measure this machine's rates again, though cached", {C::kSuggest},
+       [](CliOptions& o) -> po::value_semantic* { return po::bool_switch(&o.suggest.probe); }},
+      {"from-run", "DIR", "compare a finished run's measured steps with the price of its plan and refit the rates",
+       {C::kSuggest}, [](CliOptions& o) { return value(&o.suggest.from_run); }},
+      {"top", "N", "plans that must fit before the search stops (default 3)", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.top); }},
+      {"max-seconds", "S", "once a plan fits, stop running plans dry after S seconds (default 90)", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.max_seconds); }},
+      {"max-estimates", "N", "most plans run dry (default 40)", {C::kSuggest},
+       [](CliOptions& o) { return value(&o.suggest.max_estimates); }},
+  };
+  // clang-format on
+}
+
 // Every option: the common ones, then each command's.
 const std::vector<OptionSpec>& options_table() {
   static const std::vector<OptionSpec> kOptions = [] {
     std::vector<OptionSpec> all = common_options();
     for (auto& o : command_options()) all.push_back(std::move(o));
+    for (auto& o : suggest_options()) all.push_back(std::move(o));
     return all;
   }();
   return kOptions;
@@ -318,6 +336,12 @@ void check_export_options(const CliOptions& o) {
 
 void check_suggest_options(const CliOptions& o) {
   const SuggestArgs& s = o.suggest;
+  if (!s.from_run.empty()) {
+    if (o.given.count("ranks-per-node") || o.given.count("nodes")) {
+      throw UserError("--from-run DIR prices the run's own plan on its own ranks; leave out --ranks-per-node and --nodes");
+    }
+    return;
+  }
   require_given_positive(o, "ranks-per-node", static_cast<double>(s.ranks_per_node),
                          "give the ranks (devices) of one node (1 or more)");
   if (s.ranks_per_node < 1) {
@@ -328,6 +352,7 @@ void check_suggest_options(const CliOptions& o) {
   require_given_positive(o, "nodes", static_cast<double>(s.nodes), "give the nodes of the world (1 or more)");
   require_given_positive(o, "top", static_cast<double>(s.top),
                          "give the plans that must fit before the search stops (1 or more, default 3)");
+  require_given_positive(o, "max-seconds", s.max_seconds, "give the seconds the dry runs may take once a plan fits");
   require_given_positive(o, "max-estimates", static_cast<double>(s.max_estimates),
                          "give the most plans to run dry (1 or more, default 40)");
   const char* rate = "must be above 0; leave it out for the default (composer suggest --help)";
@@ -392,11 +417,12 @@ const std::vector<CommandSpec>& command_table() {
        "count (--per-token: every target's too); each sequence is one row of data.seq_len + 1 tokens at most",
        Needs::kRanks, Preflight::kFiles, Devices::kHere, nullptr, check_score_options, run_score, nullptr, false},
       {C::kSuggest, "suggest",
-       "search the plans of the config's model for a world of ranks (its own mesh and parallelize ignored), rank "
+       "search the plans of the config's model for a world of ranks (its own mesh and parallelize ignored), price "
        "them by a cost model, run the cheapest dry until --top fit --device-memory, and write the best as a config "
-       "(default runs/<name>/suggested.yaml). Defaults: on cpu the matmul rate measured here at each plan's matmul "
-       "shape, shared by the node's ranks, 2 and 1 GB/s; on cuda 400 TFLOP/s, 200 and 25 GB/s; memory: "
-       "mesh.memory_per_rank_mb, else the host's (cuda: required)",
+       "that says why it wins (default runs/<name>/suggested.yaml). Rates: on cpu probed here (the node's ranks at "
+       "once, cached in ~/.cache/composer/machine.json), on cuda an H100-class GPU's, or --rates FILE; --from-run DIR "
+       "compares a finished run with its price and refits them; memory: mesh.memory_per_rank_mb, else the host's "
+       "(cuda: required)",
        Needs::kOptions, Preflight::kNothing, Devices::kNone, nullptr, check_suggest_options,
        [](const CliOptions& o, const ExperimentConfig&, const Plan&, RankContext&) { return run_suggest(o); },
        nullptr, false},

@@ -12,9 +12,11 @@
 #include "parallelisms/pipeline/schedule.h"
 #include "runner/config/config_document.h"
 #include "runner/estimate/estimate.h"
+#include "runner/suggest/search.h"
 #include "runner/train/build.h"
 
 namespace composer {
+using namespace suggest_detail;
 namespace {
 
 // The config the user gave, its overrides applied and its parallelize left out (its mesh is replaced later).
@@ -40,69 +42,6 @@ std::string emit(const YAML::Node& n) {
   return std::string(out.c_str()) + "\n";
 }
 
-// What the search needs to know of the model: its matrix parameters, shape
-// arguments and the modules that make units.
-struct ModelFacts {
-  double matrix_params = 0;     // per token: every 2-D weight but embedding tables (experts: top_k of them)
-  double param_bytes = 0;       // every parameter
-  int64_t layers = 0, dim = 0, kv_dim = 0, seq = 1;  // seq: tokens per sample (1: a feature model)
-  // The widths of all heads' queries (and keys) and of their values, halved summed: dim for llama.
-  int64_t attn_dim = 0;
-  bool attention = false;
-  std::vector<std::string> units;  // top-level modules, a list's children as 'name.*'
-  bool has_layers = false;
-};
-
-ModelFacts facts_of(const ExperimentConfig& c) {
-  ModelFacts f;
-  models::ModelPtr model;
-  {
-    nn::ShapeOnly shapes;
-    model = build_model(c);
-  }
-  const auto& a = c.model.args;
-  auto arg = [&](const char* name) -> int64_t {
-    return a.values().count(name) && std::holds_alternative<int64_t>(a.values().at(name)) ? a.i(name) : 0;
-  };
-  f.layers = arg("n_layers");
-  f.dim = arg("dim");
-  const int64_t heads = arg("n_heads"), kv_heads = arg("n_kv_heads") > 0 ? arg("n_kv_heads") : heads;
-  const int64_t head_dim = arg("head_dim") > 0 ? arg("head_dim") : (heads > 0 ? f.dim / heads : 0);
-  f.kv_dim = heads > 0 ? head_dim * kv_heads : f.dim;
-  f.attn_dim = heads > 0 ? head_dim * heads : f.dim;
-  if (arg("kv_lora_rank") > 0) {  // latent attention: every head's key, and its value padded to the key's width on a ring
-    const int64_t qk = arg("qk_nope_head_dim") + arg("qk_rope_head_dim");
-    f.kv_dim = heads * qk;
-    f.attn_dim = heads * (qk + arg("v_head_dim")) / 2;
-  }
-  f.attention = heads > 0;
-  f.seq = c.data.seq_len > 0 ? c.data.seq_len : std::max<int64_t>(1, arg("max_seq_len"));
-  const int64_t experts = arg("n_experts"), top_k = std::max<int64_t>(1, arg("top_k"));
-  bool has_output = false;
-  double embedding = 0;
-  for (const auto& [name, p] : nn::unique_named_parameters(*model)) {
-    f.param_bytes += static_cast<double>(p.numel()) * p.element_size();
-    has_output = has_output || name == "output.weight";
-    if (name == "tok_embeddings.weight") embedding = static_cast<double>(p.numel());
-    if (p.dim() == 2 && name.find("embeddings") == std::string::npos) f.matrix_params += static_cast<double>(p.numel());
-    if (p.dim() == 3 && name.find(".experts.") != std::string::npos && experts > 0) {
-      f.matrix_params += static_cast<double>(p.numel()) * top_k / experts;
-    }
-  }
-  const bool tied = a.values().count("weight_tying") && std::holds_alternative<bool>(a.values().at("weight_tying")) &&
-                    a.b("weight_tying");
-  if (tied && !has_output) f.matrix_params += embedding;  // the table is also the output projection
-  auto modules = nn::named_modules(*model);
-  for (const auto& [name, m] : modules) {
-    if (name.empty() || name.find('.') != std::string::npos) continue;
-    bool list = false;
-    for (const auto& [other, n] : modules) list = list || other == name + ".0";
-    f.units.push_back(list ? name + ".*" : name);
-    f.has_layers = f.has_layers || (name == "layers" && list);
-  }
-  return f;
-}
-
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d) {
@@ -117,41 +56,127 @@ std::string quoted_list(const std::vector<std::string>& v) {
   return "[" + s + "]";
 }
 
-enum class DpMode { kNone, kReplicate, kFullyShard, kHsdp };
-enum class Ac { kNone, kOp, kFull };
+const char* const kRotateNames[] = {"ring", "allgather", "alltoall"};
 
-struct Shape {
-  int64_t tp = 1, cp = 1, pp = 1, dp = 1, shard = 1;  // shard: HSDP's shard dim (within a node)
-  DpMode dp_mode = DpMode::kNone;
-  parallel::ScheduleKind schedule = parallel::ScheduleKind::k1f1b;
-  int64_t virtual_stages = 1, microbatches = 1;
-  Ac ac = Ac::kNone;
-  bool keep = false;  // fully_shard and HSDP: reshard_after_forward false (no second all-gather in backward)
-  int tp_style = 0;   // 0: sequence and loss parallel, 1: sequence parallel, 2: plain
+}  // namespace
 
-  std::string name() const {
-    static const char* dp_names[] = {"none", "replicate", "fsdp", "hsdp"};
-    static const char* ac_names[] = {"none", "op", "full"};
-    std::string s = "tp" + std::to_string(tp) + (tp > 1 && tp_style < 2 ? "sp" : "") + ".cp" + std::to_string(cp) +
-                    ".pp" + std::to_string(pp);
-    if (pp > 1) s += std::string("_") + parallel::name_of(schedule);
-    s += "_m" + std::to_string(microbatches) + ".dp" + std::to_string(dp) + "_" + dp_names[static_cast<int>(dp_mode)];
-    if (dp_mode == DpMode::kHsdp) s += std::to_string(dp / shard) + "x" + std::to_string(shard);
-    if (keep) s += "_keep";
-    return s + ".ac_" + ac_names[static_cast<int>(ac)];
+namespace suggest_detail {
+
+namespace {
+
+// The parameters' share of the facts: bytes, matrices per token (experts: top_k of them), the
+// feed-forward width a token passes through, the routed layers.
+void count_parameters(ModelFacts& f, models::Model& model, bool tied) {
+  bool has_output = false;
+  double embedding = 0, ffn = 0;
+  std::set<std::string> routed_layers;
+  for (const auto& [name, p] : nn::unique_named_parameters(model)) {
+    const double bytes = static_cast<double>(p.numel()) * p.element_size();
+    f.param_bytes += bytes;
+    ++f.tensors;
+    has_output = has_output || name == "output.weight";
+    if (name == "tok_embeddings.weight") embedding = static_cast<double>(p.numel());
+    const bool feed_forward = name.find("feed_forward.") != std::string::npos;
+    if (p.dim() == 2 && name.find("embeddings") == std::string::npos) {
+      f.matrix_params += static_cast<double>(p.numel());
+      if (feed_forward && name.find("router") == std::string::npos) ffn += static_cast<double>(p.numel()) / (3.0 * f.dim);
+    }
+    if (p.dim() == 3 && name.find(".experts.") != std::string::npos && f.experts > 0) {
+      f.matrix_params += static_cast<double>(p.numel()) * f.top_k / f.experts;
+      f.expert_matrix += static_cast<double>(p.numel()) * f.top_k / f.experts;
+      f.expert_hidden = p.numel() / (f.experts * std::max<int64_t>(1, f.dim));
+      ffn += static_cast<double>(p.numel()) * f.top_k / f.experts / (3.0 * f.dim);
+      f.expert_bytes += bytes;
+      routed_layers.insert(name.substr(0, name.find(".feed_forward")));
+    }
   }
-  // The plans that differ only in what buys memory at some cost: activation
-  // checkpointing, and gradient accumulation without a pipeline.
-  std::string family() const {
-    std::string s = name();
-    s = s.substr(0, s.find(".ac_"));
-    if (pp == 1) s.erase(s.find("_m"), s.find(".dp") - s.find("_m"));
-    return s;
+  f.moe_layers = static_cast<int64_t>(routed_layers.size());
+  f.ffn_per_token = f.layers > 0 ? ffn / f.layers : 0.0;
+  if (tied && !has_output) f.matrix_params += embedding;  // the table is also the output projection
+}
+
+// The top-level modules as units, a list's children as 'name.*'.
+void units_of(ModelFacts& f, models::Model& model) {
+  auto modules = nn::named_modules(model);
+  for (const auto& [name, m] : modules) {
+    if (name.empty() || name.find('.') != std::string::npos) continue;
+    bool list = false;
+    for (const auto& [other, n] : modules) list = list || other == name + ".0";
+    f.units.push_back(list ? name + ".*" : name);
+    f.has_layers = f.has_layers || (name == "layers" && list);
   }
-};
+}
+
+}  // namespace
+
+ModelFacts facts_of(const ExperimentConfig& c) {
+  ModelFacts f;
+  models::ModelPtr model;
+  {
+    nn::ShapeOnly shapes;
+    model = build_model(c);
+  }
+  const auto& a = c.model.args;
+  auto arg = [&](const char* name) -> int64_t {
+    return a.values().count(name) && std::holds_alternative<int64_t>(a.values().at(name)) ? a.i(name) : 0;
+  };
+  f.layers = arg("n_layers");
+  f.dim = arg("dim");
+  f.heads = arg("n_heads");
+  const int64_t kv_heads = arg("n_kv_heads") > 0 ? arg("n_kv_heads") : f.heads;
+  f.head_dim = arg("head_dim") > 0 ? arg("head_dim") : (f.heads > 0 ? f.dim / f.heads : 0);
+  f.kv_dim = f.heads > 0 ? f.head_dim * kv_heads : f.dim;
+  f.attn_dim = f.heads > 0 ? f.head_dim * f.heads : f.dim;
+  if (arg("kv_lora_rank") > 0) {  // latent attention: every head's key, and its value padded to the key's width on a ring
+    const int64_t qk = arg("qk_nope_head_dim") + arg("qk_rope_head_dim");
+    f.kv_dim = f.heads * qk;
+    f.attn_dim = f.heads * (qk + arg("v_head_dim")) / 2;
+    f.head_dim = qk;
+  }
+  f.attention = f.heads > 0;
+  f.vocab = arg("vocab_size");
+  f.seq = c.data.seq_len > 0 ? c.data.seq_len : std::max<int64_t>(1, arg("max_seq_len"));
+  f.experts = arg("n_experts");
+  f.top_k = std::max<int64_t>(1, arg("top_k"));
+  const bool tied = a.values().count("weight_tying") && std::holds_alternative<bool>(a.values().at("weight_tying")) &&
+                    a.b("weight_tying");
+  count_parameters(f, *model, tied);
+  units_of(f, *model);
+  return f;
+}
+
+std::string Shape::name() const {
+  static const char* dp_names[] = {"none", "replicate", "fsdp", "hsdp"};
+  static const char* ac_names[] = {"none", "op", "full"};
+  static const char* precision_names[] = {"", ".bf16", ".fp8"};
+  std::string s = "tp" + std::to_string(tp) + (tp > 1 && tp_style < 2 ? "sp" : "") + ".cp" + std::to_string(cp);
+  if (cp > 1 && rotate) s += std::string("_") + kRotateNames[rotate];
+  if (ep > 1) s += ".ep" + std::to_string(ep) + (ep_borrows_dp ? "_on_dp" : "");
+  s += ".pp" + std::to_string(pp);
+  if (pp > 1) s += std::string("_") + parallel::name_of(schedule);
+  s += "_m" + std::to_string(microbatches) + ".dp" + std::to_string(dp) + "_" + dp_names[static_cast<int>(dp_mode)];
+  if (dp_mode == DpMode::kHsdp) s += std::to_string(dp / shard) + "x" + std::to_string(shard);
+  if (keep) s += "_keep";
+  s += std::string(".ac_") + ac_names[static_cast<int>(ac)];
+  if (ac != Ac::kNone && ac_every > 1) s += "_every" + std::to_string(ac_every);
+  return s + precision_names[static_cast<int>(precision)];
+}
+
+std::string Shape::family() const {
+  std::string s = name();
+  const size_t ac = s.find(".ac_");
+  const size_t after = s.find('.', ac + 1);
+  s = s.substr(0, ac) + (after == std::string::npos ? "" : s.substr(after));
+  if (pp == 1) s.erase(s.find("_m"), s.find(".dp") - s.find("_m"));
+  return s;
+}
+
+}  // namespace suggest_detail
+
+namespace {
 
 // The mesh and parallelize sections of `s`, and its train.microbatches.
-std::string sections(const Shape& s, const ModelFacts& f, const std::string& mesh_extra, bool given_microbatches) {
+std::string mesh_of(const Shape& s, const std::string& mesh_extra) {
   std::vector<std::string> names;
   std::vector<int64_t> sizes;
   auto dim = [&](const std::string& n, int64_t size) {
@@ -167,6 +192,7 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
   } else {
     dim("dp", s.dp);
   }
+  if (!s.ep_borrows_dp) dim("ep", s.ep);
   dim("cp", s.cp);
   dim("tp", s.tp);
   std::ostringstream o;
@@ -174,7 +200,36 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
   for (size_t i = 0; i < sizes.size(); ++i) o << (i ? ", " : "") << sizes[i];
   o << "], names: [";
   for (size_t i = 0; i < names.size(); ++i) o << (i ? ", " : "") << names[i];
-  o << "]" << mesh_extra << "}\nparallelize:";
+  o << "]" << mesh_extra << "}\n";
+  return o.str();
+}
+
+// The data-parallel transform of `s`: it spans dp and cp, whose ranks hold the same parameters.
+std::string dp_transform(const Shape& s, const ModelFacts& f) {
+  std::vector<std::string> span;
+  if (s.dp > 1) span.push_back("dp");
+  if (s.cp > 1) span.push_back("cp");
+  std::string keep = s.keep ? ", reshard_after_forward: false" : "";
+  if (s.precision == Precision::kBf16) keep += ", param_dtype: bfloat16, reduce_dtype: float32";
+  if (s.dp_mode == DpMode::kReplicate) {
+    std::string dims;
+    for (const auto& d : span) dims += (dims.empty() ? "" : ", ") + d;
+    return "replicate: {mesh_dim: [" + dims + "]}";
+  }
+  if (s.dp_mode == DpMode::kFullyShard) {
+    std::string flat;
+    for (const auto& d : span) flat += (flat.empty() ? "" : "+") + d;
+    return "fully_shard: {mesh_dim: " + flat + ", units: " + quoted_list(f.units) + keep + "}";
+  }
+  if (s.dp_mode == DpMode::kHsdp) {
+    return "fully_shard: {mesh_dim: [dp_rep, dp_shard], units: " + quoted_list(f.units) + keep + "}";
+  }
+  return "";
+}
+
+std::string sections(const Shape& s, const ModelFacts& f, const std::string& mesh_extra, bool given_microbatches) {
+  std::ostringstream o;
+  o << mesh_of(s, mesh_extra) << "parallelize:";
   std::vector<std::string> t;
   if (s.pp > 1) {
     t.push_back("pipeline: {mesh_dim: pp, schedule: " + std::string(parallel::name_of(s.schedule)) +
@@ -185,74 +240,131 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
     t.push_back(std::string("tensor_parallel: {mesh_dim: tp") + (s.tp_style < 2 ? ", sequence_parallel: true" : "") +
                 (s.tp_style < 1 ? ", loss_parallel: true" : "") + "}");
   }
-  if (s.cp > 1) t.push_back("context_parallel: {mesh_dim: cp}");
+  if (s.cp > 1) {
+    t.push_back("context_parallel: {mesh_dim: cp" +
+                (s.rotate ? std::string(", rotate: ") + kRotateNames[s.rotate] : std::string()) + "}");
+  }
+  if (s.ep > 1) {
+    const char* dim = !s.ep_borrows_dp ? "ep" : s.dp_mode == DpMode::kHsdp ? "dp_shard" : "dp";
+    t.push_back(std::string("expert_parallel: {mesh_dim: ") + dim + "}");
+  }
   if (s.ac != Ac::kNone) {
-    t.push_back("activation_checkpointing: {units: ['layers.*']" + std::string(s.ac == Ac::kOp ? ", mode: op" : "") + "}");
+    t.push_back("activation_checkpointing: {units: ['layers.*']" + std::string(s.ac == Ac::kOp ? ", mode: op" : "") +
+                (s.ac_every > 1 ? ", every: " + std::to_string(s.ac_every) : "") + "}");
   }
-  // Data parallelism spans dp and cp: cp's ranks hold the same parameters.
-  std::vector<std::string> span;
-  if (s.dp > 1) span.push_back("dp");
-  if (s.cp > 1) span.push_back("cp");
-  const std::string keep = s.keep ? ", reshard_after_forward: false" : "";
-  if (s.dp_mode == DpMode::kReplicate) {
-    std::string dims;
-    for (const auto& d : span) dims += (dims.empty() ? "" : ", ") + d;
-    t.push_back("replicate: {mesh_dim: [" + dims + "]}");
-  } else if (s.dp_mode == DpMode::kFullyShard) {
-    std::string flat;
-    for (const auto& d : span) flat += (flat.empty() ? "" : "+") + d;
-    t.push_back("fully_shard: {mesh_dim: " + flat + ", units: " + quoted_list(f.units) + keep + "}");
-  } else if (s.dp_mode == DpMode::kHsdp) {
-    t.push_back("fully_shard: {mesh_dim: [dp_rep, dp_shard], units: " + quoted_list(f.units) + keep + "}");
-  }
+  if (const std::string d = dp_transform(s, f); !d.empty()) t.push_back(d);
   if (t.empty()) o << " []";
   for (const auto& x : t) o << "\n  - " << x;
   o << "\n";
   return o.str();
 }
 
-// Every shape for `world`: tp within a node, cp 1, 2 or 4, pp up to the layers, the rest dp;
-// microbatches as the config gives them (`given` > 0), else searched.
-std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given) {
+// The data-parallel modes of dp x cp ranks (the shard dim of HSDP within a node): (mode, HSDP's shard, keep).
+std::vector<std::tuple<DpMode, int64_t, bool>> dp_modes(const World& w, int64_t tp, int64_t cp, int64_t dp) {
+  std::vector<std::tuple<DpMode, int64_t, bool>> dps;
+  if (dp * cp == 1) dps.push_back({DpMode::kNone, 1, false});
+  if (dp * cp > 1) {
+    dps.push_back({DpMode::kReplicate, 1, false});
+    dps.push_back({DpMode::kFullyShard, 1, false});
+    dps.push_back({DpMode::kFullyShard, 1, true});
+  }
+  const int64_t shard = w.ranks_per_node / (tp * cp);
+  if (cp == 1 && shard > 1 && shard < dp && dp % shard == 0) {
+    dps.push_back({DpMode::kHsdp, shard, false});
+    dps.push_back({DpMode::kHsdp, shard, true});
+  }
+  return dps;
+}
+
+// expert_parallel's choices for a plan with `rest` ranks left for dp: none, its own dim of each size
+// that divides the experts, or borrowing dp (or HSDP's shard dim) under fully_shard.
+std::vector<std::tuple<int64_t, int64_t, bool>> ep_choices(const ModelFacts& f, int64_t rest) {
+  std::vector<std::tuple<int64_t, int64_t, bool>> out{{1, rest, false}};  // (ep, dp, borrows)
+  if (f.moe_layers == 0) return out;
+  for (int64_t ep : divisors(rest)) {
+    if (ep == 1 || f.experts % ep) continue;
+    out.push_back({ep, rest / ep, false});
+    if (ep == rest) out.push_back({ep, rest, true});
+  }
+  return out;
+}
+
+// Activation checkpointing's choices: none, op, full, and full on every other layer.
+std::vector<std::pair<Ac, int64_t>> ac_choices(const ModelFacts& f) {
+  if (!f.has_layers) return {{Ac::kNone, 1}};
+  std::vector<std::pair<Ac, int64_t>> out{{Ac::kNone, 1}, {Ac::kOp, 1}, {Ac::kFull, 1}};
+  if (f.layers > 2) out.push_back({Ac::kFull, 2});
+  return out;
+}
+
+// The precisions worth searching: the config's own, and on a device with bfloat16 and float8 matmuls,
+// fully_shard's bfloat16 and train.fp8 (tensorwise).
+std::vector<Precision> precisions(const World& w, const ExperimentConfig& c) {
+  if (!w.cuda || c.train.dtype != DType::kFloat32 || c.train.fp8) return {Precision::kAsGiven};
+  return {Precision::kAsGiven, Precision::kBf16, Precision::kFp8Tensorwise};
+}
+
+struct Axes {
+  int64_t global_batch = 1;  // a plan whose data-parallel ranks and microbatches do not split it is not one
+  std::vector<std::pair<parallel::ScheduleKind, int64_t>> schedules;
+  std::vector<std::pair<Ac, int64_t>> acs;
+  std::vector<Precision> precisions;
+  std::vector<int> rotates;
+};
+
+// Every variant of one (tp, cp, pp, ep, dp) layout into `out`.
+void variants(std::vector<Shape>& out, Shape base, const World& w, const Axes& axes, int64_t given) {
+  for (const auto& [mode, sh, keep] : dp_modes(w, base.tp, base.cp, base.dp)) {
+    if (base.ep_borrows_dp && mode != DpMode::kFullyShard && mode != DpMode::kHsdp) continue;
+    for (const auto& [kind, v] : axes.schedules) {
+      for (int64_t mb : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+        if (given > 0 && mb > 1) continue;
+        for (const auto& [ac, every] : axes.acs) {
+          for (Precision p : axes.precisions) {
+            if (p == Precision::kBf16 && mode != DpMode::kFullyShard && mode != DpMode::kHsdp) continue;
+            for (int rotate : axes.rotates) {
+              Shape s = base;
+              s.dp_mode = mode, s.shard = sh, s.keep = keep, s.schedule = kind, s.virtual_stages = v;
+              s.microbatches = given > 0 ? given
+                               : base.pp > 1 ? mb * base.pp * (kind == parallel::ScheduleKind::kZbv ? 2 : 1)
+                                             : mb;
+              s.ac = ac, s.ac_every = every, s.precision = p, s.rotate = rotate;
+              if (s.ep_borrows_dp && mode == DpMode::kHsdp && s.ep != s.shard) continue;
+              if (axes.global_batch % (s.batch_split() * s.microbatches) != 0) continue;  // the planner's first refusal
+              out.push_back(s);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every shape for `world`: tp within a node, cp 1, 2 or 4 (each rotation), pp up to the layers, expert_parallel
+// for routed experts, the rest dp; microbatches as the config gives them (`given` > 0), else searched.
+std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, const ExperimentConfig& c, int64_t given) {
   std::vector<Shape> out;
   const int64_t n = w.size();
+  Axes axes;
+  axes.acs = ac_choices(f);
+  axes.global_batch = c.train.global_batch;
+  axes.precisions = precisions(w, c);
   for (int64_t tp : divisors(n)) {
     if (tp > w.ranks_per_node) continue;
     for (int64_t cp : divisors(n / tp)) {
       if (cp > 4 || (cp > 1 && !f.has_layers)) continue;
+      axes.rotates = cp > 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
       for (int64_t pp : divisors(n / (tp * cp))) {
         if (pp > 1 && (!f.has_layers || pp > f.layers)) continue;
-        const int64_t dp = n / (tp * cp * pp);
-        std::vector<std::tuple<DpMode, int64_t, bool>> dps;  // (mode, HSDP's shard, keep unsharded)
-        if (dp * cp == 1) dps.push_back({DpMode::kNone, 1, false});
-        if (dp * cp > 1) {
-          dps.push_back({DpMode::kReplicate, 1, false});
-          dps.push_back({DpMode::kFullyShard, 1, false});
-          dps.push_back({DpMode::kFullyShard, 1, true});
-        }
-        const int64_t shard = w.ranks_per_node / (tp * cp);
-        if (cp == 1 && shard > 1 && shard < dp && dp % shard == 0) {
-          dps.push_back({DpMode::kHsdp, shard, false});
-          dps.push_back({DpMode::kHsdp, shard, true});
-        }
-        std::vector<std::pair<parallel::ScheduleKind, int64_t>> schedules{{parallel::ScheduleKind::k1f1b, 1}};
+        axes.schedules = {{parallel::ScheduleKind::k1f1b, 1}};
         if (pp > 1) {
-          schedules.push_back({parallel::ScheduleKind::kInterleaved1f1b, 2});
-          schedules.push_back({parallel::ScheduleKind::kZbv, 2});
+          axes.schedules.push_back({parallel::ScheduleKind::kInterleaved1f1b, 2});
+          axes.schedules.push_back({parallel::ScheduleKind::kZbv, 2});
         }
-        for (const auto& [mode, sh, keep] : dps) {
-          for (const auto& [kind, v] : schedules) {
-            for (int64_t mb : {int64_t{1}, int64_t{2}, int64_t{4}}) {
-              if (given > 0 && mb > 1) continue;
-              for (Ac ac : {Ac::kNone, Ac::kOp, Ac::kFull}) {
-                if (ac != Ac::kNone && !f.has_layers) continue;
-                const int64_t m = given > 0 ? given
-                                  : pp > 1  ? mb * pp * (kind == parallel::ScheduleKind::kZbv ? 2 : 1)
-                                            : mb;
-                out.push_back(Shape{tp, cp, pp, dp, sh, mode, kind, v, m, ac, keep});
-              }
-            }
-          }
+        for (const auto& [ep, dp, borrows] : ep_choices(f, n / (tp * cp * pp))) {
+          Shape base;
+          base.tp = tp, base.cp = cp, base.pp = pp, base.dp = dp, base.ep = ep, base.ep_borrows_dp = borrows;
+          variants(out, base, w, axes, given);
         }
       }
     }
@@ -263,46 +375,6 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, int64_t given)
 double flops_of(const ModelFacts& f, const ExperimentConfig& c) {
   const double per_token = 6 * f.matrix_params + (f.attention ? 12.0 * f.layers * f.attn_dim * f.seq : 0.0);
   return per_token * f.seq * static_cast<double>(c.train.global_batch);
-}
-
-// The cost model's step for `s` (see Candidate).
-void price(Candidate& cand, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w,
-           double flops) {
-  const double n = static_cast<double>(w.size());
-  cand.bubble = s.pp > 1 ? parallel::bubble_formula(
-                               s.schedule, parallel::shape_for(s.schedule, static_cast<int>(s.pp),
-                                                               static_cast<int>(s.virtual_stages),
-                                                               static_cast<int>(s.microbatches)))
-                         : 0.0;
-  const double recompute = s.ac == Ac::kFull ? 4.0 / 3.0 : 1.0;  // full: one more forward (a third of 6N)
-  const int64_t rows = std::max<int64_t>(1, c.train.global_batch * f.seq / (s.dp * s.cp * s.microbatches));
-  cand.rate = w.matmul_rate ? w.matmul_rate(rows, std::max<int64_t>(1, f.dim), std::max<int64_t>(1, f.dim / s.tp))
-                            : w.matmul_flops;
-  cand.compute_s = flops * recompute / (n * cand.rate) / (1.0 - cand.bubble);
-  // A group is inside a node when its ranks are: the mesh is [pp, dp, cp, tp], tp innermost.
-  auto bw = [&](int64_t span) { return span <= w.ranks_per_node ? w.intra_bytes_per_s : w.inter_bytes_per_s; };
-  const double e = static_cast<double>(c10::elementSize(scalar_type_of(c.train.dtype)));
-  const double tokens = static_cast<double>(c.train.global_batch) * f.seq / static_cast<double>(s.dp * s.cp);
-  const double layers_here = static_cast<double>(f.layers) / static_cast<double>(s.pp);
-  const double local = f.param_bytes / static_cast<double>(s.tp * s.pp);
-  double comm = 0;
-  const double span = static_cast<double>(s.dp * s.cp);
-  if (s.dp_mode == DpMode::kReplicate) comm += 2 * (span - 1) / span * local / bw(s.dp * s.cp * s.tp);
-  // fully_shard: an all-gather in forward, another in backward unless kept, a reduce-scatter.
-  const double passes = s.keep ? 2 : 3;
-  if (s.dp_mode == DpMode::kFullyShard) comm += passes * (span - 1) / span * local / bw(s.dp * s.cp * s.tp);
-  if (s.dp_mode == DpMode::kHsdp) {
-    const double sh = static_cast<double>(s.shard), rep = static_cast<double>(s.dp / s.shard);
-    comm += passes * (sh - 1) / sh * local / bw(s.shard * s.tp) + 2 * (rep - 1) / rep * local / sh / bw(s.dp * s.tp);
-  }
-  const double again = s.ac == Ac::kFull ? 1.5 : 1.0;  // a recomputed forward repeats its collectives
-  if (s.tp > 1) {
-    const double tp = static_cast<double>(s.tp);
-    comm += again * 8 * (tp - 1) / tp * tokens * f.dim * e * layers_here / bw(s.tp);
-  }
-  if (s.cp > 1) comm += again * 3 * (s.cp - 1) * 2.0 * f.kv_dim * tokens * e * layers_here / bw(s.cp * s.tp);
-  if (s.pp > 1) comm += 2 * s.virtual_stages * tokens * f.dim * e / bw(w.size());
-  cand.comm_s = comm;
 }
 
 }  // namespace
@@ -328,80 +400,102 @@ std::string mesh_extra_of(const YAML::Node& base, const World& w) {
   return extra + ", memory_per_rank_mb: " + std::to_string(w.memory_per_rank / (1024 * 1024));
 }
 
-// A shape the planner accepted, priced.
-struct Accepted {
-  Candidate cand;
-  ExperimentConfig config;
-  Plan plan;
-};
-
-// Every shape of the world through the planner (`doc`: the config without mesh; `given`: its own
-// train.microbatches, 0 when searched), each accepted one priced, in cost order; counts the
-// candidates and refusals into `out`.
-std::vector<Accepted> priced_plans(const std::string& path, const YAML::Node& doc, const std::string& mesh_extra,
-                                   const ModelFacts& f, int64_t given, const World& w, Suggestion& out) {
-  const std::string base_text = emit(doc);
-  std::vector<Accepted> accepted;
-  for (Shape s : shapes_of(w, f, given)) {
-    ++out.candidates;
-    std::string rest = base_text;  // the config's other sections, with gradient accumulation when searched
-    if (!given && s.pp == 1 && s.microbatches > 1) {
-      YAML::Node d = YAML::Clone(doc);
-      d["train"]["microbatches"] = s.microbatches;
-      rest = emit(d);
-    }
-    for (s.tp_style = 0; s.tp_style < 3; ++s.tp_style) {
-      const std::string text = rest + sections(s, f, mesh_extra, given > 0);
-      try {
-        ExperimentConfig c = parse_config(text, path);
-        Plan plan = make_plan(c, w.size());
-        Candidate cand;
-        cand.name = s.name();
-        cand.yaml = text;
-        cand.family = s.family();
-        price(cand, s, f, c, w, out.flops_per_step);
-        accepted.push_back({cand, std::move(c), std::move(plan)});
-        break;
-      } catch (const UserError& e) {
-        if (s.tp > 1 && s.tp_style < 2) continue;  // without sequence or loss parallelism, maybe
-        ++out.refused;
-        if (out.first_refusal.empty()) out.first_refusal = s.name() + ": " + e.what();
-        break;
-      }
-    }
-  }
-  std::stable_sort(accepted.begin(), accepted.end(),
-                   [](const Accepted& a, const Accepted& b) { return a.cand.step_s() < b.cand.step_s(); });
-  return accepted;
+// The config's sections besides mesh and parallelize for `s`: gradient accumulation and float8 where searched.
+std::string rest_of(const Shape& s, const YAML::Node& doc, const std::string& base_text, int64_t given) {
+  const bool accumulate = !given && s.pp == 1 && s.microbatches > 1;
+  const bool fp8 = s.precision == Precision::kFp8Tensorwise;
+  if (!accumulate && !fp8) return base_text;
+  YAML::Node d = YAML::Clone(doc);
+  if (accumulate) d["train"]["microbatches"] = s.microbatches;
+  if (fp8) d["train"]["fp8"]["recipe"] = "tensorwise";
+  return emit(d);
 }
 
-// In cost order, each plan's memory estimated until `top` fit (or `max_estimates` ran), into out.fitting
-// and out.unfit.
-void fit_in_cost_order(std::vector<Accepted>& accepted, const World& w, int top, int max_estimates, Suggestion& out) {
+// A shape, priced.
+struct Priced {
+  Shape shape;
+  StepTerms terms;
+};
+
+// Every shape of the world (tensor parallelism with sequence and loss parallelism, sequence
+// parallelism alone, or neither), priced from the model's facts, in cost order. No planner yet:
+// pricing is closed-form, so the planner and the dry runs see only the cheapest.
+std::vector<Priced> priced_shapes(const ModelFacts& f, const ExperimentConfig& one, int64_t given, World& w,
+                                  Suggestion& out) {
+  std::vector<Priced> priced;
+  for (Shape s : shapes_of(w, f, one, given)) {
+    for (s.tp_style = 0; s.tp_style < (s.tp > 1 ? 3 : 1); ++s.tp_style) {
+      ++out.candidates;
+      priced.push_back({s, price(s, f, one, w, out.flops_per_step)});
+    }
+  }
+  std::stable_sort(priced.begin(), priced.end(),
+                   [](const Priced& a, const Priced& b) { return a.terms.step_s() < b.terms.step_s(); });
+  return priced;
+}
+
+// What the walk in cost order needs besides the priced shapes.
+struct Walk {
+  const std::string& path;
+  const YAML::Node& doc;
+  const std::string& mesh_extra;
+  const ModelFacts& f;
+  int64_t given;
+  int top, max_estimates;
+  double max_seconds;
+};
+
+// In cost order, each shape written as a config and put to the planner, and each accepted one run dry
+// (the per-rank memory estimate) until `top` fit or `max_estimates` ran: into out.fitting and out.unfit;
+// the rest, priced only, into out.others.
+void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const World& w, Suggestion& out) {
   const double limit = (1.0 - w.margin) * static_cast<double>(w.memory_per_rank);
+  const std::string base_text = emit(k.doc);
   std::set<std::string> fitted;  // families with a plan that fits: their costlier members buy memory not needed
-  for (auto& a : accepted) {
-    if (static_cast<int>(out.fitting.size()) >= top || out.estimated >= max_estimates) break;
-    if (fitted.count(a.cand.family)) continue;
-    ++out.estimated;
-    try {
-      int64_t peak = 0;
-      for (const auto& e : estimate_memory(a.config, a.plan, w.ranks_per_node)) peak = std::max(peak, e.peak());
-      a.cand.peak = peak;
-      a.cand.fits = static_cast<double>(peak) <= limit;
-    } catch (const UserError&) {
-      ++out.refused;
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t i = 0;
+  for (; i < priced.size(); ++i) {
+    if (static_cast<int>(out.fitting.size()) >= k.top || out.estimated >= k.max_estimates) break;
+    if (!out.fitting.empty() &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > k.max_seconds) {
+      out.out_of_time = true;  // a plan fits; the next dry runs would pass the time given
+      break;
+    }
+    if (out.planned >= 40 * k.max_estimates) break;  // the planner refuses nearly everything: enough tried
+    const Shape& s = priced[i].shape;
+    Candidate cand{s.name(), "", s.family(), priced[i].terms};
+    if (fitted.count(cand.family)) {
+      out.others.push_back(std::move(cand));  // a cheaper member of its family fits
       continue;
     }
-    if (a.cand.fits) fitted.insert(a.cand.family);
-    (a.cand.fits ? out.fitting : out.unfit).push_back(a.cand);
+    cand.yaml = rest_of(s, k.doc, base_text, k.given) + sections(s, k.f, k.mesh_extra, k.given > 0);
+    ++out.planned;
+    try {
+      const ExperimentConfig c = parse_config(cand.yaml, k.path);
+      const Plan plan = make_plan(c, w.size());
+      ++out.estimated;
+      int64_t peak = 0;
+      for (const auto& e : estimate_memory(c, plan, w.ranks_per_node)) peak = std::max(peak, e.peak());
+      cand.peak = peak;
+      cand.fits = static_cast<double>(peak) <= limit;
+    } catch (const UserError& e) {
+      ++out.refused;
+      if (out.first_refusal.empty()) out.first_refusal = cand.name + ": " + e.what();
+      cand.refusal = e.what();
+      cand.yaml.clear();
+      out.others.push_back(std::move(cand));
+      continue;
+    }
+    if (cand.fits) fitted.insert(cand.family);
+    (cand.fits ? out.fitting : out.unfit).push_back(std::move(cand));
   }
+  for (; i < priced.size(); ++i) out.others.push_back({priced[i].shape.name(), "", priced[i].shape.family(), priced[i].terms});
 }
 
 }  // namespace
 
-Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& w, int top,
-                   int max_estimates) {
+Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, World& w, int top,
+                   int max_estimates, double max_seconds) {
   const YAML::Node base = base_document(path, overrides);
   const std::string mesh_extra = mesh_extra_of(base, w);
   YAML::Node doc = YAML::Clone(base);
@@ -411,9 +505,77 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   const int64_t given = doc["train"] && doc["train"]["microbatches"] ? doc["train"]["microbatches"].as<int64_t>() : 0;
   Suggestion out;
   out.flops_per_step = flops_of(f, one);
-  std::vector<Accepted> accepted = priced_plans(path, doc, mesh_extra, f, given, w, out);
-  fit_in_cost_order(accepted, w, top, max_estimates, out);
+  const std::vector<Priced> priced = priced_shapes(f, one, given, w, out);
+  fit_in_cost_order(priced, Walk{path, doc, mesh_extra, f, given, top, max_estimates, max_seconds}, w, out);
+  if (w.rates.dirty && w.rates.measure) save_rates(w.rates);
   return out;
+}
+
+std::vector<std::pair<std::string, double>> StepTerms::named_ms() const {
+  const double raw = raw_comm_s(), fit = raw > 0 ? comm_s() / raw : 1.0;  // communication's refit, blended
+  return {{"matmul", matmul_s * compute_fit * 1e3},
+          {"elementwise", elementwise_s * compute_fit * 1e3},
+          {"kernel overhead", kernels_s * compute_fit * 1e3},
+          {"optimizer", optimizer_s * compute_fit * 1e3},
+          {"pipeline bubble", bubble_s * 1e3},
+          {"tensor-parallel communication", tp_s * fit * 1e3},
+          {"context-parallel communication", cp_s * fit * 1e3},
+          {"data-parallel communication", (dp_s - hidden_s) * fit * 1e3},
+          {"pipeline sends", pp_s * fit * 1e3},
+          {"expert dispatch", ep_s * fit * 1e3}};
+}
+
+std::string explain_choice(const Candidate& best, const Candidate& next) {
+  const auto a = best.terms.named_ms(), b = next.terms.named_ms();
+  std::vector<std::pair<double, std::string>> diffs;
+  for (size_t i = 0; i < a.size(); ++i) diffs.push_back({b[i].second - a[i].second, a[i].first});
+  std::sort(diffs.begin(), diffs.end(), [](const auto& x, const auto& y) { return std::abs(x.first) > std::abs(y.first); });
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(1);
+  o << best.name << " is " << (next.step_s() - best.step_s()) * 1e3 << " ms a step cheaper than " << next.name << ": ";
+  int said = 0;
+  for (const auto& [d, name] : diffs) {
+    if (said == 3 || std::abs(d) < 0.05) break;
+    o << (said++ ? ", " : "") << name << " " << (d >= 0 ? "-" : "+") << std::abs(d) << " ms";
+  }
+  if (!said) o << "no term differs by 0.1 ms";
+  return o.str();
+}
+
+nlohmann::json candidate_json(const Candidate& c) {
+  nlohmann::json terms;
+  for (const auto& [name, ms] : c.terms.named_ms()) terms[name] = ms;
+  return {{"name", c.name},         {"step_ms", c.step_s() * 1e3}, {"compute_ms", c.terms.compute_s() * 1e3},
+          {"comm_ms", c.terms.comm_s() * 1e3}, {"comm_latency_ms", c.terms.comm_latency_s * c.terms.latency_fit * 1e3},
+          {"bubble", c.terms.bubble}, {"recompute_ms", c.terms.recompute_s * 1e3},
+          {"matmul_tflops", c.terms.rate / 1e12}, {"terms_ms", terms}, {"peak_bytes", c.peak}, {"fits", c.fits},
+          {"refused", c.refusal}};
+}
+
+nlohmann::json suggestion_json(const Suggestion& s, const World& w) {
+  nlohmann::json j = {{"ranks_per_node", w.ranks_per_node}, {"nodes", w.nodes},
+                      {"memory_per_rank", w.memory_per_rank}, {"rates", to_json(w.rates)},
+                      {"rates_source", w.rates.source},   {"candidates", s.candidates},
+                      {"refused", s.refused},             {"estimated", s.estimated}, {"planned", s.planned},
+                      {"flops_per_step", s.flops_per_step}};
+  j["rates"].erase("matmul_by_shape");
+  j["fitting"] = nlohmann::json::array();
+  j["over_memory"] = nlohmann::json::array();
+  j["not_run_dry"] = nlohmann::json::array();
+  for (const auto& c : s.fitting) j["fitting"].push_back(candidate_json(c));
+  for (const auto& c : s.unfit) j["over_memory"].push_back(candidate_json(c));
+  for (const auto& c : s.others) j["not_run_dry"].push_back(candidate_json(c));
+  return j;
+}
+
+std::string describe_line(const Candidate& c) {
+  std::ostringstream l;
+  l.precision(3);
+  l << c.name << ": step " << c.step_s() * 1e3 << " ms (compute " << c.terms.compute_s() * 1e3 << " ms at "
+    << c.terms.rate / 1e12 << " TFLOP/s, communication " << c.terms.comm_s() * 1e3 << " ms, bubble "
+    << c.terms.bubble << "), peak " << format_bytes(c.peak);
+  return l.str();
 }
 
 std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
@@ -421,45 +583,28 @@ std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
   const Candidate& best = s.fitting[pick];
   std::ostringstream o;
   o.precision(3);
-  auto line = [&](const Candidate& c) {
-    std::ostringstream l;
-    l.precision(3);
-    l << c.name << ": step " << c.step_s() << " s (compute " << c.compute_s << " s at " << c.rate / 1e12
-      << " TFLOP/s, communication " << c.comm_s << " s, bubble " << c.bubble << "), peak " << format_bytes(c.peak);
-    return l.str();
-  };
+  const MachineRates& r = w.rates;
   o << "# composer suggest for " << w.nodes << " node(s) x " << w.ranks_per_node << " ranks, "
     << format_bytes(w.memory_per_rank) << " per rank (keeping " << w.margin * 100 << "% free); model FLOPs "
-    << s.flops_per_step << " per step, priced at "
-    << (w.matmul_rate ? std::string("a matmul rate per rank measured here at each plan's matmul shape")
-                      : std::to_string(w.matmul_flops / 1e12) + " TFLOP/s per rank")
-    << ", "
-    << w.intra_bytes_per_s / 1e9 << " GB/s within a node and " << w.inter_bytes_per_s / 1e9 << " GB/s across.\n"
-    << "# " << s.candidates << " plans searched, " << s.refused << " refused by the planner, " << s.estimated
-    << " run dry in cost order, " << s.fitting.size() << " fit.\n"
+    << s.flops_per_step << " per step.\n"
+    << "# rates (" << r.source << "): matmul " << r.matmul_flops / 1e12 << " TFLOP/s per rank at 1024^3"
+    << (r.shapes.empty() ? "" : ", measured at each plan's shapes") << ", elementwise "
+    << r.elementwise_bytes_per_s / 1e9 << " GB/s, " << r.kernel_s * 1e6 << " us per op, collectives within a node "
+    << r.intra.latency_s * 1e6 << " us + bytes at " << r.intra.bytes_per_s / 1e9 << " GB/s, across "
+    << r.inter.latency_s * 1e6 << " us + " << r.inter.bytes_per_s / 1e9 << " GB/s"
+    << (r.runs_fitted ? "; refit from " + std::to_string(r.runs_fitted) + " run(s)" : std::string()) << ".\n"
+    << "# " << s.candidates << " plans priced; in cost order " << s.planned << " put to the planner, " << s.refused
+    << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
+    << (s.out_of_time ? " (the dry runs stopped at --max-seconds)" : "") << ".\n"
     << "# " << (pick ? "runner-up " + std::to_string(pick + 1) + ": " : "chosen, the cheapest that fits: ")
-    << line(best) << "\n";
+    << describe_line(best) << "\n";
+  if (pick + 1 < s.fitting.size()) o << "# why: " << explain_choice(best, s.fitting[pick + 1]) << "\n";
   for (size_t i = 0; i < s.fitting.size(); ++i) {
-    if (i != pick) o << "# " << (i ? "runner-up " + std::to_string(i + 1) : "the best") << ": " << line(s.fitting[i]) << "\n";
+    if (i != pick) o << "# " << (i ? "runner-up " + std::to_string(i + 1) : "the best") << ": " << describe_line(s.fitting[i]) << "\n";
   }
-  for (const auto& c : s.unfit) o << "# cheaper but over the memory: " << line(c) << "\n";
+  for (const auto& c : s.unfit) o << "# cheaper but over the memory: " << describe_line(c) << "\n";
   o << best.yaml;
   return o.str();
-}
-
-double measure_matmul_flops(int64_t rows, int64_t k, int64_t n, double seconds) {
-  torch::NoGradGuard no_grad;
-  auto a = torch::randn({rows, k}), b = torch::randn({k, n});
-  a.mm(b);  // warm-up
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t reps = 0;
-  double elapsed = 0;
-  while (elapsed < seconds) {
-    a.mm(b);
-    ++reps;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  return 2.0 * static_cast<double>(rows * k * n) * static_cast<double>(reps) / elapsed;
 }
 
 }  // namespace composer

@@ -9,11 +9,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
+#include "runner/suggest/probe.h"
 
 namespace composer {
 
@@ -23,33 +26,57 @@ struct World {
   int64_t nodes = 1;
   int64_t memory_per_rank = 0;  // bytes a rank may use
   double margin = 0.1;          // the fraction of memory_per_rank a plan must leave free
-  double matmul_flops = 0;      // per rank, FLOP/s
-  // When set, a rank's rate for a plan's own matmul shape (rows: the tokens of
-  // one microbatch on a rank; the model's dim; dim / tp), in place of matmul_flops.
-  std::function<double(int64_t rows, int64_t k, int64_t n)> matmul_rate;
-  double intra_bytes_per_s = 0;  // a rank's bandwidth to ranks of its node
-  double inter_bytes_per_s = 0;  // to ranks of other nodes
+  bool cuda = false;            // the device has bfloat16 and float8 matmuls worth searching
+  double overlap = 0;           // the fraction of fully_shard's gathers hidden behind compute (prefetch)
+  MachineRates rates;           // measured here, cached, given (--rates) or a device's defaults
   int64_t size() const { return ranks_per_node * nodes; }
+};
+
+// A plan's step on one rank, term by term (seconds): what the cost model adds up.
+struct StepTerms {
+  double matmul_s = 0;       // the model's matmuls (attention's included) at the rate of the plan's shapes
+  double elementwise_s = 0;  // norms, rotary, activations, residuals, the loss: bytes over the elementwise rate
+  double kernels_s = 0;      // each op's fixed cost, per microbatch and layer
+  double optimizer_s = 0;    // the optimizer's pass over the rank's parameters
+  double recompute_s = 0;    // activation checkpointing's repeated forward (in the terms above too: its share)
+  double bubble = 0;         // the schedule's idle fraction
+  double bubble_s = 0;       // the time it adds to the compute
+  // Communication a step waits for, by what moves it: tp, cp, dp (replicate, fully_shard, HSDP), pp, ep.
+  double tp_s = 0, cp_s = 0, dp_s = 0, pp_s = 0, ep_s = 0;
+  double hidden_s = 0;       // of dp_s, hidden behind compute
+  double comm_latency_s = 0; // of the five, the collectives' latency (the rest is their bytes)
+  double rate = 0;           // the matmul rate assumed at the plan's main shape, FLOP/s per rank
+  // The machine's refit factors (composer suggest --from-run): compute, communication's latency and its bytes.
+  double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
+  double compute_s() const { return (matmul_s + elementwise_s + kernels_s + optimizer_s) * compute_fit + bubble_s; }
+  double raw_comm_s() const { return tp_s + cp_s + dp_s + pp_s + ep_s - hidden_s; }
+  double comm_s() const { return comm_latency_s * latency_fit + (raw_comm_s() - comm_latency_s) * bandwidth_fit; }
+  double step_s() const { return compute_s() + comm_s(); }
+  // Every term by name, in ms, for --json and the explanation.
+  std::vector<std::pair<std::string, double>> named_ms() const;
 };
 
 struct Candidate {
   std::string name;   // "tp2.cp1.pp2_1f1b_m4.fsdp.ac_op.mb1"
   std::string yaml;    // the whole config: the user's sections (accumulation searched in) and its mesh and parallelize
   std::string family;              // the name less activation checkpointing (and accumulation without a pipeline)
-  // The cost model's step: compute (model FLOPs, recompute included, over
-  // the matmul rate, stretched by the pipeline's bubble) plus every
-  // collective's bytes over its level's bandwidth, nothing overlapped.
-  double compute_s = 0, comm_s = 0, bubble = 0;
-  double rate = 0;  // the matmul rate compute_s assumes, FLOP/s per rank
-  double step_s() const { return compute_s + comm_s; }
+  StepTerms terms;
+  double step_s() const { return terms.step_s(); }
   int64_t peak = -1;    // the dry run's largest per-rank peak; -1: not run dry
   bool fits = false;
+  std::string refusal;  // the planner's reason, where it refused the plan
 };
 
 struct Suggestion {
   std::vector<Candidate> fitting;   // best first
   std::vector<Candidate> unfit;     // run dry, over the memory, in cost order
-  int64_t candidates = 0, refused = 0, estimated = 0;
+  std::vector<Candidate> others;    // the rest, in cost order, their yaml left out: refused (with the reason),
+                                    // passed over (a cheaper member of their family fits), or priced only
+  int64_t candidates = 0;   // shapes priced
+  int64_t planned = 0;      // of them, in cost order, written as configs and put to the planner
+  int64_t refused = 0;      // refused by the planner (or its estimate)
+  int64_t estimated = 0;    // run dry
+  bool out_of_time = false; // the dry runs stopped at the time given, with fewer than `top` fitting
   std::string first_refusal;        // an example of the planner's reasons
   double flops_per_step = 0;        // the model's, one step of the global batch: 6 x matrix parameters per
                                     // token (embedding tables left out) + attention's 12 x layers x dim x seq
@@ -59,16 +86,25 @@ struct Suggestion {
 void check_suggest_overrides(const std::vector<std::string>& overrides);
 
 // Searches the plans of the config at `path` (with `overrides`; its own mesh
-// and parallelize are ignored) for `world`; `max_estimates` caps the dry runs.
-Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, const World& world, int top,
-                   int max_estimates);
+// and parallelize are ignored) for `world`; `max_estimates` caps the dry runs, and once a plan fits,
+// `max_seconds` their time.
+Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, World& world, int top,
+                   int max_estimates, double max_seconds);
 
 // The config of the plan fitting[pick] (0: the best), headed by a comment on
 // the choice, the runners-up and the rates assumed.
 std::string suggested_yaml(const Suggestion& s, const World& world, size_t pick = 0);
 
-// One float32 matmul's rate on this machine's cores, FLOP/s: (rows x k) by
-// (k x n), repeated for about `seconds`.
-double measure_matmul_flops(int64_t rows = 1024, int64_t k = 1024, int64_t n = 1024, double seconds = 0.5);
+// Why the chosen plan beats the runner-up: the terms that differ most, in ms.
+std::string explain_choice(const Candidate& best, const Candidate& next);
+
+// Every candidate's terms, the world's rates and the counts, as JSON (composer suggest --json).
+nlohmann::json suggestion_json(const Suggestion& s, const World& w);
+
+// A finished run's measured step against the cost model's price of its own plan (composer suggest
+// --from-run DIR): the lines to print; refits `w.rates` (compute and communication) from it.
+// `c` and `plan`: the config the run was started with (its hash must be the run's).
+std::vector<std::string> compare_with_run(const std::string& run_dir, const ExperimentConfig& c, const Plan& plan,
+                                          World& w);
 
 }  // namespace composer

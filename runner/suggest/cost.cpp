@@ -1,0 +1,227 @@
+// The cost model of `composer suggest`: a plan's step on one rank, term by
+// term, from the model's shapes, the plan and the machine's measured rates
+// (runner/suggest/probe.h). docs/memory.md#searching-plans-composer-suggest
+// gives every term's formula.
+#include <algorithm>
+#include <cmath>
+
+#include "runner/suggest/search.h"
+
+namespace composer::suggest_detail {
+namespace {
+
+// Bytes read and written per element by the memory-bound ops of a layer's
+// forward and backward together (the forward a third of them), per width:
+// two norms and two residual adds on the model's width, the rotary embedding
+// and head layouts on the query/key/value widths, SwiGLU's activation and
+// product on the feed-forward width; the loss's softmax on the logits; an MoE
+// layer's dispatch and combine copies on each routed token's width.
+constexpr double kModelWidthPasses = 30, kHeadPasses = 10, kFfnPasses = 15, kLogitPasses = 8, kRoutePasses = 12;
+// Ops a layer runs per microbatch, forward and backward; a routed layer adds its routing's and each local
+// expert's; the step adds
+// the embedding's, the loss's and the optimizer's per-parameter ops.
+constexpr double kLayerOps = 90, kRoutedOps = 40, kExpertOps = 20, kStepOps = 40, kOptimizerOpsPerTensor = 12;
+
+struct Local {
+  double n, e, tokens, mb, layers, tp;  // tokens: one microbatch's on this rank, before sequence parallelism
+  double recompute_all, recompute_elementwise;  // the fraction of the forward repeated: every op; only memory-bound ones
+};
+
+Local local_of(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
+  Local l;
+  l.n = static_cast<double>(w.size());
+  const bool half = w.cuda && s.precision != Precision::kAsGiven;
+  l.e = half ? 2.0 : static_cast<double>(c10::elementSize(scalar_type_of(c.train.dtype)));
+  l.mb = static_cast<double>(s.microbatches);
+  l.tokens = static_cast<double>(c.train.global_batch) * static_cast<double>(f.seq) /
+             static_cast<double>(s.batch_split() * s.cp) / l.mb;
+  l.layers = static_cast<double>(f.layers) / static_cast<double>(s.pp);
+  l.tp = static_cast<double>(s.tp);
+  const double checkpointed = s.ac == Ac::kNone ? 0.0 : 1.0 / static_cast<double>(s.ac_every);
+  l.recompute_all = s.ac == Ac::kFull ? checkpointed / 3.0 : 0.0;  // the forward is a third of forward + backward
+  l.recompute_elementwise = s.ac == Ac::kNone ? 0.0 : checkpointed / 3.0;
+  return l;
+}
+
+double precision_factor(const Shape& s, const World& w) {
+  if (!w.cuda) return 1.0;
+  switch (s.precision) {
+    case Precision::kAsGiven: return 0.125;  // float32 without tensor cores
+    case Precision::kBf16: return 1.0;
+    default: return 1.5;                     // float8's matmuls, its casts aside
+  }
+}
+
+void compute_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w,
+                   const Local& l) {
+  const double global_tokens = static_cast<double>(c.train.global_batch) * static_cast<double>(f.seq);
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(l.tokens));
+  const int64_t k = std::max<int64_t>(1, f.dim), n = std::max<int64_t>(1, f.dim / s.tp);
+  // a linear layer's three products: the forward (rows x k by k x n), the input's gradient (rows x n
+  // by n x k) and the weight's (k x rows by rows x n), each a third of its FLOPs
+  t.rate = 3.0 / (1.0 / w.rates.matmul_rate(rows, k, n) + 1.0 / w.rates.matmul_rate(rows, n, k) +
+                  1.0 / w.rates.matmul_rate(k, rows, n)) *
+           precision_factor(s, w);
+  double linear = 6 * (f.matrix_params - f.expert_matrix) * global_tokens / l.n / t.rate;
+  if (f.expert_matrix > 0) {  // each routed expert multiplies its own rows: top_k x tokens spread over the experts
+    const int64_t rows_each = std::max<int64_t>(1, static_cast<int64_t>(l.tokens * f.top_k * s.ep / f.experts));
+    const int64_t h = std::max<int64_t>(1, f.expert_hidden);
+    const double rate = 3.0 / (1.0 / w.rates.matmul_rate(rows_each, k, h) + 1.0 / w.rates.matmul_rate(rows_each, h, k) +
+                               1.0 / w.rates.matmul_rate(k, rows_each, h)) *
+                        precision_factor(s, w);
+    linear += 6 * f.expert_matrix * global_tokens / l.n * l.tp / rate;  // whole on every tp rank: each computes them
+  }
+  double attention = 0;
+  if (f.attention) {  // causal: half the scores
+    const double rate = w.rates.matmul_rate(rows, std::max<int64_t>(1, f.head_dim), std::max<int64_t>(1, f.seq / s.cp)) *
+                        precision_factor(s, w);
+    attention = 6.0 * f.layers * f.attn_dim * f.seq * global_tokens / l.n / rate;
+  }
+  t.matmul_s = (linear + attention) * (1 + l.recompute_all);
+  const double sp = s.tp > 1 && s.tp_style < 2 ? l.tp : 1.0;  // sequence parallelism splits the norms' tokens
+  const double heads_width = (f.attn_dim + 2.0 * f.kv_dim) / l.tp;
+  // the routed experts' width is whole on every tp rank; the rest of the feed-forward splits
+  const double routed_width = f.layers > 0 ? f.expert_matrix / (3.0 * f.dim * f.layers) : 0.0;
+  double per_layer = kModelWidthPasses * f.dim / sp + kHeadPasses * heads_width +
+                     kFfnPasses * ((f.ffn_per_token - routed_width) / l.tp + routed_width);
+  if (f.moe_layers > 0) per_layer += kRoutePasses * f.top_k * f.dim * f.moe_layers / std::max<double>(1, f.layers);
+  const double logits = kLogitPasses * f.vocab / (s.tp > 1 && s.tp_style == 0 ? l.tp : 1.0);
+  const double bytes = l.e * l.tokens * l.mb * (l.layers * per_layer * (1 + l.recompute_elementwise) + logits);
+  t.elementwise_s = bytes / w.rates.elementwise_bytes_per_s;
+  // a routed layer: its routing's ops, and each expert the rank holds its own products' and activation's
+  const double local_experts = static_cast<double>(f.experts) / static_cast<double>(s.ep);
+  const double routed = f.moe_layers > 0 ? (kRoutedOps + kExpertOps * local_experts) * f.moe_layers / std::max<double>(1, f.layers) : 0.0;
+  t.kernels_s = l.mb * (l.layers * (kLayerOps + routed) * (1 + l.recompute_elementwise) + kStepOps) * w.rates.kernel_s;
+  t.recompute_s = (linear + attention) * l.recompute_all +
+                  l.e * l.tokens * l.mb * l.layers * per_layer * l.recompute_elementwise / w.rates.elementwise_bytes_per_s;
+}
+
+// The elements of the rank's parameters the optimizer steps: the experts split by expert_parallel, everything
+// by tp and pp, and by fully_shard's ranks.
+double local_elements(const Shape& s, const ModelFacts& f, const Local& l) {
+  const double shard = s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
+                       : s.dp_mode == DpMode::kHsdp     ? static_cast<double>(s.shard)
+                                                        : 1.0;
+  const double expert_shard = s.ep_borrows_dp ? static_cast<double>(s.ep) : static_cast<double>(s.ep) * shard;
+  return ((f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard) + f.expert_bytes / (expert_shard * s.pp)) / l.e;
+}
+
+void optimizer_term(StepTerms& t, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w,
+                    const Local& l) {
+  const bool adam = c.train.optimizer.name == OptimizerKind::kAdam || c.train.optimizer.name == OptimizerKind::kAdamW;
+  // per element: the step reads and writes the parameter and its states; the gradient norm and zeroing
+  const double bytes_per = 4.0 * ((adam ? 7 : 5) + 2);
+  t.optimizer_s = local_elements(s, f, l) * bytes_per / w.rates.elementwise_bytes_per_s +
+                  static_cast<double>(f.tensors) / static_cast<double>(s.pp) * kOptimizerOpsPerTensor * w.rates.kernel_s;
+}
+
+// A group of `span` ranks, tp innermost in the mesh [pp, dp, ep, cp, tp]: inside a node when they fit in one.
+LinkCost link_for(const World& w, int64_t group, int64_t span) {
+  return w.rates.link(group, span <= w.ranks_per_node);
+}
+
+// A collective's time (LinkCost::seconds), its latency part kept apart for the refit.
+double charge(StepTerms& t, const LinkCost& link, double calls, double bytes) {
+  t.comm_latency_s += calls * link.latency_s;
+  return link.seconds(calls, bytes);
+}
+
+void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+  const double again = 1 + 3 * l.recompute_all;  // a repeated forward repeats its collectives (a third of the calls)
+  const double activation = l.tokens * f.dim * l.e;
+  if (s.tp > 1) {
+    const double share = (l.tp - 1) / l.tp;
+    const bool sp = s.tp_style < 2;
+    // per layer: sp two all-gathers and two reduce-scatters each way; plain two all-reduces each way
+    const double calls = l.layers * l.mb * (sp ? 8.0 : 4.0) * again / (sp ? 1.0 : 1.0);
+    const double bytes = l.layers * l.mb * 8.0 * share * activation * again;
+    double extra_calls = l.mb * (sp ? 2.0 : 0.0), extra_bytes = l.mb * (sp ? 2.0 : 0.0) * share * activation;
+    if (s.tp_style == 0) extra_calls += 3 * l.mb;  // loss parallel: the softmax's maximum, sum and target logit
+    else extra_bytes += l.mb * share * l.tokens * f.vocab * l.e, extra_calls += l.mb;  // the logits gathered
+    t.tp_s = charge(t, link_for(w, s.tp, s.tp), calls + extra_calls, bytes + extra_bytes);
+  }
+  if (s.cp > 1) {
+    const double cp = static_cast<double>(s.cp), kv = 2.0 * l.tokens * f.kv_dim / l.tp * l.e;
+    double calls = 0, bytes = 0;
+    if (s.rotate == 0) calls = 3 * (cp - 1), bytes = 3 * (cp - 1) * kv;           // the ring: blocks forward, blocks and their gradients back
+    else if (s.rotate == 1) calls = 2, bytes = 2 * (cp - 1) * kv;                  // one all-gather, one reduce-scatter
+    else calls = 8, bytes = 8 * (cp - 1) / cp * l.tokens * f.attn_dim / l.tp * l.e;  // q, k, v and the output, both ways
+    t.cp_s = charge(t, link_for(w, s.cp, s.cp * s.tp), calls * l.layers * l.mb * again, bytes * l.layers * l.mb * again);
+  }
+}
+
+void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+  const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp);  // a rank's unsharded non-expert bytes
+  const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp);
+  const double gather_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // bfloat16 gathers
+  const int64_t ep_here = s.ep_borrows_dp ? 1 : s.ep;
+  const int64_t copies = s.dp * s.cp * ep_here;  // ranks holding the same non-expert parameters
+  const double units = static_cast<double>(std::max<int64_t>(1, f.layers / s.pp) + 2);
+  auto ring = [](double g) { return (g - 1) / g; };
+  if (s.dp_mode == DpMode::kReplicate || (s.dp_mode == DpMode::kNone && copies > 1)) {
+    // without expert_parallel the experts are copies too
+    const double copied = dense + (s.ep == 1 ? experts : 0.0);
+    const double g = static_cast<double>(copies), buckets = std::ceil(copied / (25.0 * 1024 * 1024));
+    t.dp_s = charge(t, link_for(w, copies, copies * s.tp), buckets, 2 * ring(g) * copied);
+    if (s.ep > 1 && s.dp * s.cp > 1 && !s.ep_borrows_dp) {
+      t.dp_s += charge(t, link_for(w, s.dp * s.cp, s.dp * s.cp * s.tp), 1, 2 * ring(static_cast<double>(s.dp * s.cp)) * experts);
+    }
+    return;
+  }
+  if (s.dp_mode == DpMode::kNone) return;
+  const double passes = s.keep ? 1.0 : 2.0;  // all-gathers per microbatch
+  const int64_t shard = s.dp_mode == DpMode::kHsdp ? s.shard : s.dp * s.cp;
+  const double g = static_cast<double>(shard);
+  const double weights = dense + (s.ep_borrows_dp ? 0.0 : experts);
+  const LinkCost link = link_for(w, shard, shard * s.tp);
+  const double gathers = charge(t, link, units * passes * l.mb, passes * l.mb * ring(g) * weights * gather_e);
+  const double scatters = charge(t, link, units, ring(g) * weights);
+  t.dp_s = gathers + scatters;
+  t.hidden_s = std::min(gathers * w.overlap, t.matmul_s);
+  if (s.dp_mode == DpMode::kHsdp) {
+    const double rep = static_cast<double>(s.dp / s.shard);
+    t.dp_s += charge(t, link_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
+  }
+  if (!s.ep_borrows_dp && ep_here > 1) {  // non-expert gradients also meet across the ep ranks
+    t.dp_s += charge(t, link_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
+  }
+}
+
+void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+  const double again = 1 + 3 * l.recompute_all;
+  if (s.pp > 1) {
+    const double sends = 2.0 * l.mb * static_cast<double>(s.virtual_stages);
+    t.pp_s = charge(t, link_for(w, 2, w.size()), sends, sends * l.tokens * f.dim * l.e);
+  }
+  if (s.ep > 1 && f.moe_layers > 0) {
+    const double ep = static_cast<double>(s.ep), layers = static_cast<double>(f.moe_layers) / s.pp;
+    const double moved = (ep - 1) / ep * l.tokens * f.top_k * f.dim * l.e;  // dispatch or combine, one way
+    const int64_t span = s.ep * s.cp * s.tp * (s.ep_borrows_dp ? s.dp : 1);
+    t.ep_s = charge(t, link_for(w, s.ep, span), 5 * layers * l.mb * again, 4 * moved * layers * l.mb * again);
+  }
+}
+
+}  // namespace
+
+StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w, double) {
+  StepTerms t;
+  const Local l = local_of(s, f, c, w);
+  compute_terms(t, s, f, c, w, l);
+  optimizer_term(t, s, f, c, w, l);
+  tp_cp_terms(t, s, f, w, l);
+  dp_terms(t, s, f, w, l);
+  pp_ep_terms(t, s, f, w, l);
+  t.bubble = s.pp > 1 ? parallel::bubble_formula(
+                            s.schedule, parallel::shape_for(s.schedule, static_cast<int>(s.pp),
+                                                            static_cast<int>(s.virtual_stages),
+                                                            static_cast<int>(s.microbatches)))
+                      : 0.0;
+  const double busy = (t.matmul_s + t.elementwise_s + t.kernels_s) * w.rates.compute_fit;
+  t.bubble_s = t.bubble < 1 ? busy * t.bubble / (1 - t.bubble) : 0.0;
+  t.compute_fit = w.rates.compute_fit;
+  t.latency_fit = w.rates.latency_fit;
+  t.bandwidth_fit = w.rates.bandwidth_fit;
+  return t;
+}
+
+}  // namespace composer::suggest_detail

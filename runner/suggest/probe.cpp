@@ -1,0 +1,342 @@
+#include "runner/suggest/probe.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "parallelisms/comm/collectives.h"
+#include "runner/base/errors.h"
+
+namespace composer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs fn(i) on `n` threads at once and returns each one's result: the node's ranks sharing the cores.
+std::vector<double> at_once(int64_t n, const std::function<double(int)>& fn) {
+  std::vector<double> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { out[static_cast<size_t>(i)] = fn(i); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// The threads' rates summed and shared out: what the cores give each rank, whatever the scheduler's
+// order (one thread's own rate swings with it).
+double shared_rate(const std::vector<double>& per_thread) {
+  double sum = 0;
+  for (double x : per_thread) sum += x;
+  return per_thread.empty() ? 0.0 : sum / static_cast<double>(per_thread.size());
+}
+
+// Repeats `op` for about `seconds` and returns the repetitions per second.
+double per_second(const std::function<void()>& op, double seconds) {
+  op();  // warm-up
+  const auto t0 = Clock::now();
+  int64_t reps = 0;
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    op();
+    ++reps;
+    elapsed = seconds_since(t0);
+  }
+  return static_cast<double>(reps) / elapsed;
+}
+
+// The median of three trials of `rate` (each the node's threads at once): one trial swings by 15% here.
+double steady(const std::function<double()>& rate) {
+  std::vector<double> trials{rate(), rate(), rate()};
+  std::sort(trials.begin(), trials.end());
+  return trials[1];
+}
+
+double matmul_at(int64_t ranks, int64_t rows, int64_t k, int64_t n) {
+  torch::NoGradGuard no_grad;
+  auto a = torch::randn({rows, k}), b = torch::randn({k, n});
+  return steady([&] {
+    return shared_rate(at_once(ranks, [&](int) {
+      auto x = a.clone(), y = b.clone();
+      return 2.0 * static_cast<double>(rows * k * n) * per_second([&] { x.mm(y); }, 0.07);
+    }));
+  });
+}
+
+// A memory-bound product of two 8 MiB tensors into a third: bytes read and written per second.
+double elementwise_rate(int64_t ranks) {
+  return steady([&] {
+    return shared_rate(at_once(ranks, [&](int) {
+      torch::NoGradGuard no_grad;
+      const int64_t numel = int64_t{1} << 21;
+      auto a = torch::randn({numel}), b = torch::randn({numel}), c = torch::empty({numel});
+      return 3.0 * 4 * static_cast<double>(numel) * per_second([&] { torch::mul_out(c, a, b); }, 0.07);
+    }));
+  });
+}
+
+// One op's fixed cost: a tiny forward of three ops and its backward (four more), per op.
+double kernel_cost(int64_t ranks) {
+  return 1.0 / steady([&] {
+    return shared_rate(at_once(ranks, [&](int) {
+      auto x = torch::ones({8}, torch::requires_grad());
+      return 7.0 * per_second([&] { ((x * 2 + 1).sum()).backward(); }, 0.07);  // ops per second
+    }));
+  });
+}
+
+// A collective's cost on groups of `g` ranks, all the node's groups at once, each rank computing
+// for a few milliseconds between collectives as in a step: the time a rank waits in an all-gather and
+// a reduce-scatter (its peers' lateness included, as a run's comm_wait_ms counts it), averaged over
+// ranks and repetitions at three sizes, fitted as latency + bytes sent / bandwidth by least squares.
+LinkCost collective_cost(int64_t ranks, int64_t g) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::vector<int64_t> sizes{int64_t{1} << 12, int64_t{1} << 18, int64_t{1} << 21};  // floats: 16 KiB to 8 MiB
+  const int reps = 24;
+
+  std::vector<double> waited(sizes.size(), 0.0);
+  std::mutex m;
+  at_once(ranks, [&](int r) {
+    parallel::MeshOptions o;
+    parallel::DeviceMesh mesh({"o", "g"}, {ranks / g, g}, r, store, o);
+    parallel::Group& group = mesh.group("g");
+    torch::NoGradGuard no_grad;
+    auto a = torch::randn({160, 160}), b = torch::randn({160, 160});
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      auto full = torch::randn({sizes[s]});
+      auto piece = torch::randn({sizes[s] / g});
+      parallel::all_gather_into(group, piece, full.view({g, -1})).wait();  // connect and align the group
+      double total = 0;
+      for (int i = 0; i < reps; ++i) {
+        for (int k = 0; k < 40; ++k) a.mm(b);  // about 10 ms a rank on shared cores: longer lets ranks drift as in a step
+        const auto t0 = Clock::now();
+        parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
+        piece = parallel::reduce_scatter_flat(group, full.clone());
+        total += seconds_since(t0);
+      }
+      std::lock_guard<std::mutex> lock(m);
+      waited[s] += total / (2.0 * reps * static_cast<double>(ranks));
+    }
+    return 0.0;
+  });
+  const double share = static_cast<double>(g - 1) / static_cast<double>(g);
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double k = static_cast<double>(sizes.size());
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const double x = 4.0 * static_cast<double>(sizes[s]) * share, y = waited[s];
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  const double slope = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+  LinkCost c;
+  c.bytes_per_s = slope > 0 ? 1.0 / slope : 1e12;
+  c.latency_s = std::max(0.0, (sy - (slope > 0 ? slope : 0.0) * sx) / k);
+  return c;
+}
+
+nlohmann::json link_json(const LinkCost& c) { return {{"latency_s", c.latency_s}, {"bytes_per_s", c.bytes_per_s}}; }
+
+LinkCost link_of(const nlohmann::json& j) { return {j.at("latency_s").get<double>(), j.at("bytes_per_s").get<double>()}; }
+
+std::string shape_key(const std::tuple<int64_t, int64_t, int64_t>& s) {
+  return std::to_string(std::get<0>(s)) + "x" + std::to_string(std::get<1>(s)) + "x" + std::to_string(std::get<2>(s));
+}
+
+nlohmann::json read_cache() {
+  std::ifstream f(machine_cache_path());
+  if (!f) return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception&) {
+    return nlohmann::json::object();  // a damaged cache is measured again
+  }
+}
+
+}  // namespace
+
+double MachineRates::matmul_rate(int64_t rows, int64_t k, int64_t n) {
+  const auto key = std::make_tuple(rows, k, n);
+  auto it = shapes.find(key);
+  if (it != shapes.end()) return it->second;
+  if (!measure) return matmul_flops;
+  const int outer = at::get_num_threads();
+  at::set_num_threads(threads);
+  const double rate = matmul_at(concurrent ? ranks : 1, std::min<int64_t>(rows, 8192), k, n);
+  at::set_num_threads(outer);
+  shapes[key] = rate;
+  dirty = true;
+  return rate;
+}
+
+void MachineRates::refit() {
+  runs_fitted = static_cast<int64_t>(runs.size());
+  compute_fit = latency_fit = bandwidth_fit = 1;
+  if (runs.empty()) return;
+  double pc = 0, mc = 0, ll = 0, lb = 0, bb = 0, lm = 0, bm = 0;
+  for (const auto& f : runs) {
+    pc += f.compute, mc += f.measured_compute;
+    ll += f.latency * f.latency, lb += f.latency * f.bytes, bb += f.bytes * f.bytes;
+    lm += f.latency * f.measured_comm, bm += f.bytes * f.measured_comm;
+  }
+  auto clamp = [](double x) { return std::min(10.0, std::max(0.1, x)); };
+  if (pc > 0) compute_fit = clamp(mc / pc);
+  const double det = ll * bb - lb * lb;
+  if (det > 1e-6 * ll * bb) {
+    const double a = (lm * bb - bm * lb) / det, b = (bm * ll - lm * lb) / det;
+    if (a > 0 && b > 0) {
+      latency_fit = clamp(a), bandwidth_fit = clamp(b);
+      return;
+    }
+  }
+  const double both = ll + 2 * lb + bb;  // one factor: sum (L + B) M / sum (L + B)^2
+  if (both > 0) latency_fit = bandwidth_fit = clamp((lm + bm) / both);
+}
+
+LinkCost MachineRates::link(int64_t group_size, bool within_node) const {
+  if (!within_node) return inter;
+  auto it = intra_by_size.lower_bound(group_size);
+  if (it != intra_by_size.end()) return it->second;
+  return intra_by_size.empty() ? intra : intra_by_size.rbegin()->second;
+}
+
+nlohmann::json to_json(const MachineRates& r) {
+  nlohmann::json j = {{"source", r.origin.empty() ? r.source : r.origin},
+                      {"matmul_flops", r.matmul_flops},
+                      {"elementwise_bytes_per_s", r.elementwise_bytes_per_s},
+                      {"kernel_s", r.kernel_s},
+                      {"intra", link_json(r.intra)},
+                      {"inter", link_json(r.inter)},
+                      {"compute_fit", r.compute_fit},
+                      {"latency_fit", r.latency_fit},
+                      {"bandwidth_fit", r.bandwidth_fit},
+                      {"runs_fitted", r.runs_fitted}};
+  j["runs"] = nlohmann::json::array();
+  for (const auto& f : r.runs) {
+    j["runs"].push_back({{"plan", f.plan}, {"compute_s", f.compute}, {"latency_s", f.latency}, {"bytes_s", f.bytes},
+                         {"measured_compute_s", f.measured_compute}, {"measured_comm_s", f.measured_comm}});
+  }
+  for (const auto& [g, c] : r.intra_by_size) j["intra_by_size"][std::to_string(g)] = link_json(c);
+  for (const auto& [s, rate] : r.shapes) j["matmul_by_shape"][shape_key(s)] = rate;
+  return j;
+}
+
+MachineRates rates_from_json(const nlohmann::json& j, const std::string& where) {
+  MachineRates r;
+  try {
+    r.source = j.value("source", where);
+    r.origin = r.source;
+    r.matmul_flops = j.at("matmul_flops").get<double>();
+    r.elementwise_bytes_per_s = j.at("elementwise_bytes_per_s").get<double>();
+    r.kernel_s = j.value("kernel_s", 0.0);
+    r.intra = link_of(j.at("intra"));
+    r.inter = j.contains("inter") ? link_of(j.at("inter")) : r.intra;
+    for (const auto& f : j.value("runs", nlohmann::json::array())) {
+      r.runs.push_back({f.value("plan", ""), f.at("compute_s").get<double>(), f.at("latency_s").get<double>(),
+                        f.at("bytes_s").get<double>(), f.at("measured_compute_s").get<double>(),
+                        f.at("measured_comm_s").get<double>()});
+    }
+    r.refit();
+    const nlohmann::json by_size = j.value("intra_by_size", nlohmann::json::object());
+    const nlohmann::json by_shape = j.value("matmul_by_shape", nlohmann::json::object());
+    for (const auto& [g, c] : by_size.items()) {
+      r.intra_by_size[std::stoll(g)] = link_of(c);
+    }
+    for (const auto& [s, rate] : by_shape.items()) {
+      int64_t a = 0, b = 0, c = 0;
+      char x1 = 0, x2 = 0;
+      std::istringstream in(s);
+      in >> a >> x1 >> b >> x2 >> c;
+      if (in && x1 == 'x' && x2 == 'x') r.shapes[{a, b, c}] = rate.get<double>();
+    }
+  } catch (const std::exception& e) {
+    throw UserError(where + ": not a rates file (" + e.what() +
+                    "); it needs matmul_flops, elementwise_bytes_per_s and intra {latency_s, bytes_per_s}, as "
+                    "composer suggest writes into " + machine_cache_path());
+  }
+  if (r.matmul_flops <= 0 || r.elementwise_bytes_per_s <= 0 || r.intra.bytes_per_s <= 0) {
+    throw UserError(where + ": matmul_flops, elementwise_bytes_per_s and intra.bytes_per_s must be above 0");
+  }
+  return r;
+}
+
+std::string machine_cache_path() {
+  if (const char* d = std::getenv("COMPOSER_CACHE_DIR"); d && *d) return std::string(d) + "/machine.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/composer/machine.json";
+}
+
+std::string machine_key(int64_t ranks, int threads) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(host) + " cpu cores" + std::to_string(std::max<unsigned>(1, std::thread::hardware_concurrency())) +
+         " ranks" + std::to_string(ranks) + " threads" + std::to_string(threads);
+}
+
+void save_rates(const MachineRates& r) {
+  nlohmann::json cache = read_cache();
+  cache["entries"][r.key] = to_json(r);
+  const std::filesystem::path path = machine_cache_path();
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const std::string tmp = path.string() + ".tmp" + std::to_string(getpid());
+  std::ofstream(tmp) << cache.dump(1) << "\n";
+  std::filesystem::rename(tmp, path, ec);
+}
+
+MachineRates probe_machine(int64_t ranks, int threads, bool again) {
+  const std::string key = machine_key(ranks, threads);
+  const nlohmann::json cache = read_cache();
+  const bool concurrent = threads == 1;  // ranks of one thread share the cores; more threads: one rank measured
+  if (!again && cache.contains("entries") && cache["entries"].contains(key)) {
+    MachineRates r = rates_from_json(cache["entries"][key], machine_cache_path());
+    r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent;
+    r.source = "cached in " + machine_cache_path() + " (" + r.source + ")";
+    return r;
+  }
+  const auto t0 = Clock::now();
+  const int outer = at::get_num_threads();
+  at::set_num_threads(threads);
+  MachineRates r;
+  r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent;
+  const int64_t at = concurrent ? ranks : 1;
+  r.matmul_flops = matmul_at(at, 1024, 1024, 1024);
+  r.elementwise_bytes_per_s = elementwise_rate(at);
+  r.kernel_s = kernel_cost(at);
+  for (int64_t g = 2; g <= ranks; ++g) {
+    if (ranks % g == 0) r.intra_by_size[g] = collective_cost(ranks, g);
+  }
+  at::set_num_threads(outer);
+  r.intra = r.intra_by_size.empty() ? LinkCost{20e-6, 2e9} : r.intra_by_size.rbegin()->second;
+  r.inter = {r.intra.latency_s * 2, r.intra.bytes_per_s / 2};  // not measurable from one node: half the node's
+  std::ostringstream s;
+  s.precision(3);
+  s << "probed here in " << seconds_since(t0) << " s";
+  r.source = s.str();
+  r.dirty = true;
+  return r;
+}
+
+MachineRates rates_from_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UserError("--rates " + path + ": cannot read the file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("--rates " + path + ": not JSON (" + e.what() + ")");
+  }
+  MachineRates r = rates_from_json(j, "--rates " + path);
+  r.source = "given in " + path;
+  return r;
+}
+
+}  // namespace composer

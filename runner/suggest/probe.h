@@ -1,0 +1,80 @@
+// The machine constants `composer suggest` prices plans with, and the probe
+// that measures them here: the matmul rate at each plan's own shape, the
+// elementwise (memory-bound) rate, the fixed cost of one kernel, and each
+// collective's latency and bandwidth per group size. On the CPU every figure is
+// taken with the node's ranks running at once (each with the threads a rank
+// gets), since they share the cores; the collectives run over real Gloo groups
+// between threads while the others compute. The probe's results are cached per
+// machine (~/.cache/composer/machine.json, or $COMPOSER_CACHE_DIR) and refit by
+// `composer suggest --from-run` from what runs measured.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace composer {
+
+// One collective's cost on a group: latency + bytes a rank sends / bandwidth.
+struct LinkCost {
+  double latency_s = 0;
+  double bytes_per_s = 0;
+  double seconds(double calls, double bytes) const {
+    return calls * latency_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0.0);
+  }
+};
+
+struct MachineRates {
+  std::string key;             // "cpu ranks4 threads1 cores2", the cache entry
+  std::string source;          // how the figures were obtained, for the output
+  std::string origin;          // how they were first obtained ("probed here in 6 s"), as the cache keeps it
+  double matmul_flops = 0;     // per rank, FLOP/s, where no shape was measured
+  double elementwise_bytes_per_s = 0;  // per rank, bytes read and written by memory-bound ops
+  double kernel_s = 0;         // per op a step runs (its dispatch and autograd bookkeeping)
+  LinkCost intra, inter;       // within a node (the largest group measured) and across
+  std::map<int64_t, LinkCost> intra_by_size;  // measured: a group of that many ranks within a node
+  bool concurrent = true;      // figures taken with the node's ranks at once on shared cores
+  // Refit from runs (composer suggest --from-run): each run's unfitted prediction (compute, and
+  // communication's latency and bytes parts) and its measurement; the factors fitted to them all.
+  struct FittedRun {
+    std::string plan;
+    double compute = 0, latency = 0, bytes = 0, measured_compute = 0, measured_comm = 0;
+  };
+  std::vector<FittedRun> runs;
+  double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
+  int64_t runs_fitted = 0;
+  // Sets the factors from `runs`: compute measured over predicted, summed over the runs; latency and
+  // bytes by least squares (both above 0), one factor for both where the runs cannot tell them apart.
+  void refit();
+  // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).
+  double matmul_rate(int64_t rows, int64_t k, int64_t n);
+  LinkCost link(int64_t group_size, bool within_node) const;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> shapes;  // measured matmul rates
+  bool measure = false;
+  int threads = 1;             // a rank's threads
+  int64_t ranks = 1;           // the node's ranks that run at once
+  bool dirty = false;          // shapes measured since loading: save again
+};
+
+nlohmann::json to_json(const MachineRates& r);
+MachineRates rates_from_json(const nlohmann::json& j, const std::string& where);
+
+// The cache file, and the entry for this machine with `ranks` ranks of `threads` threads.
+std::string machine_cache_path();
+std::string machine_key(int64_t ranks, int threads);
+
+// This machine's rates for `ranks` concurrent ranks of `threads` threads: from the cache, else
+// probed (a few seconds) and cached; `again` probes even when cached.
+MachineRates probe_machine(int64_t ranks, int threads, bool again);
+
+// Saves `r` into the cache under its key (the other entries kept).
+void save_rates(const MachineRates& r);
+
+// Rates from a JSON file the user gives (--rates): the cache's format, one entry.
+MachineRates rates_from_file(const std::string& path);
+
+}  // namespace composer

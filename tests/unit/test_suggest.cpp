@@ -1,0 +1,150 @@
+// composer suggest's search and cost model: every plan it writes reads back
+// (through the config reader and the planner) as the shape it priced, at the
+// same price; each term moves with its own rate; the rates survive their JSON;
+// the explanation names the term that decides.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "runner/suggest/search.h"
+#include "temp_path.h"
+
+namespace composer {
+namespace {
+
+using namespace suggest_detail;
+
+// A small mixture-of-experts Llama: 4 layers, 4 routed experts, 4 ranks.
+const char* kMoe = R"(name: suggest_unit_moe
+seed: 0
+model:
+  name: llama
+  args: {dim: 64, n_layers: 4, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32,
+         n_experts: 4, top_k: 2, n_shared_experts: 1, moe_hidden_dim: 64}
+train:
+  steps: 3
+  global_batch: 8
+  optimizer: {name: sgd, lr: 0.1}
+  loss: {name: cross_entropy}
+data: {seq_len: 32}
+)";
+
+MachineRates given_rates() {
+  MachineRates r;
+  r.source = "given";
+  r.matmul_flops = 50e9;
+  r.elementwise_bytes_per_s = 10e9;
+  r.kernel_s = 20e-6;
+  r.intra = {2e-3, 0.5e9};
+  r.inter = {4e-3, 0.25e9};
+  r.intra_by_size[2] = {1e-3, 0.6e9};
+  r.intra_by_size[4] = {2e-3, 0.5e9};
+  return r;
+}
+
+World world4() {
+  World w;
+  w.ranks_per_node = 4;
+  w.memory_per_rank = int64_t{4} << 30;
+  w.rates = given_rates();
+  return w;
+}
+
+std::string write_config(const std::string& text) {
+  const std::string path = testing::temp_path("config.yaml");
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
+  World w = world4();
+  const Suggestion s = suggest(write_config(kMoe), {}, w, 8, 24, 1e9);
+  ASSERT_GE(s.fitting.size(), 4u);
+  int64_t expert_parallel = 0;
+  for (const auto* list : {&s.fitting, &s.unfit}) {
+    for (const Candidate& cand : *list) {
+      const ExperimentConfig c = parse_config(cand.yaml, "suggested.yaml");
+      const Plan plan = make_plan(c, 4);
+      const Shape shape = shape_of(c, plan);
+      EXPECT_EQ(shape.name(), cand.name) << cand.yaml;
+      EXPECT_DOUBLE_EQ(price(shape, facts_of(c), c, w, 0).step_s(), cand.step_s()) << cand.name;
+    }
+  }
+  for (const auto* list : {&s.fitting, &s.unfit, &s.others}) {
+    for (const Candidate& cand : *list) expert_parallel += cand.name.find(".ep") != std::string::npos;
+  }
+  EXPECT_GT(expert_parallel, 0) << "the search of a model with routed experts tries expert_parallel";
+  for (size_t i = 1; i < s.fitting.size(); ++i) EXPECT_LE(s.fitting[i - 1].step_s(), s.fitting[i].step_s());
+}
+
+Shape tp2_dp2() {
+  Shape s;
+  s.tp = 2, s.dp = 2, s.dp_mode = DpMode::kFullyShard;
+  return s;
+}
+
+TEST(SuggestCost, EachTermMovesWithItsOwnRate) {
+  const ExperimentConfig c = parse_config(kMoe, "x.yaml");
+  const ModelFacts f = facts_of(c);
+  World w = world4();
+  const StepTerms base = price(tp2_dp2(), f, c, w, 0);
+  EXPECT_GT(base.tp_s, 0);
+  EXPECT_GT(base.dp_s, 0);
+  EXPECT_EQ(base.ep_s, 0);
+  w.rates.intra_by_size[2].latency_s *= 2;  // the tp group and the dp group: 2 ranks each
+  const StepTerms slower = price(tp2_dp2(), f, c, w, 0);
+  EXPECT_GT(slower.tp_s, base.tp_s);
+  EXPECT_DOUBLE_EQ(slower.matmul_s, base.matmul_s);
+  w = world4();
+  w.rates.latency_fit = w.rates.bandwidth_fit = 2;
+  EXPECT_DOUBLE_EQ(price(tp2_dp2(), f, c, w, 0).comm_s(), 2 * base.comm_s());
+  EXPECT_GT(base.comm_latency_s, 0);
+  EXPECT_LT(base.comm_latency_s, base.raw_comm_s());
+  w = world4();
+  Shape full = tp2_dp2();
+  full.ac = Ac::kFull;
+  const StepTerms recomputed = price(full, f, c, w, 0);
+  EXPECT_NEAR(recomputed.matmul_s, base.matmul_s * 4 / 3, 1e-12);  // one more forward: a third of the matmuls
+  EXPECT_GT(recomputed.recompute_s, 0);
+  Shape keep = tp2_dp2();
+  keep.keep = true;
+  EXPECT_LT(price(keep, f, c, w, 0).dp_s, base.dp_s);  // no second all-gather in backward
+  Shape ep = tp2_dp2();
+  ep.tp = 1, ep.dp = 2, ep.ep = 2;
+  EXPECT_GT(price(ep, f, c, w, 0).ep_s, 0);
+}
+
+TEST(SuggestRates, SurviveTheirJson) {
+  MachineRates r = given_rates();
+  r.shapes[{128, 64, 32}] = 12.5e9;
+  // two runs, one latency-bound and one bytes-bound, measured at 3x and 1.5x those parts
+  r.runs.push_back({"a", 1.0, 0.2, 0.01, 1.25, 0.2 * 3 + 0.01 * 1.5});
+  r.runs.push_back({"b", 1.0, 0.01, 0.2, 1.25, 0.01 * 3 + 0.2 * 1.5});
+  r.refit();
+  EXPECT_NEAR(r.latency_fit, 3, 1e-9);
+  EXPECT_NEAR(r.bandwidth_fit, 1.5, 1e-9);
+  const MachineRates back = rates_from_json(to_json(r), "x.json");
+  EXPECT_EQ(back.matmul_flops, r.matmul_flops);
+  EXPECT_EQ(back.intra_by_size.at(2).latency_s, 1e-3);
+  EXPECT_EQ(back.shapes.at({128, 64, 32}), 12.5e9);
+  EXPECT_DOUBLE_EQ(back.compute_fit, 1.25);
+  EXPECT_NEAR(back.latency_fit, 3, 1e-9);
+  EXPECT_EQ(back.runs_fitted, 2);
+  EXPECT_EQ(back.link(2, true).bytes_per_s, 0.6e9);
+  EXPECT_EQ(back.link(2, false).bytes_per_s, 0.25e9);
+  EXPECT_THROW(rates_from_json(nlohmann::json::object(), "x.json"), UserError);
+}
+
+TEST(SuggestExplain, NamesTheTermThatDecides) {
+  Candidate a, b;
+  a.name = "a", b.name = "b";
+  a.terms.matmul_s = b.terms.matmul_s = 1.0;
+  b.terms.tp_s = 0.25;
+  const std::string why = explain_choice(a, b);
+  EXPECT_NE(why.find("250.0 ms a step cheaper"), std::string::npos) << why;
+  EXPECT_NE(why.find("tensor-parallel communication -250.0 ms"), std::string::npos) << why;
+  EXPECT_EQ(why.find("matmul"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace composer
