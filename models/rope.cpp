@@ -7,7 +7,6 @@
 
 #include "models/hf_adapter.h"
 #include "models/model_decl.h"
-#include "models/module.h"
 
 namespace composer::models {
 namespace {
@@ -150,10 +149,7 @@ RopeFrequencies rope_frequencies(const ModelArgs& a, int64_t dim) {
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const ModelArgs& a, int64_t dim, int64_t positions) {
   const RopeFrequencies f = rope_frequencies(a, dim);
-  // shape-only (planning, dry runs): the tables' shapes without computing them
-  const c10::Device device = nn::buffer_options().device().is_meta() ? c10::Device(torch::kMeta) : c10::Device(torch::kCPU);
-  const torch::Tensor angles =
-      torch::outer(torch::arange(positions, torch::TensorOptions().device(device)).to(torch::kFloat), f.inv_freq.to(device));
+  const torch::Tensor angles = torch::outer(torch::arange(positions).to(torch::kFloat), f.inv_freq);
   torch::Tensor cos = angles.cos(), sin = angles.sin();
   if (f.scaling != 1.0) {
     cos = cos * f.scaling;
