@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "runner/suggest/search.h"
+#include "runner/suggest/suggest.h"
 
 namespace composer {
 using namespace suggest_detail;

@@ -8,7 +8,7 @@
 #include "parallelisms/pipeline/schedule.h"
 #include "runner/config/config.h"
 #include "runner/plan/planner.h"
-#include "runner/suggest/suggest.h"
+#include "runner/suggest/world.h"
 
 namespace composer::suggest_detail {
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "runner/suggest/search.h"
+#include "runner/suggest/suggest.h"
 #include "temp_path.h"
 
 namespace composer {
