@@ -231,24 +231,6 @@ World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t 
   return w;
 }
 
-// The rates the plans are priced at, one line.
-void print_rates(const World& w) {
-  const MachineRates& r = w.rates;
-  std::cout.precision(4);
-  std::cout << "rates (" << r.source << "): matmul " << r.matmul_flops / 1e9 << " GFLOP/s per rank at 1024^3, "
-            << "elementwise " << r.elementwise_bytes_per_s / 1e9 << " GB/s, " << r.kernel_s * 1e6 << " us per op";
-  for (const auto& [g, link] : r.intra_by_size) {
-    std::cout << ", " << g << " ranks " << link.latency_s * 1e6 << " us + " << link.bytes_per_s / 1e9 << " GB/s";
-  }
-  if (r.intra_by_size.empty()) {
-    std::cout << ", within a node " << r.intra.latency_s * 1e6 << " us + " << r.intra.bytes_per_s / 1e9 << " GB/s";
-  }
-  std::cout << ", across nodes " << r.inter.latency_s * 1e6 << " us + " << r.inter.bytes_per_s / 1e9 << " GB/s";
-  if (r.runs_fitted) std::cout << "; refit from " << r.runs_fitted << " run(s): compute x" << r.compute_fit
-                               << ", communication latency x" << r.latency_fit << ", bytes x" << r.bandwidth_fit;
-  std::cout << "\n";
-}
-
 // The ranking: the plans that fit with their priced step, then those over the memory.
 void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
@@ -293,12 +275,12 @@ int run_suggest(const CliOptions& o) {
     for (int64_t d : given.mesh.shape) world *= d;
     const Plan plan = make_plan(given, world);
     World w = suggest_world(o, given, world, 1);
-    if (!o.json) print_rates(w);
+    if (!o.json) std::cout << w.rates.describe() << "\n";
     for (const auto& line : compare_with_run(o.suggest.from_run, given, plan, w)) std::cout << line << "\n";
     return 0;
   }
   World w = suggest_world(o, given, o.suggest.ranks_per_node, o.suggest.nodes);
-  if (!o.json) print_rates(w);
+  if (!o.json) std::cout << w.rates.describe() << "\n";
   const auto t0 = std::chrono::steady_clock::now();
   Suggestion s =
       suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates),

@@ -133,7 +133,7 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
     const double share = (l.tp - 1) / l.tp;
     const bool sp = s.tp_style < 2;
     // per layer: sp two all-gathers and two reduce-scatters each way; plain two all-reduces each way
-    const double calls = l.layers * l.mb * (sp ? 8.0 : 4.0) * again / (sp ? 1.0 : 1.0);
+    const double calls = l.layers * l.mb * (sp ? 8.0 : 4.0) * again;
     const double bytes = l.layers * l.mb * 8.0 * share * activation * again;
     double extra_calls = l.mb * (sp ? 2.0 : 0.0), extra_bytes = l.mb * (sp ? 2.0 : 0.0) * share * activation;
     if (s.tp_style == 0) extra_calls += 3 * l.mb;  // loss parallel: the softmax's maximum, sum and target logit
@@ -203,7 +203,7 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
 
 }  // namespace
 
-StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w, double) {
+StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w) {
   StepTerms t;
   const Local l = local_of(s, f, c, w);
   compute_terms(t, s, f, c, w, l);

@@ -159,7 +159,7 @@ std::vector<std::string> compare_with_run(const std::string& run_dir, const Expe
   const Measured m = measured_of(run_dir);
   const Shape s = shape_of(c, plan);
   const ModelFacts f = facts_of(c);
-  const StepTerms t = price(s, f, c, w, 0);
+  const StepTerms t = price(s, f, c, w);
   const double compute = t.compute_s() * 1e3, comm = t.comm_s() * 1e3;
   std::vector<std::string> out;
   out.push_back("run " + run_dir + " (" + s.name() + ", median of " + std::to_string(m.steps) + " steps after the first two)");

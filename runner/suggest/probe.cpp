@@ -201,6 +201,24 @@ void MachineRates::refit() {
   if (both > 0) latency_fit = bandwidth_fit = clamp((lm + bm) / both);
 }
 
+std::string MachineRates::describe() const {
+  std::ostringstream o;
+  o.precision(4);
+  o << "rates (" << source << "): matmul " << matmul_flops / 1e9 << " GFLOP/s per rank at 1024^3"
+    << (shapes.empty() ? "" : " (and at each plan's shapes)") << ", elementwise " << elementwise_bytes_per_s / 1e9
+    << " GB/s, " << kernel_s * 1e6 << " us per op";
+  for (const auto& [g, c] : intra_by_size) {
+    o << ", " << g << " ranks " << c.latency_s * 1e6 << " us + " << c.bytes_per_s / 1e9 << " GB/s";
+  }
+  if (intra_by_size.empty()) o << ", within a node " << intra.latency_s * 1e6 << " us + " << intra.bytes_per_s / 1e9 << " GB/s";
+  o << ", across nodes " << inter.latency_s * 1e6 << " us + " << inter.bytes_per_s / 1e9 << " GB/s";
+  if (runs_fitted) {
+    o << "; refit from " << runs_fitted << " run(s): compute x" << compute_fit << ", communication latency x"
+      << latency_fit << ", bytes x" << bandwidth_fit;
+  }
+  return o.str();
+}
+
 LinkCost MachineRates::link(int64_t group_size, bool within_node) const {
   if (!within_node) return inter;
   auto it = intra_by_size.lower_bound(group_size);

@@ -53,6 +53,8 @@ struct MachineRates {
   // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).
   double matmul_rate(int64_t rows, int64_t k, int64_t n);
   LinkCost link(int64_t group_size, bool within_node) const;
+  // One line: "rates (SOURCE): matmul ..., collectives ..., refit ...", for the output and the suggested file.
+  std::string describe() const;
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> shapes;  // measured matmul rates
   bool measure = false;
   int threads = 1;             // a rank's threads

@@ -65,6 +65,6 @@ ModelFacts facts_of(const ExperimentConfig& c);
 Shape shape_of(const ExperimentConfig& c, const Plan& plan);
 
 // Prices `s` on `w`: every term of Candidate::terms, per rank, in seconds.
-StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w, double flops);
+StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w);
 
 }  // namespace composer::suggest_detail

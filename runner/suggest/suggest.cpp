@@ -426,7 +426,7 @@ std::vector<Priced> priced_shapes(const ModelFacts& f, const ExperimentConfig& o
   for (Shape s : shapes_of(w, f, one, given)) {
     for (s.tp_style = 0; s.tp_style < (s.tp > 1 ? 3 : 1); ++s.tp_style) {
       ++out.candidates;
-      priced.push_back({s, price(s, f, one, w, out.flops_per_step)});
+      priced.push_back({s, price(s, f, one, w)});
     }
   }
   std::stable_sort(priced.begin(), priced.end(),
@@ -587,12 +587,7 @@ std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
   o << "# composer suggest for " << w.nodes << " node(s) x " << w.ranks_per_node << " ranks, "
     << format_bytes(w.memory_per_rank) << " per rank (keeping " << w.margin * 100 << "% free); model FLOPs "
     << s.flops_per_step << " per step.\n"
-    << "# rates (" << r.source << "): matmul " << r.matmul_flops / 1e12 << " TFLOP/s per rank at 1024^3"
-    << (r.shapes.empty() ? "" : ", measured at each plan's shapes") << ", elementwise "
-    << r.elementwise_bytes_per_s / 1e9 << " GB/s, " << r.kernel_s * 1e6 << " us per op, collectives within a node "
-    << r.intra.latency_s * 1e6 << " us + bytes at " << r.intra.bytes_per_s / 1e9 << " GB/s, across "
-    << r.inter.latency_s * 1e6 << " us + " << r.inter.bytes_per_s / 1e9 << " GB/s"
-    << (r.runs_fitted ? "; refit from " + std::to_string(r.runs_fitted) + " run(s)" : std::string()) << ".\n"
+    << "# " << r.describe() << ".\n"
     << "# " << s.candidates << " plans priced; in cost order " << s.planned << " put to the planner, " << s.refused
     << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
     << (s.out_of_time ? " (the dry runs stopped at --max-seconds)" : "") << ".\n"

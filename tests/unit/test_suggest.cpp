@@ -68,7 +68,7 @@ TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
       const Plan plan = make_plan(c, 4);
       const Shape shape = shape_of(c, plan);
       EXPECT_EQ(shape.name(), cand.name) << cand.yaml;
-      EXPECT_DOUBLE_EQ(price(shape, facts_of(c), c, w, 0).step_s(), cand.step_s()) << cand.name;
+      EXPECT_DOUBLE_EQ(price(shape, facts_of(c), c, w).step_s(), cand.step_s()) << cand.name;
     }
   }
   for (const auto* list : {&s.fitting, &s.unfit, &s.others}) {
@@ -88,31 +88,31 @@ TEST(SuggestCost, EachTermMovesWithItsOwnRate) {
   const ExperimentConfig c = parse_config(kMoe, "x.yaml");
   const ModelFacts f = facts_of(c);
   World w = world4();
-  const StepTerms base = price(tp2_dp2(), f, c, w, 0);
+  const StepTerms base = price(tp2_dp2(), f, c, w);
   EXPECT_GT(base.tp_s, 0);
   EXPECT_GT(base.dp_s, 0);
   EXPECT_EQ(base.ep_s, 0);
   w.rates.intra_by_size[2].latency_s *= 2;  // the tp group and the dp group: 2 ranks each
-  const StepTerms slower = price(tp2_dp2(), f, c, w, 0);
+  const StepTerms slower = price(tp2_dp2(), f, c, w);
   EXPECT_GT(slower.tp_s, base.tp_s);
   EXPECT_DOUBLE_EQ(slower.matmul_s, base.matmul_s);
   w = world4();
   w.rates.latency_fit = w.rates.bandwidth_fit = 2;
-  EXPECT_DOUBLE_EQ(price(tp2_dp2(), f, c, w, 0).comm_s(), 2 * base.comm_s());
+  EXPECT_DOUBLE_EQ(price(tp2_dp2(), f, c, w).comm_s(), 2 * base.comm_s());
   EXPECT_GT(base.comm_latency_s, 0);
   EXPECT_LT(base.comm_latency_s, base.raw_comm_s());
   w = world4();
   Shape full = tp2_dp2();
   full.ac = Ac::kFull;
-  const StepTerms recomputed = price(full, f, c, w, 0);
+  const StepTerms recomputed = price(full, f, c, w);
   EXPECT_NEAR(recomputed.matmul_s, base.matmul_s * 4 / 3, 1e-12);  // one more forward: a third of the matmuls
   EXPECT_GT(recomputed.recompute_s, 0);
   Shape keep = tp2_dp2();
   keep.keep = true;
-  EXPECT_LT(price(keep, f, c, w, 0).dp_s, base.dp_s);  // no second all-gather in backward
+  EXPECT_LT(price(keep, f, c, w).dp_s, base.dp_s);  // no second all-gather in backward
   Shape ep = tp2_dp2();
   ep.tp = 1, ep.dp = 2, ep.ep = 2;
-  EXPECT_GT(price(ep, f, c, w, 0).ep_s, 0);
+  EXPECT_GT(price(ep, f, c, w).ep_s, 0);
 }
 
 TEST(SuggestRates, SurviveTheirJson) {
