@@ -4,6 +4,7 @@
 // without an external launcher) or run as one rank. The only place where an
 // exception becomes an exit code.
 #include <malloc.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <csignal>
@@ -35,6 +36,21 @@ void tune_allocator() {
 }
 
 int report(std::exception_ptr error);
+int run(int argc, char** argv);
+
+// A rank forked from composer's launcher: composer's main again, from the
+// parsed command line on, in a process whose libraries are loaded already.
+int run_forked_rank(const std::vector<std::string>& argv) {
+  std::vector<std::string> copy = argv;
+  std::vector<char*> args;
+  for (auto& a : copy) args.push_back(a.data());
+  args.push_back(nullptr);
+  try {
+    return run(static_cast<int>(copy.size()), args.data());
+  } catch (...) {
+    return report(std::current_exception());
+  }
+}
 
 // Where the ranks of a restarted attempt begin (Checkpointer::resume_path
 // for an attempt after the first), as the launcher's restart line says.
@@ -94,6 +110,12 @@ void check_before_ranks(const CommandSpec& command, const CliOptions& o, const E
 // theirs.
 int run_as_rank(const CommandSpec& command, const CliOptions& o, const ExperimentConfig& config, const Plan& plan,
                 const JobPlace& place) {
+  if (place.launched) {
+    // "composer r3" in ps and top, for a rank of composer's launcher (before
+    // any thread starts: threads take their creator's name).
+    const std::string name = "composer r" + std::to_string(place.rank->rank);
+    prctl(PR_SET_NAME, name.c_str());
+  }
   RankContext rank = join_job(*place.rank, config, plan);
   if (!place.launched) {  // composer's launcher prefixes lines itself
     rank.log_prefix = "[rank " + std::to_string(rank.rank) + "/" + std::to_string(rank.world_size) + "] ";
@@ -120,7 +142,12 @@ int run_in_job(const CommandSpec& command, const CliOptions& o, const Experiment
   }
   RestartOptions restart{config.launch.max_restarts, config.launch.restart_wait_s,
                          out_dir_of(o, config) + "/flight", restart_start(o, config)};
-  return launch_local_ranks(static_cast<int>(plan.world_size), o.node, o.argv, restart);
+  // Ranks are forked rather than started afresh where nothing the launcher
+  // holds would be copied into them: no tensor memory (the ranks count theirs
+  // from zero) and no device (CUDA does not survive a fork).
+  RankEntry entry;
+  if (memory::live_bytes() == 0 && config.mesh.device == DeviceKind::kCpu) entry = [&o] { return run_forked_rank(o.argv); };
+  return launch_local_ranks(static_cast<int>(plan.world_size), o.node, o.argv, restart, entry);
 }
 
 // The stages. Each command's row (runner/cli/commands.cpp) says which it needs.
@@ -179,9 +206,11 @@ int report(std::exception_ptr error) {
 
 int main(int argc, char** argv) {
   composer::memory::install_counting_allocator();  // before any tensor exists
+  int code;
   try {
-    return composer::run(argc, argv);
+    code = composer::run(argc, argv);
   } catch (...) {
-    return composer::report(std::current_exception());
+    code = composer::report(std::current_exception());
   }
+  composer::exit_flushed(code);
 }

@@ -1,9 +1,13 @@
 #include "runner/base/errors.h"
 
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 
 #include <algorithm>
+#include <iostream>
 #include <sstream>
 #include <vector>
 
@@ -58,5 +62,12 @@ void install_stop_handlers() {
 }
 
 bool stop_requested() { return g_stop != 0; }
+
+void exit_flushed(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  _exit(code);
+}
 
 }  // namespace composer

@@ -7,6 +7,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,12 +72,18 @@ bool watch_process(RankProcess& p);
 // Whether the process is stopped now (job control or a tracer), as /proc says.
 bool process_is_stopped(pid_t pid);
 
+// What a rank forked from the launcher runs in place of composer's main:
+// composer with the rank's environment, returning its exit code.
+using RankEntry = std::function<int()>;
+
 // Spawns this node's ranks running `argv` and supervises them; returns the
 // job's exit code (0, or the first failing rank's 1, 2, 3 or 5). A failure
 // that a restart can cure (exit 3: a crash, a killed or frozen rank) starts
 // the job again, up to restart.max_restarts times; each rank learns its
-// attempt from COMPOSER_ATTEMPT and goes on as restart.start says.
+// attempt from COMPOSER_ATTEMPT and goes on as restart.start says. With
+// `entry`, ranks are forked and run it where the launcher runs one thread
+// (spawn in launcher.cpp); without, or where it runs more, they execute `argv`.
 int launch_local_ranks(int world_size, const NodeOptions& node, const std::vector<std::string>& argv,
-                       const RestartOptions& restart = {});
+                       const RestartOptions& restart = {}, const RankEntry& entry = {});
 
 }  // namespace composer

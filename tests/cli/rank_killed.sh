@@ -42,7 +42,7 @@ out="$work/killed"
 start_long_job "$out"
 victim=""
 for pid in $(pgrep -P "$launcher"); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1"; then victim=$pid; fi
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "composer r1" ]; then victim=$pid; fi
 done
 [ -n "$victim" ] || { kill -9 "$launcher"; fail "found no rank 1 process"; }
 kill -9 "$victim"
