@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <tuple>
 
 namespace composer::parallel {
 namespace {
@@ -72,6 +74,32 @@ enum class Pair { kFull, kPartial, kSkip };
 Pair pair_of(const Tile& q, const Tile& k, bool causal) {
   if (!causal || k.position + k.len - 1 <= q.position) return Pair::kFull;
   return k.position > q.position + q.len - 1 ? Pair::kSkip : Pair::kPartial;
+}
+
+// The tile pairs of one block to compute, query tile by query tile: every
+// pair the causal mask does not skip. On meta tensors (a dry run) only shapes
+// and bytes matter, and a pair of the lengths and kind of one already listed
+// allocates the same transients, from the same live bytes (outputs are
+// written in place), so it is left out: the peak and every byte count stay
+// as they were, at a fraction of a long sequence's meta ops.
+struct TilePair {
+  Tile q, k;
+  Pair pair;
+};
+std::vector<std::vector<TilePair>> tile_pairs(const std::vector<Tile>& q_tiles, const std::vector<Tile>& kv_tiles,
+                                              bool causal, bool meta) {
+  std::set<std::tuple<int64_t, int64_t, int>> seen;
+  std::vector<std::vector<TilePair>> out;
+  for (const Tile& qt : q_tiles) {
+    std::vector<TilePair> row;
+    for (const Tile& kt : kv_tiles) {
+      const Pair pair = pair_of(qt, kt, causal);
+      if (pair == Pair::kSkip || (meta && !seen.insert({qt.len, kt.len, static_cast<int>(pair)}).second)) continue;
+      row.push_back({qt, kt, pair});
+    }
+    if (!row.empty()) out.push_back(std::move(row));
+  }
+  return out;
 }
 
 // Under packed documents, which keys of tile `kt` each query of tile `qt`
@@ -151,11 +179,13 @@ void attend(const ContextParallel& cp, const torch::Tensor& q, const torch::Tens
     }
     return;
   }
-  for (const Tile& qt : q_tiles) {
+  for (const auto& row : tile_pairs(q_tiles, kv_tiles, causal, q.is_meta())) {
+    const Tile& qt = row.front().q;
     auto qi = q.narrow(2, qt.offset, qt.len), out_i = out.narrow(2, qt.offset, qt.len);
     auto lse_i = lse.narrow(2, qt.offset, qt.len);
-    for (const Tile& kt : kv_tiles) {
-      Pair pair = pair_of(qt, kt, causal);
+    for (TilePair tile : row) {
+      const Tile& kt = tile.k;
+      Pair& pair = tile.pair;  // packed documents may skip it yet
       const auto allowed = allowed_of(docs, qt, kt, pair);
       if (pair == Pair::kSkip) continue;
       // The pair's softmax by its row maximum (every row of a partial pair
@@ -203,13 +233,15 @@ void attend_backward(const ContextParallel& cp, const torch::Tensor& q, const to
     }
     return;
   }
-  for (const Tile& qt : q_tiles) {
+  for (const auto& row : tile_pairs(q_tiles, kv_tiles, causal, q.is_meta())) {
+    const Tile& qt = row.front().q;
     auto qi = q.narrow(2, qt.offset, qt.len), dout_i = dout.narrow(2, qt.offset, qt.len);
     auto dq_i = dq.narrow(2, qt.offset, qt.len);
     auto lse_i = lse.narrow(2, qt.offset, qt.len).unsqueeze(-1);
     auto delta_i = delta.narrow(2, qt.offset, qt.len).unsqueeze(-1);
-    for (const Tile& kt : kv_tiles) {
-      Pair pair = pair_of(qt, kt, causal);
+    for (TilePair tile : row) {
+      const Tile& kt = tile.k;
+      Pair& pair = tile.pair;  // packed documents may skip it yet
       const auto allowed = allowed_of(docs, qt, kt, pair);
       if (pair == Pair::kSkip) continue;
       auto kj = k.narrow(2, kt.offset, kt.len), vj = v.narrow(2, kt.offset, kt.len);

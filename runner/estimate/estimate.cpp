@@ -105,22 +105,30 @@ namespace {
 // program on the same batch, each on its piece of every split weight (and
 // of the sequence and the vocabulary under sequence and loss parallelism),
 // so where their pieces have the same shapes their dry runs are the same.
+// (Below, likewise for load-balanced context parallelism.)
 std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
   const auto& names = c.mesh.names;
   std::vector<int64_t> runs(c.mesh.shape.begin(), c.mesh.shape.end());
   std::vector<bool> splits_batch(names.size(), false);
   auto index = [&](const std::string& d) { return std::find(names.begin(), names.end(), d) - names.begin(); };
-  std::vector<bool> tensor_parallel(names.size(), false);
+  std::vector<bool> tensor_parallel(names.size(), false), sequence_parallel(names.size(), false);
   for (const auto& t : c.parallelize) {
     const auto* fsdp = std::get_if<FullyShardConfig>(&t.options);
     const bool dp = data_parallel(t);  // expert_parallel's ranks too: the same shapes under uniform routing
+    // So is a dim only load-balanced context_parallel spans, without document masks: every rank holds two
+    // chunks of each sequence, and at each step of the ring (or the gather) meets a block of the same shapes
+    // with the same count of full, causal and skipped chunk pairs (i and 2cp-1-i against j and 2cp-1-j).
+    // A data-parallel transform may span that dim too (its gradients are reduced over the cp ranks).
+    const auto* cp = std::get_if<ContextParallelConfig>(&t.options);
     const bool tp = std::holds_alternative<TensorParallelConfig>(t.options);
+    const bool alike_cp = cp && cp->load_balance && !c.data.documents.active();
     for (const auto& d : t.mesh_dim()) {
       const size_t i = static_cast<size_t>(index(d));
       if (i >= names.size()) continue;
-      if (!dp && !tp) runs[i] = 0;
+      if (!dp && !tp && !alike_cp) runs[i] = 0;
       splits_batch[i] = splits_batch[i] || dp;
       tensor_parallel[i] = tensor_parallel[i] || tp;
+      sequence_parallel[i] = sequence_parallel[i] || alike_cp;
     }
     if (fsdp && fsdp->reshard_after_forward.size > 1) {  // subgroups of N consecutive ranks of the shard dim
       const auto shard = flat_dims({fsdp->mesh_dim.back()});
@@ -131,7 +139,8 @@ std::vector<int64_t> data_parallel_runs(const ExperimentConfig& c) {
     }
   }
   for (size_t i = 0; i < names.size(); ++i) {
-    if (!splits_batch[i] && !tensor_parallel[i]) runs[i] = 0;
+    if (!splits_batch[i] && !tensor_parallel[i] && !sequence_parallel[i]) runs[i] = 0;
+    if (sequence_parallel[i] && tensor_parallel[i]) runs[i] = 0;
     if (splits_batch[i] && tensor_parallel[i]) runs[i] = 0;  // one dim for both: not a case of either
     // Muon's owners differ from rank to rank (what each gathers, holds whole and sends back): no
     // two ranks run alike, so each gets a dry run of its own.

@@ -331,6 +331,11 @@ void variants(std::vector<Shape>& out, Shape base, const World& w, const Axes& a
               s.ac = ac, s.ac_every = every, s.precision = p, s.rotate = rotate;
               if (s.ep_borrows_dp && mode == DpMode::kHsdp && s.ep != s.shard) continue;
               if (axes.global_batch % (s.batch_split() * s.microbatches) != 0) continue;  // the planner's first refusal
+              // train.fp8's refusals (plan_fp8.cpp): deferred weight gradients, scales over other samples.
+              if (p == Precision::kFp8Tensorwise &&
+                  (parallel::zero_bubble(kind) || (s.batch_split() > 1 && s.microbatches > 1))) {
+                continue;
+              }
               out.push_back(s);
             }
           }
@@ -356,10 +361,14 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, const Experime
       axes.rotates = cp > 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
       for (int64_t pp : divisors(n / (tp * cp))) {
         if (pp > 1 && (!f.has_layers || pp > f.layers)) continue;
-        axes.schedules = {{parallel::ScheduleKind::k1f1b, 1}};
-        if (pp > 1) {
-          axes.schedules.push_back({parallel::ScheduleKind::kInterleaved1f1b, 2});
-          axes.schedules.push_back({parallel::ScheduleKind::kZbv, 2});
+        // Stages of whole, equal runs of layers: the planner refuses any other split without split_points.
+        axes.schedules.clear();
+        for (const auto& [kind, v] : {std::pair{parallel::ScheduleKind::k1f1b, int64_t{1}},
+                                      {parallel::ScheduleKind::kInterleaved1f1b, int64_t{2}},
+                                      {parallel::ScheduleKind::kZbv, int64_t{2}}}) {
+          if (pp == 1 && v > 1) continue;
+          if (pp > 1 && f.layers % (pp * v) != 0) continue;
+          axes.schedules.push_back({kind, v});
         }
         for (const auto& [ep, dp, borrows] : ep_choices(f, n / (tp * cp * pp))) {
           Shape base;
