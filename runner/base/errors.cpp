@@ -63,10 +63,14 @@ void install_stop_handlers() {
 
 bool stop_requested() { return g_stop != 0; }
 
-void exit_flushed(int code) {
+void flush_output() {
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
+}
+
+void exit_flushed(int code) {
+  flush_output();
   _exit(code);
 }
 

@@ -108,6 +108,10 @@ class Stopped : public std::runtime_error {
 void install_stop_handlers();
 bool stop_requested();
 
+// Writes out what std::cout, std::cerr and C's streams hold (before a fork,
+// whose child would write it again, and before exit_flushed).
+void flush_output();
+
 // Ends the process with `code` once its output is flushed, without running
 // static destructors: LibTorch's unregister every operator and kernel, about
 // a third of a short rank's CPU time, and nothing composer keeps needs them

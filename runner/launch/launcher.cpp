@@ -97,10 +97,7 @@ bool single_threaded() {
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
             int out[2], int err[2], const RankEntry& entry) {
   const bool in_place = entry && single_threaded();
-  // Unwritten output would be written twice, by the launcher and the child.
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
+  flush_output();  // else the child would write the launcher's pending output again
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) throw RuntimeFailure(std::string("fork failed: ") + std::strerror(errno));
