@@ -235,9 +235,12 @@ World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t 
 void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
   std::cout << "suggest: " << s.candidates << " plans priced for " << w.size() << " ranks; in cost order "
-            << s.planned << " put to the planner, " << s.refused << " refused, " << s.estimated << " run dry, "
-            << s.fitting.size() << " fit" << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in "
-            << format_bytes(w.memory_per_rank) << " per rank (" << seconds << " s)\n";
+            << s.floored << " passed over (memory floor over the limit), " << s.planned << " put to the planner, "
+            << s.refused << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
+            << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in "
+            << format_bytes(static_cast<int64_t>((1 - w.margin) * static_cast<double>(w.memory_per_rank)))
+            << " per rank (" << format_bytes(w.memory_per_rank) << " less " << w.margin * 100 << "% kept free; "
+            << seconds << " s)\n";
   for (const auto& c : s.fitting) {
     std::cout << "  " << c.name << ": step " << c.step_s() * 1e3 << " ms (compute " << c.terms.compute_s() * 1e3
               << ", communication " << c.terms.comm_s() * 1e3 << ", bubble " << c.terms.bubble << "), peak "
@@ -286,7 +289,12 @@ int run_suggest(const CliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   Suggestion s =
       suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates),
-              o.suggest.max_seconds);
+              o.suggest.max_seconds, [&](const Candidate& c, double seconds) {
+                if (o.json) return;
+                std::cout << "  run dry: " << c.name << ", peak " << format_bytes(c.peak) << " (floor "
+                          << format_bytes(static_cast<int64_t>(c.floor)) << "), " << (c.fits ? "fits" : "over")
+                          << " (" << seconds << " s)" << std::endl;
+              });
   if (o.json) {
     std::cout << suggestion_json(s, w).dump(1) << "\n";
   } else {

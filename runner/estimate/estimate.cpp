@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -190,9 +191,9 @@ MemoryEstimate estimate_of(const DryRun& run, const ExperimentConfig& c, int r, 
   return e;
 }
 
-}  // namespace
-
-std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
+// estimate_memory's figures for every rank but those `skip` names.
+std::vector<MemoryEstimate> estimate_ranks(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks,
+                                           const std::function<bool(int)>& skip) {
   ensure_meta_kernels();
   std::vector<MemoryEstimate> out;
   const int64_t data = data_bytes(c);
@@ -207,6 +208,7 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
   };
   std::map<std::vector<int64_t>, Position> positions;  // by the coordinates, runs collapsed
   for (int r = 0; r < plan.world_size; ++r) {
+    if (skip && skip(r)) continue;
     const std::vector<int64_t> coords = parallel::coords_of(r, c.mesh.shape);
     std::vector<int64_t> key = coords;
     for (size_t i = 0; i < key.size(); ++i) {
@@ -238,6 +240,73 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
     position.classes.emplace_back(std::move(pieces), e);
   }
   return out;
+}
+
+// The parameter shapes of each pipeline stage's pieces, in order (the model built shape-only).
+std::vector<std::vector<std::vector<int64_t>>> stage_shapes(const ExperimentConfig& c, const parallel::PipelineConfig& p,
+                                                             int64_t stages) {
+  models::ModelPtr model;
+  {
+    nn::ShapeOnly shapes;
+    model = build_model(c);
+  }
+  const auto pieces = model->pipeline_pieces();
+  std::vector<std::pair<size_t, size_t>> ranges;
+  if (parallel::split_stages(pieces, static_cast<int>(stages), p.split_points, p.layers_per_stage, ranges)) return {};
+  std::map<std::string, nn::Module*> modules;
+  for (const auto& [name, m] : nn::named_modules(*model)) modules[name] = m;
+  std::vector<std::vector<std::vector<int64_t>>> out;
+  for (const auto& [begin, end] : ranges) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = begin; i < end; ++i) {
+      for (const auto& name : pieces[i].modules) {
+        if (!modules.count(name)) return {};
+        for (const auto& [n, t] : nn::unique_named_parameters(*modules[name])) shapes.push_back(t.sizes().vec());
+      }
+    }
+    out.push_back(std::move(shapes));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
+  return estimate_ranks(c, plan, local_ranks, {});
+}
+
+int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
+  auto largest = [](const std::vector<MemoryEstimate>& all) {
+    int64_t peak = 0;
+    for (const auto& e : all) peak = std::max(peak, e.peak());
+    return peak;
+  };
+  const parallel::PipelineConfig* p = plan.find<parallel::PipelineConfig>();
+  using parallel::ScheduleKind;
+  if (!p || p->schedule != ScheduleKind::k1f1b) {
+    return largest(estimate_memory(c, plan, local_ranks));
+  }
+  const auto& names = c.mesh.names;
+  const size_t pp_dim = std::find(names.begin(), names.end(), p->mesh_dim.at(0)) - names.begin();
+  const int64_t pp = c.mesh.shape.at(pp_dim);
+  // Under 1F1B a stage between the second and the last with the same parameters as the stage before it
+  // holds one microbatch fewer in flight, so peaks no higher: it needs no dry run. Not where checkpointing
+  // every N-th unit can differ from stage to stage, or under Muon (each rank's owners differ).
+  std::function<bool(int)> skip;
+  bool every_n = false;
+  for (const auto& t : c.parallelize) {
+    if (const auto* ac = t.get<ActivationCheckpointingConfig>()) every_n = every_n || ac->every > 1;
+  }
+  if (p->schedule == ScheduleKind::k1f1b && pp > 3 && !every_n && c.train.optimizer.name != OptimizerKind::kMuon) {
+    const auto shapes = stage_shapes(c, *p, pp);
+    if (static_cast<int64_t>(shapes.size()) == pp) {
+      skip = [shapes, pp_dim, &c, pp](int r) {
+        const int64_t stage = parallel::coords_of(r, c.mesh.shape).at(pp_dim);
+        return stage >= 2 && stage <= pp - 2 && shapes[stage] == shapes[stage - 1];
+      };
+    }
+  }
+  return largest(estimate_ranks(c, plan, local_ranks, skip));
 }
 
 int64_t memory_per_rank(const ExperimentConfig& c, int64_t local_ranks) {

@@ -35,7 +35,7 @@ Local local_of(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, c
   l.mb = static_cast<double>(s.microbatches);
   l.tokens = static_cast<double>(c.train.global_batch) * static_cast<double>(f.seq) /
              static_cast<double>(s.batch_split() * s.cp) / l.mb;
-  l.layers = static_cast<double>(f.layers) / static_cast<double>(s.pp);
+  l.layers = static_cast<double>(s.busiest_layers(f.layers));
   l.tp = static_cast<double>(s.tp);
   const double checkpointed = s.ac == Ac::kNone ? 0.0 : 1.0 / static_cast<double>(s.ac_every);
   l.recompute_all = s.ac == Ac::kFull ? checkpointed / 3.0 : 0.0;  // the forward is a third of forward + backward
@@ -156,7 +156,7 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w,
   const double gather_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // bfloat16 gathers
   const int64_t ep_here = s.ep_borrows_dp ? 1 : s.ep;
   const int64_t copies = s.dp * s.cp * ep_here;  // ranks holding the same non-expert parameters
-  const double units = static_cast<double>(std::max<int64_t>(1, f.layers / s.pp) + 2);
+  const double units = static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + 2);
   auto ring = [](double g) { return (g - 1) / g; };
   if (s.dp_mode == DpMode::kReplicate || (s.dp_mode == DpMode::kNone && copies > 1)) {
     // without expert_parallel the experts are copies too
@@ -202,6 +202,57 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
 }
 
 }  // namespace
+
+namespace {
+
+// The optimizer's states per parameter element: Adam's two moments, SGD's momentum, Muon's momentum (AdamW
+// for the rest: at least one).
+double optimizer_states(const ExperimentConfig& c) {
+  switch (c.train.optimizer.name) {
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: return 2;
+    case OptimizerKind::kMuon: return 1;
+    default: return c.train.optimizer.momentum > 0 ? 1 : 0;
+  }
+}
+
+// The bytes a layer keeps per token of a microbatch until its backward, at the least: under full
+// checkpointing its input; else also the outputs of its query and feed-forward products (mode op keeps
+// every linear's output; without checkpointing they are kept as the next op's input). Routed experts
+// are left out (their tokens depend on the routing).
+double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool checkpointed) {
+  const double sp = s.tp > 1 && s.tp_style < 2 ? static_cast<double>(s.tp) : 1.0;
+  const double input = f.dim / sp;
+  if (checkpointed || s.precision == Precision::kFp8Tensorwise) return e * input;
+  const double routed_width = f.layers > 0 ? f.expert_matrix / (3.0 * f.dim * f.layers) : 0.0;
+  const double products = f.heads * f.head_dim + 2.0 * std::max(0.0, f.ffn_per_token - routed_width);
+  return e * (input + products / static_cast<double>(s.tp));
+}
+
+}  // namespace
+
+double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
+  const Local l = local_of(s, f, c, w);
+  // At the optimizer's step: the rank's parameters, split as evenly as the plan could split them, their
+  // gradients and the optimizer's states.
+  const double shard = s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
+                       : s.dp_mode == DpMode::kHsdp     ? static_cast<double>(s.shard)
+                                                        : 1.0;
+  const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard);
+  const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp * l.tp * (s.ep_borrows_dp ? s.cp : shard));
+  const double persistent = (dense + experts) * (2 + optimizer_states(c));
+  // The first stage's layers keep their activations for every microbatch in flight (1F1B and
+  // interleaving: pp of them at the most; zbv's V keeps about half as much on its first rank).
+  const int64_t stages = s.pp * s.virtual_stages;
+  const double held = s.pp > 1 ? static_cast<double>(f.layers / stages * s.virtual_stages) : static_cast<double>(f.layers);
+  double in_flight = s.pp > 1 ? static_cast<double>(std::min(s.pp, s.microbatches)) : 1.0;
+  if (s.schedule == parallel::ScheduleKind::kZbv && s.pp > 1) in_flight /= 2;
+  const double every = s.ac == Ac::kNone ? 0.0 : 1.0 / static_cast<double>(s.ac_every);
+  const double per_layer = s.ac == Ac::kFull ? every * kept_per_token(s, f, l.e, true) +
+                                                   (1 - every) * kept_per_token(s, f, l.e, false)
+                                             : kept_per_token(s, f, l.e, false);
+  return persistent + in_flight * held * l.tokens * per_layer;
+}
 
 StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w) {
   StepTerms t;

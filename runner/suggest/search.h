@@ -1,6 +1,8 @@
 // Inside `composer suggest`: what the search knows of a model, the shape of
 // one candidate plan, and the cost model that prices it (runner/suggest/cost.cpp).
 #pragma once
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,11 +53,24 @@ struct Shape {
   Precision precision = Precision::kAsGiven;
 
   int64_t batch_split() const { return dp * (ep_borrows_dp ? 1 : ep); }  // the ranks that split the batch, cp aside
+  // The layers of the rank holding the most: its virtual stages of ceil(layers / (pp x v)) each, the
+  // first stages taking one more where they do not split evenly (pipeline_split_points).
+  int64_t busiest_layers(int64_t layers) const;
   std::string name() const;
   // The plans that differ only in what buys memory at some cost: activation
   // checkpointing, and gradient accumulation without a pipeline.
   std::string family() const;
 };
+
+// A pipeline's split_points for `layers` over pp x v stages that do not split them evenly, the first
+// stages one layer longer (the last ones hold the norm and the output); empty where they split evenly.
+std::vector<std::string> pipeline_split_points(const Shape& s, int64_t layers);
+
+// The whole config of `s`: `doc` (the user's, its mesh and parallelize left out; `doc_text`: it emitted)
+// with train.microbatches (unless `given` > 0: the config's own) and float8 where searched, then the mesh
+// (with `mesh_extra`, e.g. ", device: cuda") and parallelize sections of `s`.
+std::string config_of(const Shape& s, const ModelFacts& f, const YAML::Node& doc, const std::string& doc_text,
+                      int64_t given, const std::string& mesh_extra);
 
 // The facts of the model `c` names (built shape-only).
 ModelFacts facts_of(const ExperimentConfig& c);
@@ -66,5 +81,10 @@ Shape shape_of(const ExperimentConfig& c, const Plan& plan);
 
 // Prices `s` on `w`: every term of Candidate::terms, per rank, in seconds.
 StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w);
+
+// A floor under the dry run's peak of `s` (its busiest rank), in closed form, in bytes: the rank's
+// share of the parameters, their gradients and the optimizer's states, and the activations its first
+// stage certainly keeps. The search passes over a plan whose floor exceeds the memory without running it dry.
+double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w);
 
 }  // namespace composer::suggest_detail

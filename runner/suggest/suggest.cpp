@@ -149,7 +149,8 @@ std::string Shape::name() const {
   static const char* dp_names[] = {"none", "replicate", "fsdp", "hsdp"};
   static const char* ac_names[] = {"none", "op", "full"};
   static const char* precision_names[] = {"", ".bf16", ".fp8"};
-  std::string s = "tp" + std::to_string(tp) + (tp > 1 && tp_style < 2 ? "sp" : "") + ".cp" + std::to_string(cp);
+  std::string s = "tp" + std::to_string(tp) + (tp > 1 && tp_style < 2 ? "sp" : "") + (tp > 1 && tp_style == 0 ? "_lp" : "") +
+                  ".cp" + std::to_string(cp);
   if (cp > 1 && rotate) s += std::string("_") + kRotateNames[rotate];
   if (ep > 1) s += ".ep" + std::to_string(ep) + (ep_borrows_dp ? "_on_dp" : "");
   s += ".pp" + std::to_string(pp);
@@ -160,6 +161,24 @@ std::string Shape::name() const {
   s += std::string(".ac_") + ac_names[static_cast<int>(ac)];
   if (ac != Ac::kNone && ac_every > 1) s += "_every" + std::to_string(ac_every);
   return s + precision_names[static_cast<int>(precision)];
+}
+
+int64_t Shape::busiest_layers(int64_t layers) const {
+  if (pp <= 1) return layers;
+  const int64_t stages = pp * virtual_stages;
+  return (layers + stages - 1) / stages * virtual_stages;
+}
+
+std::vector<std::string> pipeline_split_points(const Shape& s, int64_t layers) {
+  const int64_t stages = s.pp * s.virtual_stages;
+  if (s.pp <= 1 || layers % stages == 0) return {};
+  std::vector<std::string> points;
+  int64_t at = 0;
+  for (int64_t i = 0; i + 1 < stages; ++i) {
+    at += layers / stages + (i < layers % stages ? 1 : 0);
+    points.push_back("layers." + std::to_string(at));
+  }
+  return points;
 }
 
 std::string Shape::family() const {
@@ -232,9 +251,11 @@ std::string sections(const Shape& s, const ModelFacts& f, const std::string& mes
   o << mesh_of(s, mesh_extra) << "parallelize:";
   std::vector<std::string> t;
   if (s.pp > 1) {
+    const std::vector<std::string> splits = pipeline_split_points(s, f.layers);
     t.push_back("pipeline: {mesh_dim: pp, schedule: " + std::string(parallel::name_of(s.schedule)) +
                 (s.virtual_stages > 1 ? ", virtual_stages: " + std::to_string(s.virtual_stages) : "") +
-                (given_microbatches ? "" : ", microbatches: " + std::to_string(s.microbatches)) + "}");
+                (given_microbatches ? "" : ", microbatches: " + std::to_string(s.microbatches)) +
+                (splits.empty() ? "" : ", split_points: " + quoted_list(splits)) + "}");
   }
   if (s.tp > 1) {
     t.push_back(std::string("tensor_parallel: {mesh_dim: tp") + (s.tp_style < 2 ? ", sequence_parallel: true" : "") +
@@ -361,13 +382,13 @@ std::vector<Shape> shapes_of(const World& w, const ModelFacts& f, const Experime
       axes.rotates = cp > 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
       for (int64_t pp : divisors(n / (tp * cp))) {
         if (pp > 1 && (!f.has_layers || pp > f.layers)) continue;
-        // Stages of whole, equal runs of layers: the planner refuses any other split without split_points.
+        // At least a layer a stage; where they do not split evenly, the suggested plan gives split_points.
         axes.schedules.clear();
         for (const auto& [kind, v] : {std::pair{parallel::ScheduleKind::k1f1b, int64_t{1}},
                                       {parallel::ScheduleKind::kInterleaved1f1b, int64_t{2}},
                                       {parallel::ScheduleKind::kZbv, int64_t{2}}}) {
           if (pp == 1 && v > 1) continue;
-          if (pp > 1 && f.layers % (pp * v) != 0) continue;
+          if (pp * v > f.layers) continue;
           axes.schedules.push_back({kind, v});
         }
         for (const auto& [ep, dp, borrows] : ep_choices(f, n / (tp * cp * pp))) {
@@ -420,6 +441,19 @@ std::string rest_of(const Shape& s, const YAML::Node& doc, const std::string& ba
   return emit(d);
 }
 
+}  // namespace
+
+namespace suggest_detail {
+
+std::string config_of(const Shape& s, const ModelFacts& f, const YAML::Node& doc, const std::string& doc_text,
+                      int64_t given, const std::string& mesh_extra) {
+  return rest_of(s, doc, doc_text, given) + sections(s, f, mesh_extra, given > 0);
+}
+
+}  // namespace suggest_detail
+
+namespace {
+
 // A shape, priced.
 struct Priced {
   Shape shape;
@@ -449,9 +483,11 @@ struct Walk {
   const YAML::Node& doc;
   const std::string& mesh_extra;
   const ModelFacts& f;
+  const ExperimentConfig& one;  // the config on one rank, for the memory floor
   int64_t given;
   int top, max_estimates;
   double max_seconds;
+  const DryRunProgress& progress;
 };
 
 // In cost order, each shape written as a config and put to the planner, and each accepted one run dry
@@ -473,20 +509,27 @@ void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const W
     if (out.planned >= 40 * k.max_estimates) break;  // the planner refuses nearly everything: enough tried
     const Shape& s = priced[i].shape;
     Candidate cand{s.name(), "", s.family(), priced[i].terms};
+    cand.floor = memory_floor(s, k.f, k.one, w);
     if (fitted.count(cand.family)) {
       out.others.push_back(std::move(cand));  // a cheaper member of its family fits
       continue;
     }
-    cand.yaml = rest_of(s, k.doc, base_text, k.given) + sections(s, k.f, k.mesh_extra, k.given > 0);
+    if (cand.floor > limit) {  // certainly over the memory: no planner, no dry run
+      ++out.floored;
+      out.others.push_back(std::move(cand));
+      continue;
+    }
+    cand.yaml = config_of(s, k.f, k.doc, base_text, k.given, k.mesh_extra);
     ++out.planned;
     try {
       const ExperimentConfig c = parse_config(cand.yaml, k.path);
       const Plan plan = make_plan(c, w.size());
       ++out.estimated;
-      int64_t peak = 0;
-      for (const auto& e : estimate_memory(c, plan, w.ranks_per_node)) peak = std::max(peak, e.peak());
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t peak = estimate_peak(c, plan, w.ranks_per_node);
       cand.peak = peak;
       cand.fits = static_cast<double>(peak) <= limit;
+      if (k.progress) k.progress(cand, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     } catch (const UserError& e) {
       ++out.refused;
       if (out.first_refusal.empty()) out.first_refusal = cand.name + ": " + e.what();
@@ -504,7 +547,7 @@ void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const W
 }  // namespace
 
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, World& w, int top,
-                   int max_estimates, double max_seconds) {
+                   int max_estimates, double max_seconds, const DryRunProgress& progress) {
   const YAML::Node base = base_document(path, overrides);
   const std::string mesh_extra = mesh_extra_of(base, w);
   YAML::Node doc = YAML::Clone(base);
@@ -515,7 +558,7 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   Suggestion out;
   out.flops_per_step = flops_of(f, one);
   const std::vector<Priced> priced = priced_shapes(f, one, given, w, out);
-  fit_in_cost_order(priced, Walk{path, doc, mesh_extra, f, given, top, max_estimates, max_seconds}, w, out);
+  fit_in_cost_order(priced, Walk{path, doc, mesh_extra, f, one, given, top, max_estimates, max_seconds, progress}, w, out);
   if (w.rates.dirty && w.rates.measure) save_rates(w.rates);
   return out;
 }
@@ -558,7 +601,8 @@ nlohmann::json candidate_json(const Candidate& c) {
   return {{"name", c.name},         {"step_ms", c.step_s() * 1e3}, {"compute_ms", c.terms.compute_s() * 1e3},
           {"comm_ms", c.terms.comm_s() * 1e3}, {"comm_latency_ms", c.terms.comm_latency_s * c.terms.latency_fit * 1e3},
           {"bubble", c.terms.bubble}, {"recompute_ms", c.terms.recompute_s * 1e3},
-          {"matmul_tflops", c.terms.rate / 1e12}, {"terms_ms", terms}, {"peak_bytes", c.peak}, {"fits", c.fits},
+          {"matmul_tflops", c.terms.rate / 1e12}, {"terms_ms", terms}, {"peak_bytes", c.peak},
+          {"memory_floor_bytes", c.floor}, {"fits", c.fits},
           {"refused", c.refusal}};
 }
 
@@ -567,6 +611,7 @@ nlohmann::json suggestion_json(const Suggestion& s, const World& w) {
                       {"memory_per_rank", w.memory_per_rank}, {"rates", to_json(w.rates)},
                       {"rates_source", w.rates.source},   {"candidates", s.candidates},
                       {"refused", s.refused},             {"estimated", s.estimated}, {"planned", s.planned},
+                      {"over_memory_by_floor", s.floored},
                       {"flops_per_step", s.flops_per_step}};
   j["rates"].erase("matmul_by_shape");
   j["fitting"] = nlohmann::json::array();
@@ -597,7 +642,8 @@ std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
     << format_bytes(w.memory_per_rank) << " per rank (keeping " << w.margin * 100 << "% free); model FLOPs "
     << s.flops_per_step << " per step.\n"
     << "# " << r.describe() << ".\n"
-    << "# " << s.candidates << " plans priced; in cost order " << s.planned << " put to the planner, " << s.refused
+    << "# " << s.candidates << " plans priced; in cost order " << s.floored
+    << " passed over (their memory floor is over the limit), " << s.planned << " put to the planner, " << s.refused
     << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
     << (s.out_of_time ? " (the dry runs stopped at --max-seconds)" : "") << ".\n"
     << "# " << (pick ? "runner-up " + std::to_string(pick + 1) + ": " : "chosen, the cheapest that fits: ")

@@ -28,6 +28,7 @@ struct Candidate {
   StepTerms terms;
   double step_s() const { return terms.step_s(); }
   int64_t peak = -1;    // the dry run's largest per-rank peak; -1: not run dry
+  double floor = 0;     // the closed-form floor under that peak (suggest_detail::memory_floor)
   bool fits = false;
   std::string refusal;  // the planner's reason, where it refused the plan
 };
@@ -36,8 +37,10 @@ struct Suggestion {
   std::vector<Candidate> fitting;   // best first
   std::vector<Candidate> unfit;     // run dry, over the memory, in cost order
   std::vector<Candidate> others;    // the rest, in cost order, their yaml left out: refused (with the reason),
-                                    // passed over (a cheaper member of their family fits), or priced only
+                                    // passed over (a cheaper member of their family fits, or their memory
+                                    // floor is over the memory), or priced only
   int64_t candidates = 0;   // shapes priced
+  int64_t floored = 0;      // of them, in cost order, passed over because their memory floor exceeds the memory
   int64_t planned = 0;      // of them, in cost order, written as configs and put to the planner
   int64_t refused = 0;      // refused by the planner (or its estimate)
   int64_t estimated = 0;    // run dry
@@ -53,8 +56,10 @@ void check_suggest_overrides(const std::vector<std::string>& overrides);
 // Searches the plans of the config at `path` (with `overrides`; its own mesh
 // and parallelize are ignored) for `world`; `max_estimates` caps the dry runs, and once a plan fits,
 // `max_seconds` their time.
+// `progress`, where given, hears of each dry run as it ends (the candidate and its seconds).
+using DryRunProgress = std::function<void(const Candidate&, double seconds)>;
 Suggestion suggest(const std::string& path, const std::vector<std::string>& overrides, World& world, int top,
-                   int max_estimates, double max_seconds);
+                   int max_estimates, double max_seconds, const DryRunProgress& progress = {});
 
 // The config of the plan fitting[pick] (0: the best), headed by a comment on
 // the choice, the runners-up and the rates assumed.

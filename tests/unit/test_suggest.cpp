@@ -1,7 +1,8 @@
 // composer suggest's search and cost model: every plan it writes reads back
 // (through the config reader and the planner) as the shape it priced, at the
 // same price; each term moves with its own rate; the rates survive their JSON;
-// the explanation names the term that decides.
+// the explanation names the term that decides; the memory floor the search
+// prunes with lies under every dry run's peak; uneven pipelines get split points.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -69,6 +70,7 @@ TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
       const Shape shape = shape_of(c, plan);
       EXPECT_EQ(shape.name(), cand.name) << cand.yaml;
       EXPECT_DOUBLE_EQ(price(shape, facts_of(c), c, w).step_s(), cand.step_s()) << cand.name;
+      EXPECT_LE(cand.floor, static_cast<double>(cand.peak)) << cand.name;
     }
   }
   for (const auto* list : {&s.fitting, &s.unfit, &s.others}) {
@@ -76,6 +78,132 @@ TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
   }
   EXPECT_GT(expert_parallel, 0) << "the search of a model with routed experts tries expert_parallel";
   for (size_t i = 1; i < s.fitting.size(); ++i) EXPECT_LE(s.fitting[i - 1].step_s(), s.fitting[i].step_s());
+}
+
+// A small dense Llama whose 6 layers split unevenly over 4 stages.
+const char* kDense = R"(name: suggest_unit_dense
+seed: 0
+model:
+  name: llama
+  args: {dim: 64, n_layers: 6, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
+train:
+  steps: 3
+  global_batch: 8
+  optimizer: {name: adamw, lr: 0.001}
+  loss: {name: cross_entropy}
+data: {seq_len: 32}
+)";
+
+// The largest per-rank peak of `s`'s plan of `text` on `w`, run dry, and the plan's memory floor.
+std::pair<int64_t, double> peak_and_floor(const char* text, const Shape& s, const World& w) {
+  const YAML::Node doc = YAML::Load(text);
+  const ExperimentConfig one = parse_config(text, "x.yaml");
+  const ModelFacts f = facts_of(one);
+  const ExperimentConfig c = parse_config(config_of(s, f, doc, text, 0, ""), "x.yaml");
+  const Plan plan = make_plan(c, w.size());
+  EXPECT_EQ(shape_of(c, plan).name(), s.name());
+  int64_t peak = 0;
+  for (const auto& e : estimate_memory(c, plan, w.ranks_per_node)) peak = std::max(peak, e.peak());
+  return {peak, memory_floor(s, f, one, w)};
+}
+
+TEST(SuggestMemoryFloor, LiesUnderTheDryRunOfEachKindOfPlan) {
+  auto shape = [](int64_t tp, int64_t cp, int64_t pp, int64_t dp, DpMode mode, Ac ac) {
+    Shape s;
+    s.tp = tp, s.cp = cp, s.pp = pp, s.dp = dp, s.dp_mode = mode, s.ac = ac;
+    return s;
+  };
+  World w8 = world4();
+  w8.nodes = 2;
+  std::vector<Shape> dense;
+  dense.push_back(shape(1, 1, 1, 8, DpMode::kReplicate, Ac::kNone));
+  dense.push_back(shape(2, 1, 1, 4, DpMode::kFullyShard, Ac::kFull));
+  dense.push_back(shape(2, 1, 2, 2, DpMode::kFullyShard, Ac::kOp));
+  dense.back().tp_style = 2, dense.back().keep = true, dense.back().microbatches = 4;
+  dense.push_back(shape(1, 1, 4, 2, DpMode::kReplicate, Ac::kNone));  // 6 layers on 4 stages: 2, 2, 1, 1
+  dense.back().microbatches = 4;
+  dense.push_back(shape(2, 1, 2, 2, DpMode::kFullyShard, Ac::kFull));
+  dense.back().schedule = parallel::ScheduleKind::kInterleaved1f1b, dense.back().virtual_stages = 2;
+  dense.back().microbatches = 4, dense.back().ac_every = 2;
+  dense.push_back(shape(1, 2, 2, 2, DpMode::kFullyShard, Ac::kNone));
+  dense.back().schedule = parallel::ScheduleKind::kZbv, dense.back().virtual_stages = 2, dense.back().microbatches = 4;
+  dense.push_back(shape(2, 4, 1, 1, DpMode::kFullyShard, Ac::kOp));
+  dense.back().rotate = 1;
+  dense.push_back(shape(1, 1, 1, 8, DpMode::kHsdp, Ac::kNone));
+  dense.back().shard = 4;
+  for (const Shape& s : dense) {
+    const auto [peak, floor] = peak_and_floor(kDense, s, w8);
+    EXPECT_GT(floor, 0) << s.name();
+    EXPECT_LE(floor, static_cast<double>(peak)) << s.name();
+  }
+  std::vector<Shape> moe;
+  moe.push_back(shape(1, 1, 1, 1, DpMode::kNone, Ac::kNone));
+  moe.back().ep = 4;  // its own dim
+  moe.push_back(shape(1, 1, 1, 4, DpMode::kFullyShard, Ac::kOp));
+  moe.back().ep = 4, moe.back().ep_borrows_dp = true;
+  moe.push_back(shape(2, 1, 1, 1, DpMode::kNone, Ac::kFull));
+  moe.back().ep = 2, moe.back().tp_style = 2;
+  for (const Shape& s : moe) {
+    const auto [peak, floor] = peak_and_floor(kMoe, s, world4());
+    EXPECT_GT(floor, 0) << s.name();
+    EXPECT_LE(floor, static_cast<double>(peak)) << s.name();
+  }
+}
+
+// 12 layers and 32 samples: deep pipelines with many microbatches.
+const char* kDeep = R"(name: suggest_unit_deep
+seed: 0
+model:
+  name: llama
+  args: {dim: 64, n_layers: 12, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
+train:
+  steps: 3
+  global_batch: 32
+  optimizer: {name: adamw, lr: 0.001}
+  loss: {name: cross_entropy}
+data: {seq_len: 32}
+)";
+
+TEST(SuggestPeak, FromFewerDryRunsIsTheFullEstimatesPeak) {
+  auto pipeline = [](parallel::ScheduleKind kind, int64_t pp, int64_t m, Ac ac) {
+    Shape s;
+    s.pp = pp, s.schedule = kind, s.microbatches = m, s.ac = ac;
+    s.virtual_stages = kind == parallel::ScheduleKind::k1f1b ? 1 : 2;
+    return s;
+  };
+  using parallel::ScheduleKind;
+  std::vector<Shape> shapes;  // 12 layers over 8 stages: 2, 2, 2, 2, 1, 1, 1, 1
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 16, Ac::kNone));
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 8, Ac::kFull));
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 16, Ac::kOp));  // 3 layers a stage, cp 2
+  shapes.back().cp = 2;
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 8, Ac::kNone));
+  shapes.back().dp = 2, shapes.back().dp_mode = DpMode::kFullyShard;
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 4, Ac::kFull));
+  shapes.back().tp = 2;
+  const YAML::Node doc = YAML::Load(kDeep);
+  const ExperimentConfig one = parse_config(kDeep, "x.yaml");
+  const ModelFacts f = facts_of(one);
+  for (const Shape& s : shapes) {
+    const ExperimentConfig c = parse_config(config_of(s, f, doc, kDeep, 0, ""), "x.yaml");
+    const Plan plan = make_plan(c, 8);
+    int64_t peak = 0;
+    for (const auto& e : estimate_memory(c, plan, 8)) peak = std::max(peak, e.peak());
+    EXPECT_EQ(estimate_peak(c, plan, 8), peak) << s.name();
+  }
+}
+
+TEST(SuggestShapes, UnevenPipelinesGetSplitPointsLongestFirst) {
+  Shape s;
+  s.pp = 8;
+  // the 405B example's own split: 16 layers on the first six stages, 15 on the last two
+  EXPECT_EQ(pipeline_split_points(s, 126), (std::vector<std::string>{"layers.16", "layers.32", "layers.48", "layers.64",
+                                                                      "layers.80", "layers.96", "layers.111"}));
+  EXPECT_EQ(s.busiest_layers(126), 16);
+  EXPECT_TRUE(pipeline_split_points(s, 64).empty());
+  s.pp = 2, s.virtual_stages = 2;
+  EXPECT_EQ(pipeline_split_points(s, 6), (std::vector<std::string>{"layers.2", "layers.4", "layers.5"}));
+  EXPECT_EQ(s.busiest_layers(6), 4);  // the first rank: stages 0 and 2, two layers each
 }
 
 Shape tp2_dp2() {
