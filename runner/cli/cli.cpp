@@ -254,10 +254,11 @@ void print_suggestion(const Suggestion& s, const World& w, double seconds) {
 
 // The best plan's config at `out` (--out, default runs/<name>/suggested.yaml)
 // and each runner-up k beside it as <stem>.<k>.yaml.
-// A --out that names a folder gets suggested.yaml in it.
+// A --out that names a folder (or ends in '/': one made for it) gets suggested.yaml in it.
 void write_suggested(const Suggestion& s, const World& w, const std::string& out, bool quiet) {
   std::error_code ec;
-  const std::string path = std::filesystem::is_directory(out, ec) ? out + "/suggested.yaml" : out;
+  const bool folder = std::filesystem::is_directory(out, ec) || (!out.empty() && out.back() == '/');
+  const std::string path = folder ? (out.back() == '/' ? out : out + "/") + "suggested.yaml" : out;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   for (size_t k = 0; k < s.fitting.size(); ++k) {

@@ -283,27 +283,34 @@ int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local
   };
   const parallel::PipelineConfig* p = plan.find<parallel::PipelineConfig>();
   using parallel::ScheduleKind;
-  if (!p || p->schedule != ScheduleKind::k1f1b) {
+  if (!p || (p->schedule != ScheduleKind::k1f1b && p->schedule != ScheduleKind::kInterleaved1f1b)) {
     return largest(estimate_memory(c, plan, local_ranks));
   }
   const auto& names = c.mesh.names;
   const size_t pp_dim = std::find(names.begin(), names.end(), p->mesh_dim.at(0)) - names.begin();
-  const int64_t pp = c.mesh.shape.at(pp_dim);
-  // Under 1F1B a stage between the second and the last with the same parameters as the stage before it
-  // holds one microbatch fewer in flight, so peaks no higher: it needs no dry run. Not where checkpointing
-  // every N-th unit can differ from stage to stage, or under Muon (each rank's owners differ).
+  const int64_t pp = c.mesh.shape.at(pp_dim), v = p->virtual_stages;
+  // 1F1B and interleaved 1F1B place stage s on rank s mod pp, and warm up with fewer microbatches on
+  // each rank than on the one before it (1F1B: pp - 1 - rank; interleaved: 2 (pp - 1 - rank) + (v - 1) pp
+  // chunks). So a rank between the second and the last whose stages have the same parameters as the
+  // previous rank's holds less in flight, and peaks no higher: it needs no dry run. Not where
+  // checkpointing every N-th unit can differ from rank to rank, or under Muon (each rank's owners differ).
   std::function<bool(int)> skip;
   bool every_n = false;
   for (const auto& t : c.parallelize) {
     if (const auto* ac = t.get<ActivationCheckpointingConfig>()) every_n = every_n || ac->every > 1;
   }
-  if (p->schedule == ScheduleKind::k1f1b && pp > 3 && !every_n && c.train.optimizer.name != OptimizerKind::kMuon) {
-    const auto shapes = stage_shapes(c, *p, pp);
-    if (static_cast<int64_t>(shapes.size()) == pp) {
-      skip = [shapes, pp_dim, &c, pp](int r) {
-        const int64_t stage = parallel::coords_of(r, c.mesh.shape).at(pp_dim);
-        return stage >= 2 && stage <= pp - 2 && shapes[stage] == shapes[stage - 1];
+  if (pp > 3 && !every_n && c.train.optimizer.name != OptimizerKind::kMuon) {
+    const auto stages = stage_shapes(c, *p, pp * v);
+    if (static_cast<int64_t>(stages.size()) == pp * v) {
+      auto same_as_previous = [&stages, pp, v](int64_t rank) {
+        for (int64_t k = 0; k < v; ++k) {
+          if (stages[k * pp + rank] != stages[k * pp + rank - 1]) return false;
+        }
+        return true;
       };
+      std::vector<bool> skipped(pp, false);
+      for (int64_t rank = 2; rank <= pp - 2; ++rank) skipped[rank] = same_as_previous(rank);
+      skip = [skipped, pp_dim, &c](int r) { return skipped[parallel::coords_of(r, c.mesh.shape).at(pp_dim)]; };
     }
   }
   return largest(estimate_ranks(c, plan, local_ranks, skip));

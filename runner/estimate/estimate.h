@@ -46,7 +46,8 @@ void ensure_meta_kernels();
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0);
 
 // The largest of estimate_memory's per-rank peaks, from fewer dry runs where a pipeline allows: under
-// 1F1B no dry run of a stage that the stage before it provably peaks above (composer suggest).
+// 1F1B and interleaved 1F1B no dry run of a rank that the rank before it provably peaks above (composer
+// suggest).
 int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0);
 
 // The bytes a rank may use: mesh.memory_per_rank_mb when set, else the host's

@@ -216,17 +216,25 @@ double optimizer_states(const ExperimentConfig& c) {
   }
 }
 
-// The bytes a layer keeps per token of a microbatch until its backward, at the least: under full
-// checkpointing its input; else also the outputs of its query and feed-forward products (mode op keeps
-// every linear's output; without checkpointing they are kept as the next op's input). Routed experts
-// are left out (their tokens depend on the routing).
-double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool checkpointed) {
-  const double sp = s.tp > 1 && s.tp_style < 2 ? static_cast<double>(s.tp) : 1.0;
+// The bytes a layer keeps per token of a microbatch until its backward, at the least (routed experts
+// left out: their tokens depend on the routing). `inputs_only`: under full checkpointing, the layer's
+// input. Under mode op, also the outputs of its linear products and attention (query, key, value,
+// attention, output projection; gate, up, down). Without checkpointing, what backward reads: each
+// norm's input and output, the query, key, value and attention output, the gate's and up
+// projection's outputs and their product.
+double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool inputs_only, bool op_mode) {
+  const double tp = static_cast<double>(s.tp);
+  const double sp = s.tp > 1 && s.tp_style < 2 ? tp : 1.0;
   const double input = f.dim / sp;
-  if (checkpointed || s.precision == Precision::kFp8Tensorwise) return e * input;
+  if (inputs_only) return e * input;
   const double routed_width = f.layers > 0 ? f.expert_matrix / (3.0 * f.dim * f.layers) : 0.0;
-  const double products = f.heads * f.head_dim + 2.0 * std::max(0.0, f.ffn_per_token - routed_width);
-  return e * (input + products / static_cast<double>(s.tp));
+  const double hidden = std::max(0.0, f.ffn_per_token - routed_width);
+  // the query, the attention's output (latent attention: its values' width), the keys and values
+  // (latent attention's expanded from its latent: left out)
+  const double q = static_cast<double>(f.heads * f.head_dim), out = 2.0 * f.attn_dim - q;
+  const double kv = f.heads > 0 && !f.latent_attention ? 2.0 * f.kv_dim : 0.0;
+  if (op_mode) return e * (3 * input + (q + out + kv + 2 * hidden) / tp);
+  return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp);
 }
 
 }  // namespace
@@ -247,10 +255,12 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
   const double held = s.pp > 1 ? static_cast<double>(f.layers / stages * s.virtual_stages) : static_cast<double>(f.layers);
   double in_flight = s.pp > 1 ? static_cast<double>(std::min(s.pp, s.microbatches)) : 1.0;
   if (s.schedule == parallel::ScheduleKind::kZbv && s.pp > 1) in_flight /= 2;
+  // Mode op's kept outputs are those of composer's own products: not float8's.
+  const bool fp8 = s.precision == Precision::kFp8Tensorwise;
   const double every = s.ac == Ac::kNone ? 0.0 : 1.0 / static_cast<double>(s.ac_every);
-  const double per_layer = s.ac == Ac::kFull ? every * kept_per_token(s, f, l.e, true) +
-                                                   (1 - every) * kept_per_token(s, f, l.e, false)
-                                             : kept_per_token(s, f, l.e, false);
+  const double plain = kept_per_token(s, f, l.e, false, false);
+  const double per_layer = s.ac == Ac::kNone ? plain
+                           : every * kept_per_token(s, f, l.e, s.ac == Ac::kFull || fp8, true) + (1 - every) * plain;
   return persistent + in_flight * held * l.tokens * per_layer;
 }
 

@@ -25,6 +25,7 @@ struct ModelFacts {
   // The widths of all heads' queries (and keys) and of their values, halved summed: dim for llama.
   int64_t attn_dim = 0;
   int64_t heads = 0, head_dim = 0, vocab = 0;
+  bool latent_attention = false;  // multi-head latent attention (head_dim: a query's and key's width)
   double ffn_per_token = 0;     // a layer's feed-forward width a token passes through (experts: top_k of them)
   int64_t experts = 0, top_k = 0, moe_layers = 0;
   double expert_matrix = 0;     // of matrix_params, the routed experts' (top_k of them per token)

@@ -132,6 +132,7 @@ ModelFacts facts_of(const ExperimentConfig& c) {
     f.kv_dim = f.heads * qk;
     f.attn_dim = f.heads * (qk + arg("v_head_dim")) / 2;
     f.head_dim = qk;
+    f.latent_attention = true;
   }
   f.attention = f.heads > 0;
   f.vocab = arg("vocab_size");

@@ -150,12 +150,12 @@ TEST(SuggestMemoryFloor, LiesUnderTheDryRunOfEachKindOfPlan) {
   }
 }
 
-// 12 layers and 32 samples: deep pipelines with many microbatches.
+// 20 layers and 32 samples: deep pipelines with many microbatches.
 const char* kDeep = R"(name: suggest_unit_deep
 seed: 0
 model:
   name: llama
-  args: {dim: 64, n_layers: 12, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
+  args: {dim: 64, n_layers: 20, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
 train:
   steps: 3
   global_batch: 32
@@ -172,15 +172,20 @@ TEST(SuggestPeak, FromFewerDryRunsIsTheFullEstimatesPeak) {
     return s;
   };
   using parallel::ScheduleKind;
-  std::vector<Shape> shapes;  // 12 layers over 8 stages: 2, 2, 2, 2, 1, 1, 1, 1
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 16, Ac::kNone));
+  std::vector<Shape> shapes;  // 20 layers over 8 stages: 3, 3, 3, 3, 2, 2, 2, 2
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 8, Ac::kNone));
   shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 8, Ac::kFull));
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 16, Ac::kOp));  // 3 layers a stage, cp 2
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 16, Ac::kOp));  // 5 layers a stage, cp 2
   shapes.back().cp = 2;
   shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 8, Ac::kNone));
   shapes.back().dp = 2, shapes.back().dp_mode = DpMode::kFullyShard;
   shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 4, Ac::kFull));
   shapes.back().tp = 2;
+  shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 4, 8, Ac::kNone));  // 20 layers on 8 stages
+  shapes.back().tp = 2;
+  shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 4, 16, Ac::kOp));
+  shapes.back().dp = 2, shapes.back().dp_mode = DpMode::kFullyShard;
+  shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 8, 8, Ac::kFull));  // 16 stages: 2, 2, 2, 2, 1, ...
   const YAML::Node doc = YAML::Load(kDeep);
   const ExperimentConfig one = parse_config(kDeep, "x.yaml");
   const ModelFacts f = facts_of(one);
