@@ -302,9 +302,11 @@ int run_suggest(const CliOptions& o) {
     print_suggestion(s, w, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (s.fitting.empty()) {
-    throw UserError("no plan of " + given.model.name + " fits " + format_bytes(w.memory_per_rank) + " per rank on " +
-                    std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
-                    " cheapest; give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
+    throw UserError("no plan of " + given.model.name + " fits " +
+                    format_bytes(static_cast<int64_t>((1 - w.margin) * static_cast<double>(w.memory_per_rank))) +
+                    " per rank (" + format_bytes(w.memory_per_rank) + " less " + std::to_string(static_cast<int>(w.margin * 100)) +
+                    "% kept free) on " + std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
+                    " cheapest run dry (" + std::to_string(s.floored) + " more passed over by their memory floor); give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
                     "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
   }
   write_suggested(s, w, o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out, o.json);

@@ -216,8 +216,7 @@ double optimizer_states(const ExperimentConfig& c) {
   }
 }
 
-// The bytes a layer keeps per token of a microbatch until its backward, at the least (routed experts
-// left out: their tokens depend on the routing). `inputs_only`: under full checkpointing, the layer's
+// The bytes a layer keeps per token of a microbatch until its backward, at the least. `inputs_only`: under full checkpointing, the layer's
 // input. Under mode op, also the outputs of its linear products and attention (query, key, value,
 // attention, output projection; gate, up, down). Without checkpointing, what backward reads: each
 // norm's input and output, the query, key, value and attention output, the gate's and up
@@ -233,8 +232,12 @@ double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool inputs
   // (latent attention's expanded from its latent: left out)
   const double q = static_cast<double>(f.heads * f.head_dim), out = 2.0 * f.attn_dim - q;
   const double kv = f.heads > 0 && !f.latent_attention ? 2.0 * f.kv_dim : 0.0;
-  if (op_mode) return e * (3 * input + (q + out + kv + 2 * hidden) / tp);
-  return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp);
+  // Without checkpointing, a routed layer's experts (whole on each tp rank) at the dry run's even routing,
+  // top_k rows a token: the dispatched rows, the gate's and up projection's outputs and their product.
+  const double routed = f.layers > 0 && f.moe_layers > 0 ? static_cast<double>(f.moe_layers) / f.layers * f.top_k : 0.0;
+  const double h = static_cast<double>(f.expert_hidden);
+  if (op_mode) return e * (3 * input + (q + out + kv + 2 * hidden) / tp);  // the experts' products: not counted
+  return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp + routed * (f.dim + 3 * h));
 }
 
 }  // namespace
