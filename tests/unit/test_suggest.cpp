@@ -80,22 +80,17 @@ TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
   for (size_t i = 1; i < s.fitting.size(); ++i) EXPECT_LE(s.fitting[i - 1].step_s(), s.fitting[i].step_s());
 }
 
-// A small dense Llama whose 6 layers split unevenly over 4 stages.
-const char* kDense = R"(name: suggest_unit_dense
-seed: 0
-model:
-  name: llama
-  args: {dim: 64, n_layers: 6, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
-train:
-  steps: 3
-  global_batch: 8
-  optimizer: {name: adamw, lr: 0.001}
-  loss: {name: cross_entropy}
-data: {seq_len: 32}
-)";
+// A small dense Llama of `layers` layers and `batch` samples a step.
+std::string dense_llama(int layers, int batch) {
+  return "name: suggest_unit_dense\nseed: 0\nmodel:\n  name: llama\n  args: {dim: 64, n_layers: " +
+         std::to_string(layers) +
+         ", n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}\ntrain:\n  steps: 3\n"
+         "  global_batch: " + std::to_string(batch) +
+         "\n  optimizer: {name: adamw, lr: 0.001}\n  loss: {name: cross_entropy}\ndata: {seq_len: 32}\n";
+}
 
 // The largest per-rank peak of `s`'s plan of `text` on `w`, run dry, and the plan's memory floor.
-std::pair<int64_t, double> peak_and_floor(const char* text, const Shape& s, const World& w) {
+std::pair<int64_t, double> peak_and_floor(const std::string& text, const Shape& s, const World& w) {
   const YAML::Node doc = YAML::Load(text);
   const ExperimentConfig one = parse_config(text, "x.yaml");
   const ModelFacts f = facts_of(one);
@@ -132,7 +127,7 @@ TEST(SuggestMemoryFloor, LiesUnderTheDryRunOfEachKindOfPlan) {
   dense.push_back(shape(1, 1, 1, 8, DpMode::kHsdp, Ac::kNone));
   dense.back().shard = 4;
   for (const Shape& s : dense) {
-    const auto [peak, floor] = peak_and_floor(kDense, s, w8);
+    const auto [peak, floor] = peak_and_floor(dense_llama(6, 8), s, w8);  // 6 layers: uneven over 4 stages
     EXPECT_GT(floor, 0) << s.name();
     EXPECT_LE(floor, static_cast<double>(peak)) << s.name();
   }
@@ -150,19 +145,6 @@ TEST(SuggestMemoryFloor, LiesUnderTheDryRunOfEachKindOfPlan) {
   }
 }
 
-// 20 layers and 32 samples: deep pipelines with many microbatches.
-const char* kDeep = R"(name: suggest_unit_deep
-seed: 0
-model:
-  name: llama
-  args: {dim: 64, n_layers: 20, n_heads: 4, n_kv_heads: 2, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
-train:
-  steps: 3
-  global_batch: 32
-  optimizer: {name: adamw, lr: 0.001}
-  loss: {name: cross_entropy}
-data: {seq_len: 32}
-)";
 
 TEST(SuggestPeak, FromFewerDryRunsIsTheFullEstimatesPeak) {
   auto pipeline = [](parallel::ScheduleKind kind, int64_t pp, int64_t m, Ac ac) {
@@ -174,23 +156,19 @@ TEST(SuggestPeak, FromFewerDryRunsIsTheFullEstimatesPeak) {
   using parallel::ScheduleKind;
   std::vector<Shape> shapes;  // 20 layers over 8 stages: 3, 3, 3, 3, 2, 2, 2, 2
   shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 8, Ac::kNone));
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 8, 8, Ac::kFull));
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 16, Ac::kOp));  // 5 layers a stage, cp 2
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 8, Ac::kOp));  // 5 layers a stage, cp 2
   shapes.back().cp = 2;
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 8, Ac::kNone));
+  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 8, Ac::kFull));
   shapes.back().dp = 2, shapes.back().dp_mode = DpMode::kFullyShard;
-  shapes.push_back(pipeline(ScheduleKind::k1f1b, 4, 4, Ac::kFull));
-  shapes.back().tp = 2;
   shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 4, 8, Ac::kNone));  // 20 layers on 8 stages
   shapes.back().tp = 2;
-  shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 4, 16, Ac::kOp));
-  shapes.back().dp = 2, shapes.back().dp_mode = DpMode::kFullyShard;
   shapes.push_back(pipeline(ScheduleKind::kInterleaved1f1b, 8, 8, Ac::kFull));  // 16 stages: 2, 2, 2, 2, 1, ...
-  const YAML::Node doc = YAML::Load(kDeep);
-  const ExperimentConfig one = parse_config(kDeep, "x.yaml");
+  const std::string deep = dense_llama(20, 16);  // deep pipelines with many microbatches
+  const YAML::Node doc = YAML::Load(deep);
+  const ExperimentConfig one = parse_config(deep, "x.yaml");
   const ModelFacts f = facts_of(one);
   for (const Shape& s : shapes) {
-    const ExperimentConfig c = parse_config(config_of(s, f, doc, kDeep, 0, ""), "x.yaml");
+    const ExperimentConfig c = parse_config(config_of(s, f, doc, deep, 0, ""), "x.yaml");
     const Plan plan = make_plan(c, 8);
     int64_t peak = 0;
     for (const auto& e : estimate_memory(c, plan, 8)) peak = std::max(peak, e.peak());
