@@ -269,6 +269,23 @@ std::vector<std::vector<std::vector<int64_t>>> stage_shapes(const ExperimentConf
   return out;
 }
 
+// Whether the transforms and training treat every layer alike: no train.freeze, no Muon (each rank's
+// owners differ), checkpointing every unit, and checkpointing's and fully_shard's units given as
+// patterns (a '*'), not as particular layers.
+bool alike_layers(const ExperimentConfig& c) {
+  if (!c.train.freeze.empty() || c.train.optimizer.name == OptimizerKind::kMuon) return false;
+  auto patterns = [](const std::vector<std::string>& units) {
+    return std::all_of(units.begin(), units.end(), [](const std::string& u) {
+      return u.find('*') != std::string::npos || u.find_first_of("0123456789") == std::string::npos;
+    });
+  };
+  for (const auto& t : c.parallelize) {
+    if (const auto* ac = t.get<ActivationCheckpointingConfig>(); ac && (ac->every > 1 || !patterns(ac->units))) return false;
+    if (const auto* fs = t.get<FullyShardConfig>(); fs && !patterns(fs->units)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
@@ -292,14 +309,10 @@ int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local
   // 1F1B and interleaved 1F1B place stage s on rank s mod pp, and warm up with fewer microbatches on
   // each rank than on the one before it (1F1B: pp - 1 - rank; interleaved: 2 (pp - 1 - rank) + (v - 1) pp
   // chunks). So a rank between the second and the last whose stages have the same parameters as the
-  // previous rank's holds less in flight, and peaks no higher: it needs no dry run. Not where
-  // checkpointing every N-th unit can differ from rank to rank, or under Muon (each rank's owners differ).
+  // previous rank's holds less in flight, and peaks no higher: it needs no dry run. Only where the
+  // transforms treat every layer alike (alike_layers).
   std::function<bool(int)> skip;
-  bool every_n = false;
-  for (const auto& t : c.parallelize) {
-    if (const auto* ac = t.get<ActivationCheckpointingConfig>()) every_n = every_n || ac->every > 1;
-  }
-  if (pp > 3 && !every_n && c.train.optimizer.name != OptimizerKind::kMuon) {
+  if (pp > 3 && alike_layers(c)) {
     const auto stages = stage_shapes(c, *p, pp * v);
     if (static_cast<int64_t>(stages.size()) == pp * v) {
       auto same_as_previous = [&stages, pp, v](int64_t rank) {

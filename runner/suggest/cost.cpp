@@ -201,10 +201,6 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The optimizer's states per parameter element: Adam's two moments, SGD's momentum, Muon's momentum (AdamW
 // for the rest: at least one).
 double optimizer_states(const ExperimentConfig& c) {
@@ -216,8 +212,8 @@ double optimizer_states(const ExperimentConfig& c) {
   }
 }
 
-// The bytes a layer keeps per token of a microbatch until its backward, at the least. `inputs_only`: under full checkpointing, the layer's
-// input. Under mode op, also the outputs of its linear products and attention (query, key, value,
+// The bytes a layer keeps per token of a microbatch until its backward, at the least. `inputs_only`:
+// under full checkpointing, the layer's input. Under mode op, also the outputs of its linear products and attention (query, key, value,
 // attention, output projection; gate, up, down). Without checkpointing, what backward reads: each
 // norm's input and output, the query, key, value and attention output, the gate's and up
 // projection's outputs and their product.
@@ -251,7 +247,11 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
                                                         : 1.0;
   const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard);
   const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp * l.tp * (s.ep_borrows_dp ? s.cp : shard));
-  const double persistent = (dense + experts) * (2 + optimizer_states(c));
+  // Frozen parameters (train.freeze, train.lora) have neither, and the layers running them may keep
+  // nothing for backward: then the parameters alone.
+  const bool frozen = !c.train.freeze.empty() || c.train.lora.has_value();
+  const double persistent = (dense + experts) * (frozen ? 1 : 2 + optimizer_states(c));
+  if (frozen) return persistent;
   // The first stage's layers keep their activations for every microbatch in flight (1F1B and
   // interleaving: pp of them at the most; zbv's V keeps about half as much on its first rank).
   const int64_t stages = s.pp * s.virtual_stages;
