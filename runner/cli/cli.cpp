@@ -231,15 +231,19 @@ World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t 
   return w;
 }
 
+// "67.06 GiB per rank (74.51 GiB less 10% kept free)": the memory a plan may use.
+std::string usable_memory(const World& w) {
+  return format_bytes(static_cast<int64_t>(w.usable())) + " per rank (" + format_bytes(w.memory_per_rank) + " less " +
+         std::to_string(static_cast<int>(std::lround(w.margin * 100))) + "% kept free)";
+}
+
 // The ranking: the plans that fit with their priced step, then those over the memory.
 void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
   std::cout << "suggest: " << s.candidates << " plans priced for " << w.size() << " ranks; in cost order "
             << s.floored << " passed over (memory floor over the limit), " << s.planned << " put to the planner, "
             << s.refused << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
-            << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in "
-            << format_bytes(static_cast<int64_t>((1 - w.margin) * static_cast<double>(w.memory_per_rank)))
-            << " per rank (" << format_bytes(w.memory_per_rank) << " less " << w.margin * 100 << "% kept free; "
+            << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in " << usable_memory(w) << " ("
             << seconds << " s)\n";
   for (const auto& c : s.fitting) {
     std::cout << "  " << c.name << ": step " << c.step_s() * 1e3 << " ms (compute " << c.terms.compute_s() * 1e3
@@ -302,10 +306,7 @@ int run_suggest(const CliOptions& o) {
     print_suggestion(s, w, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (s.fitting.empty()) {
-    throw UserError("no plan of " + given.model.name + " fits " +
-                    format_bytes(static_cast<int64_t>((1 - w.margin) * static_cast<double>(w.memory_per_rank))) +
-                    " per rank (" + format_bytes(w.memory_per_rank) + " less " + std::to_string(static_cast<int>(w.margin * 100)) +
-                    "% kept free) on " + std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
+    throw UserError("no plan of " + given.model.name + " fits " + usable_memory(w) + " on " + std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
                     " cheapest run dry (" + std::to_string(s.floored) + " more passed over by their memory floor); give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
                     "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
   }

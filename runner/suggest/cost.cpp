@@ -98,10 +98,15 @@ void compute_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const Expe
 
 // The elements of the rank's parameters the optimizer steps: the experts split by expert_parallel, everything
 // by tp and pp, and by fully_shard's ranks.
+// The ranks fully_shard (or HSDP's shard dim) splits each parameter over; 1 without.
+double shard_ranks(const Shape& s) {
+  return s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
+         : s.dp_mode == DpMode::kHsdp     ? static_cast<double>(s.shard)
+                                          : 1.0;
+}
+
 double local_elements(const Shape& s, const ModelFacts& f, const Local& l) {
-  const double shard = s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
-                       : s.dp_mode == DpMode::kHsdp     ? static_cast<double>(s.shard)
-                                                        : 1.0;
+  const double shard = shard_ranks(s);
   const double expert_shard = s.ep_borrows_dp ? static_cast<double>(s.ep) : static_cast<double>(s.ep) * shard;
   return ((f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard) + f.expert_bytes / (expert_shard * s.pp)) / l.e;
 }
@@ -242,9 +247,7 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
   const Local l = local_of(s, f, c, w);
   // At the optimizer's step: the rank's parameters, split as evenly as the plan could split them, their
   // gradients and the optimizer's states.
-  const double shard = s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
-                       : s.dp_mode == DpMode::kHsdp     ? static_cast<double>(s.shard)
-                                                        : 1.0;
+  const double shard = shard_ranks(s);
   const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard);
   const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp * l.tp * (s.ep_borrows_dp ? s.cp : shard));
   // Frozen parameters (train.freeze, train.lora) have neither, and the layers running them may keep

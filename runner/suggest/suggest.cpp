@@ -495,7 +495,7 @@ struct Walk {
 // (the per-rank memory estimate) until `top` fit or `max_estimates` ran: into out.fitting and out.unfit;
 // the rest, priced only, into out.others.
 void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const World& w, Suggestion& out) {
-  const double limit = (1.0 - w.margin) * static_cast<double>(w.memory_per_rank);
+  const double limit = w.usable();
   const std::string base_text = emit(k.doc);
   std::set<std::string> fitted;  // families with a plan that fits: their costlier members buy memory not needed
   const auto t0 = std::chrono::steady_clock::now();

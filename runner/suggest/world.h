@@ -16,6 +16,8 @@ struct World {
   int64_t nodes = 1;
   int64_t memory_per_rank = 0;  // bytes a rank may use
   double margin = 0.1;          // the fraction of memory_per_rank a plan must leave free
+  // The bytes a plan may use: memory_per_rank less the margin.
+  double usable() const { return (1.0 - margin) * static_cast<double>(memory_per_rank); }
   bool cuda = false;            // the device has bfloat16 and float8 matmuls worth searching
   double overlap = 0;           // the fraction of fully_shard's gathers hidden behind compute (prefetch)
   MachineRates rates;           // measured here, cached, given (--rates) or a device's defaults
