@@ -7,6 +7,10 @@
 #include "models/float8.h"
 
 namespace composer::parallel {
+
+// libcomposer_cuda.so's path, or "" in a build without CUDA (written by parallelisms/CMakeLists.txt).
+extern const char* const kCudaLibrary;
+
 namespace {
 
 // The runtime's kernels as the float8 layers ask for them.
@@ -27,16 +31,19 @@ CudaRuntime* cuda_runtime(std::string& why) {
   static CudaRuntime* runtime = nullptr;
   static std::string error;
   std::call_once(once, [] {
-#ifdef COMPOSER_CUDA_LIBRARY
-    void* lib = dlopen(COMPOSER_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+    if (!*kCudaLibrary) {
+      error = "this build of composer has no CUDA support (its LibTorch is not a CUDA build)";
+      return;
+    }
+    void* lib = dlopen(kCudaLibrary, RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
-      error = std::string("cannot load ") + COMPOSER_CUDA_LIBRARY + ": " + dlerror();
+      error = std::string("cannot load ") + kCudaLibrary + ": " + dlerror();
       return;
     }
     using Entry = CudaRuntime* (*)();
     auto entry = reinterpret_cast<Entry>(dlsym(lib, "composer_cuda_runtime"));
     if (!entry) {
-      error = std::string(COMPOSER_CUDA_LIBRARY) + " has no entry point: " + dlerror();
+      error = std::string(kCudaLibrary) + " has no entry point: " + dlerror();
       return;
     }
     runtime = entry();
@@ -44,9 +51,6 @@ CudaRuntime* cuda_runtime(std::string& why) {
       static CudaFloat8Kernels kernels(runtime);
       nn::set_cuda_float8_kernels(&kernels);
     }
-#else
-    error = "this build of composer has no CUDA support (its LibTorch is not a CUDA build)";
-#endif
   });
   why = error;
   return runtime;

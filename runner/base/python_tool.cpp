@@ -9,13 +9,17 @@
 
 namespace composer {
 
+// The project's Python and tools/ folder as the build found them (written by runner/CMakeLists.txt).
+extern const char* const kPythonDefault;
+extern const char* const kToolsDir;
+
 std::string python_program() {
   const char* env = std::getenv("COMPOSER_PYTHON");
-  return env && *env ? env : COMPOSER_PYTHON_DEFAULT;
+  return env && *env ? env : kPythonDefault;
 }
 
 std::string tool_script(const std::string& name) {
-  const std::string path = std::string(COMPOSER_TOOLS_DIR) + "/" + name;
+  const std::string path = std::string(kToolsDir) + "/" + name;
   if (access(path.c_str(), R_OK) != 0) {
     throw UserError(path + " is missing: composer runs it from the source tree it was built from; rebuild composer "
                            "(tools/build) from a checkout that has it");
