@@ -183,18 +183,6 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan&, Rank
 
 namespace {
 
-// Rates for a GPU of the H100 class where none were measured or given: bfloat16 matmuls, HBM, NVLink
-// within a node and InfiniBand across.
-MachineRates gpu_defaults() {
-  MachineRates r;
-  r.source = "defaults for an H100-class GPU; give the cluster's with --rates FILE";
-  r.matmul_flops = 400e12;
-  r.elementwise_bytes_per_s = 2.5e12;
-  r.kernel_s = 5e-6;
-  r.intra = {20e-6, 200e9};
-  r.inter = {40e-6, 25e9};
-  return r;
-}
 
 // The world suggest prices plans for: the options given, else the config's
 // memory and this machine's measured rates (CPU) or a GPU's defaults.
@@ -211,9 +199,9 @@ World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t 
     throw UserError("composer suggest of a cuda config needs --device-memory (e.g. 80GB) or mesh.memory_per_rank_mb");
   }
   if (!o.suggest.rates.empty()) {
-    w.rates = rates_from_file(o.suggest.rates);
+    w.rates = rates_from_file(o.suggest.rates, w.cuda);
   } else if (w.cuda) {
-    w.rates = gpu_defaults();
+    w.rates = gpu_default_rates();
   } else {
     w.rates = probe_machine(w.ranks_per_node, rank_threads(given.train, w.ranks_per_node), o.suggest.probe);
   }

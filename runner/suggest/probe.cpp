@@ -343,7 +343,55 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
   return r;
 }
 
-MachineRates rates_from_file(const std::string& path) {
+MachineRates gpu_default_rates() {
+  MachineRates r;
+  r.source = "defaults for an H100-class GPU; give the cluster's with --rates FILE";
+  r.matmul_flops = 400e12;
+  r.elementwise_bytes_per_s = 2.5e12;
+  r.kernel_s = 5e-6;
+  r.intra = {20e-6, 200e9};
+  r.inter = {40e-6, 25e9};
+  return r;
+}
+
+namespace {
+
+// tools/gpu-bench's summary.json: the rate composer's training step reached on the card, as the
+// matmul rate. It folds the step's other work (norms, the optimizer, kernel launches) into that
+// rate, which the cost model prices again on its own, so the steps priced from it come out long
+// by that share; the ranking of plans on that card is what it is for.
+MachineRates rates_from_gpu_bench(const nlohmann::json& j, const std::string& path, bool cuda) {
+  const std::string where = "--rates " + path;
+  if (!cuda) {
+    throw UserError(where + ": a tools/gpu-bench summary prices GPUs; the config's mesh.device is cpu (set it to "
+                            "cuda, or give the probe's rates)");
+  }
+  double flops = 0, step_ms = 0;
+  std::string card;
+  try {
+    flops = j.at("model_flops_per_step").get<double>();
+    step_ms = j.at("rows").at("composer").at("step_ms").get<double>();
+    card = j.value("card", std::string("a GPU"));
+  } catch (const std::exception& e) {
+    throw UserError(where + ": a tools/gpu-bench summary without model_flops_per_step or rows.composer.step_ms (" +
+                    e.what() + "); give the summary.json that tools/gpu-bench wrote");
+  }
+  if (!(flops > 0) || !(step_ms > 0)) {
+    throw UserError(where + ": model_flops_per_step and rows.composer.step_ms must be above 0");
+  }
+  MachineRates r = gpu_default_rates();
+  r.matmul_flops = flops / (step_ms / 1e3);
+  std::ostringstream s;
+  s.precision(4);
+  s << "tools/gpu-bench on " << card << " (" << path << "): composer's step at " << r.matmul_flops / 1e12
+    << " TFLOP/s as the matmul rate; the rest an H100-class GPU's defaults";
+  r.source = r.origin = s.str();
+  return r;
+}
+
+}  // namespace
+
+MachineRates rates_from_file(const std::string& path, bool cuda) {
   std::ifstream f(path);
   if (!f) throw UserError("--rates " + path + ": cannot read the file");
   nlohmann::json j;
@@ -351,6 +399,9 @@ MachineRates rates_from_file(const std::string& path) {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("--rates " + path + ": not JSON (" + e.what() + ")");
+  }
+  if (j.is_object() && j.contains("rows") && j.contains("model_flops_per_step")) {
+    return rates_from_gpu_bench(j, path, cuda);
   }
   MachineRates r = rates_from_json(j, "--rates " + path);
   r.source = "given in " + path;

@@ -76,7 +76,13 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again);
 // Saves `r` into the cache under its key (the other entries kept).
 void save_rates(const MachineRates& r);
 
-// Rates from a JSON file the user gives (--rates): the cache's format, one entry.
-MachineRates rates_from_file(const std::string& path);
+// Rates for a GPU of the H100 class where none were measured or given: bfloat16 matmuls, HBM,
+// NVLink within a node and InfiniBand across.
+MachineRates gpu_default_rates();
+
+// Rates from a JSON file the user gives (--rates): the cache's format, one entry; or the
+// summary.json tools/gpu-bench writes (`cuda` set), whose composer step gives the matmul rate
+// (the model's FLOPs per step over its median step time) and the GPU defaults the rest.
+MachineRates rates_from_file(const std::string& path, bool cuda);
 
 }  // namespace composer
