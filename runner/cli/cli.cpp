@@ -183,7 +183,6 @@ int run_export(const CliOptions& o, const ExperimentConfig& c, const Plan&, Rank
 
 namespace {
 
-
 // The world suggest prices plans for: the options given, else the config's
 // memory and this machine's measured rates (CPU) or a GPU's defaults.
 World suggest_world(const CliOptions& o, const ExperimentConfig& given, int64_t ranks_per_node, int64_t nodes) {

@@ -96,8 +96,6 @@ void compute_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const Expe
                   l.e * l.tokens * l.mb * l.layers * per_layer * l.recompute_elementwise / w.rates.elementwise_bytes_per_s;
 }
 
-// The elements of the rank's parameters the optimizer steps: the experts split by expert_parallel, everything
-// by tp and pp, and by fully_shard's ranks.
 // The ranks fully_shard (or HSDP's shard dim) splits each parameter over; 1 without.
 double shard_ranks(const Shape& s) {
   return s.dp_mode == DpMode::kFullyShard ? static_cast<double>(s.dp * s.cp)
@@ -105,6 +103,8 @@ double shard_ranks(const Shape& s) {
                                           : 1.0;
 }
 
+// The elements of the rank's parameters the optimizer steps: the experts split by expert_parallel, everything
+// by tp and pp, and by fully_shard's ranks.
 double local_elements(const Shape& s, const ModelFacts& f, const Local& l) {
   const double shard = shard_ranks(s);
   const double expert_shard = s.ep_borrows_dp ? static_cast<double>(s.ep) : static_cast<double>(s.ep) * shard;
