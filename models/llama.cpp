@@ -275,7 +275,8 @@ void check_routed_layers(const ModelArgs& a) {
                                                 {"dense_layers", !a.s("dense_layers").empty()},
                                                 {"n_group", a.i("n_group") != 1},
                                                 {"topk_group", a.i("topk_group") != 1},
-                                                {"expert_bias", a.b("expert_bias")}};
+                                                {"expert_bias", a.b("expert_bias")},
+                                                {"grouped_mm", !a.b("grouped_mm")}};
     for (const auto& [n, given] : set) {
       if (given) {
         throw ArgError(n, std::string(n) + " is an argument of a mixture of experts; this model has n_experts 0: "
@@ -367,7 +368,7 @@ std::shared_ptr<Llama> build_llama(const ModelArgs& a) {
               MoeArgs{a.i("n_experts"), a.i("top_k"), a.i("n_shared_experts"), a.i("moe_hidden_dim"),
                       a.s("score_func") == "sigmoid", a.b("route_norm"), a.f("route_scale"), a.f("aux_loss_coeff"),
                       a.f("bias_update_rate"), a.f("capacity_factor"), a.f("z_loss_coeff"), a.i("n_group"),
-                      a.i("topk_group"), a.b("expert_bias")},
+                      a.i("topk_group"), a.b("expert_bias"), a.b("grouped_mm")},
               a,
               int_or(a, "head_dim", 0),
               has_qk_norm(a)};
@@ -504,7 +505,11 @@ std::vector<ArgSpec> llama_args() {
                            "auxiliary-loss-free balancing: the expert bias's step per optimizer step; 0 is none"),
                  float_arg("capacity_factor", 0.0,
                            "rows each expert takes per sequence, x seq_len x top_k / n_experts; 0 is dropless"),
-                 float_arg("z_loss_coeff", 0.0, "router z-loss coefficient (per sequence, ST-MoE); 0 is none")};
+                 float_arg("z_loss_coeff", 0.0, "router z-loss coefficient (per sequence, ST-MoE); 0 is none"),
+                 quiet(bool_arg("grouped_mm", true,
+                                "mixture of experts: each expert projection one grouped product over every "
+                                "expert's rows (at::_grouped_mm; on CUDA in bfloat16); false: one product per "
+                                "expert. The same values on the CPU"))};
   const std::vector<ArgSpec> rope = rope_args();
   args.insert(args.begin() + 8, rope.begin(), rope.end());  // after norm_eps, where rope_theta stood
   return args;
@@ -544,13 +549,16 @@ bool group_routing_arg(const std::string& name) {
   return name == "n_group" || name == "topk_group" || name == "expert_bias";
 }
 
+// Arguments every family keeps quiet at their defaults, so that configs written before them keep their hashes.
+bool quiet_everywhere(const std::string& name) { return name == "dense_layers" || name == "grouped_mm"; }
+
 // Qwen3's defaults: the q and k norms on, RMSNorm epsilon 1e-6.
 std::vector<ArgSpec> qwen3_args() {
   std::vector<ArgSpec> args = llama_args();
   for (ArgSpec& a : args) {
     // llama's later arguments; qwen3's configs list every one but DeepSeek-V3's routing, which Qwen3 lacks,
     // and dense_layers (quiet where unused, so that configs written before it keep their hashes)
-    if (!group_routing_arg(a.name) && a.name != "dense_layers") a.quiet_default = false;
+    if (!group_routing_arg(a.name) && !quiet_everywhere(a.name)) a.quiet_default = false;
     if (a.name == "qk_norm") a.default_value = true;
     if (a.name == "norm_eps") a.default_value = 1e-6;
   }
@@ -564,7 +572,7 @@ std::vector<ArgSpec> deepseek_v3_args() {
   std::vector<ArgSpec> args;
   for (ArgSpec& a : llama_args()) {
     if (a.name == "head_dim" || a.name == "n_kv_heads" || a.name == "qk_norm") continue;
-    if (a.name.rfind("rope_", 0) != 0 && a.name != "dense_layers") a.quiet_default = false;
+    if (a.name.rfind("rope_", 0) != 0 && !quiet_everywhere(a.name)) a.quiet_default = false;
     if (a.name == "norm_eps") a.default_value = 1e-6;
     if (a.name == "score_func") a.default_value = std::string("sigmoid");
     if (a.name == "route_norm") a.default_value = true;

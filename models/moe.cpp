@@ -1,6 +1,9 @@
 #include "models/moe.h"
 
+#include <ATen/ops/_grouped_mm.h>
+
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace composer::models {
@@ -15,14 +18,74 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden) : Module("FeedForward") {
 
 torch::Tensor FeedForward::forward(torch::Tensor x) { return (*w2)(torch::silu((*w1)(x)) * (*w3)(x)); }
 
-GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden) : Module("GroupedExperts") {
+namespace {
+
+// y = each group's rows of x [rows, in] times its expert's w [experts, out, in] transposed, the
+// groups ending at offs (int32, cumulative); backward as the per-expert products' backward is
+// (autograd's mm backward, so that the CPU's values are the per-expert ones bit for bit), grouped:
+// dx = g w per group, dw[e] = (x^T g)^T over expert e's rows.
+struct GroupedLinearFn : torch::autograd::Function<GroupedLinearFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& offs) {
+    ctx->save_for_backward({x, w, offs});
+    return at::_grouped_mm(x, w.transpose(1, 2), offs);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &offs = saved[2];
+    const auto g = grads[0].contiguous();
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) dx = at::_grouped_mm(g, w, offs);
+    if (ctx->needs_input_grad(1)) dw = at::_grouped_mm(x.t(), g, offs).transpose(1, 2);
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden, bool grouped)
+    : Module("GroupedExperts"), grouped(grouped) {
   auto zero = [](torch::Tensor& w) { w.zero_(); };  // the block draws them (its depth-scaled init)
   w1 = register_parameter("w1", nn::new_param({experts, hidden, dim}, zero));
   w2 = register_parameter("w2", nn::new_param({experts, dim, hidden}, zero));
   w3 = register_parameter("w3", nn::new_param({experts, hidden, dim}, zero));
 }
 
+bool GroupedExperts::grouped_kernel_holds(const torch::Tensor& x) const {
+  // ATen's grouped product takes rows whose strides are 16-byte multiples, in bfloat16, float16 or
+  // float32; on CUDA only bfloat16 has its kernel (ATen runs the others as a loop that reads the
+  // offsets back to the host), from 16-byte aligned rows.
+  const auto dtype = x.scalar_type();
+  if (dtype != torch::kFloat && dtype != torch::kBFloat16 && dtype != torch::kHalf) return false;
+  const auto& w = param(w1);
+  const int64_t align = 16 / static_cast<int64_t>(x.element_size()), dim = w.size(2), hidden = w.size(1);
+  if (dim % align != 0 || hidden % align != 0) return false;
+  if (x.is_cpu() || x.is_meta()) return true;  // the CPU's kernel is the per-expert products, in one call
+  return x.is_cuda() && dtype == torch::kBFloat16 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
 torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int64_t>& counts) {
+  TORCH_CHECK(static_cast<int64_t>(counts.size()) == param(w1).size(0), "GroupedExperts: ", counts.size(),
+              " counts for ", param(w1).size(0), " experts");
+  // No rows (an expert-parallel rank nobody routed to): the per-expert path's empty product.
+  const auto rows = x.contiguous();
+  if (!grouped || x.size(0) == 0 || !grouped_kernel_holds(rows)) return run_each(x, counts);
+  std::vector<int32_t> ends(counts.size());
+  int64_t at = 0;
+  for (size_t j = 0; j < counts.size(); ++j) ends[j] = static_cast<int32_t>(at += counts[j]);
+  TORCH_CHECK(at == x.size(0), "GroupedExperts: counts sum to ", at, " but ", x.size(0), " rows came");
+  auto offs = torch::tensor(ends, torch::kInt32).to(x.device(), /*non_blocking=*/true);
+  // In the rows' dtype, as run_each casts them; contiguous, as the kernel reads them.
+  auto in_dtype = [&](const torch::Tensor& w) {
+    return (w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type())).contiguous();
+  };
+  auto h = torch::silu(GroupedLinearFn::apply(rows, in_dtype(param(w1)), offs)) *
+           GroupedLinearFn::apply(rows, in_dtype(param(w3)), offs);
+  return GroupedLinearFn::apply(h, in_dtype(param(w2)), offs);
+}
+
+torch::Tensor GroupedExperts::run_each(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   // One unbind per weight: backward stacks the experts' gradients once
   // (selecting each expert would make a zero-filled whole per expert).
   // In the rows' dtype: under fully_shard's param_dtype every other weight
@@ -30,7 +93,6 @@ torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int6
   // borrowed expert_parallel's dim), when this cast is the policy's.
   auto in_dtype = [&](const torch::Tensor& w) { return w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()); };
   const auto a = in_dtype(param(w1)).unbind(0), b = in_dtype(param(w2)).unbind(0), c = in_dtype(param(w3)).unbind(0);
-  TORCH_CHECK(counts.size() == a.size(), "GroupedExperts: ", counts.size(), " counts for ", a.size(), " experts");
   std::vector<torch::Tensor> outs;
   int64_t at = 0;
   for (size_t j = 0; j < counts.size(); ++j) {
@@ -41,10 +103,9 @@ torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int6
   }
   TORCH_CHECK(at == x.size(0), "GroupedExperts: counts sum to ", at, " but ", x.size(0), " rows came");
   if (outs.empty()) {
-    // No rows (an expert-parallel rank nobody routed to): an empty product
-    // through the first expert, so every expert's weights still get a
-    // gradient, of zeros, as on one device (the optimizer's momentum and
-    // decay then step them there too).
+    // No rows: an empty product through the first expert, so every expert's
+    // weights still get a gradient, of zeros, as on one device (the
+    // optimizer's momentum and decay then step them there too).
     auto none = x.narrow(0, 0, 0);
     return torch::linear(torch::silu(torch::linear(none, a[0])) * torch::linear(none, c[0]), b[0]);
   }
@@ -100,7 +161,7 @@ torch::Tensor within_best_groups(const torch::Tensor& choose, int64_t groups, in
 
 MoE::MoE(int64_t dim, const MoeArgs& a) : Module("MoE"), args_(a) {
   router = add("router", std::make_shared<Linear>(dim, a.experts, false));
-  experts = add("experts", std::make_shared<GroupedExperts>(a.experts, dim, a.hidden));
+  experts = add("experts", std::make_shared<GroupedExperts>(a.experts, dim, a.hidden, a.grouped_mm));
   if (a.shared > 0) shared = add("shared", std::make_shared<FeedForward>(dim, a.hidden * a.shared));
   if (a.bias_update_rate > 0 || a.expert_bias) {
     expert_bias = register_buffer("expert_bias", torch::zeros({a.experts}, nn::buffer_options().dtype(torch::kFloat)));

@@ -25,12 +25,23 @@ class FeedForward : public nn::Module {
 // parallelism keeps a contiguous block of them on each rank (dim 0 sharded).
 class GroupedExperts : public nn::Module {
  public:
-  GroupedExperts(int64_t experts, int64_t dim, int64_t hidden);
+  // grouped: each projection one grouped product (at::_grouped_mm) over every
+  // expert's rows where the kernel holds (grouped_kernel_holds); otherwise, and
+  // without it, one product per expert. The two give the same values on the CPU.
+  GroupedExperts(int64_t experts, int64_t dim, int64_t hidden, bool grouped = true);
   // Rows of `x` grouped by expert, counts[j] rows for the j-th expert held here,
-  // in order; each group goes through its expert (one product per expert).
+  // in order; each group goes through its expert.
   torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& counts);
   torch::Tensor forward(torch::Tensor x) override;  // every row through expert 0 (never used by MoE)
+  // Whether run takes the grouped products for rows `x`: dim and hidden
+  // multiples of 16 bytes of x's dtype, and on CUDA bfloat16 (the dtype ATen
+  // has the grouped kernel for) from 16-byte aligned rows.
+  bool grouped_kernel_holds(const torch::Tensor& x) const;
   torch::Tensor w1, w2, w3;
+  bool grouped = true;
+
+ private:
+  torch::Tensor run_each(const torch::Tensor& x, const std::vector<int64_t>& counts);
 };
 
 struct MoeArgs {
@@ -47,6 +58,7 @@ struct MoeArgs {
   // scores (plus bias) sum highest. n_group 1: every expert.
   int64_t n_group = 1, topk_group = 1;
   bool expert_bias = false;  // an expert bias even without updates (bias_update_rate 0): a checkpoint's
+  bool grouped_mm = true;    // the experts' products grouped (GroupedExperts::grouped)
 };
 
 // The routed feed-forward. Per token: scores = softmax or sigmoid of the

@@ -132,6 +132,28 @@ at::Tensor baddbmm(const at::Tensor& /*bias*/, const at::Tensor& batch1, const a
   return matmul_result(memory::MatmulKind::kBaddbmm, batch1, batch2, {batch1.size(0), batch1.size(1), batch2.size(2)});
 }
 
+// at::_grouped_mm (a mixture of experts' grouped products, rows [n, k] x weights [groups, k, m], or
+// [m, n] x [n, k] giving [groups, m, k]): the result as ATen allocates it, its last dim padded to 16
+// bytes, and the scratch of the CPU kernel's per-group matmuls, for a group of an even split of the
+// rows (the dry run routes each expert the same rows).
+at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                      const std::optional<at::Tensor>& /*bias*/, std::optional<at::ScalarType> /*out_dtype*/) {
+  TORCH_CHECK(offs && offs->dim() == 1 && offs->size(0) > 0, "_grouped_mm: the offsets of each group's rows");
+  const bool per_group = b.dim() == 2;  // [m, n] x [n, k]: the groups split n
+  TORCH_CHECK(a.dim() == 2 && (per_group ? b.size(0) == a.size(1) : b.size(1) == a.size(1)),
+              "_grouped_mm: shapes ", a.sizes(), " and ", b.sizes(), " cannot be multiplied");
+  const int64_t groups = offs->size(0), last = b.size(-1);
+  const int64_t align = 16 / static_cast<int64_t>(a.element_size()), padded = (last + align - 1) / align * align;
+  auto out = per_group ? at::empty_strided({groups, a.size(0), last}, {a.size(0) * padded, padded, 1}, a.options())
+                       : at::empty_strided({a.size(0), last}, {padded, 1}, a.options());
+  const int64_t split = per_group ? a.size(1) : a.size(0), rows = (split + groups - 1) / groups;
+  const int64_t ws = per_group ? memory::matmul_workspace_bytes(memory::MatmulKind::kMm, a.narrow(1, 0, rows),
+                                                                b.narrow(0, 0, rows))
+                               : memory::matmul_workspace_bytes(memory::MatmulKind::kMm, a.narrow(0, 0, rows), b[0]);
+  if (ws) at::empty({ws}, a.options().dtype(at::kByte));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
@@ -139,6 +161,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("addmm", addmm);
   m.impl("bmm", bmm);
   m.impl("baddbmm", baddbmm);
+  m.impl("_grouped_mm", grouped_mm);
   m.impl("relu", relu);
   m.impl("max", max_all);
   m.impl("logical_or", logical_or);

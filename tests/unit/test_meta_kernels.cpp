@@ -1,8 +1,11 @@
 // composer's meta kernels allocate what the CPU kernels allocate: the bytes a
-// dry run counts for an operator equal those a real run counts for it.
+// dry run counts for an operator equal those a real run counts for it. Also the
+// mixture of experts' grouped products against its per-expert ones, whose
+// estimate these kernels make.
 #include <gtest/gtest.h>
 
 #include "models/layers.h"
+#include "models/moe.h"
 #include "runner/estimate/estimate.h"
 #include "runner/base/memory.h"
 
@@ -146,6 +149,119 @@ TEST(MetaRmsNorm, TheGpusFusedKernelKeepsTheInputAndAnInverseRmsPerRow) {
   EXPECT_EQ(kept(/*cuda=*/true, torch::kBFloat16), output + inverse_rms);
   EXPECT_GE(kept(/*cuda=*/false, torch::kBFloat16), output + rows * dim * 4);
   EXPECT_GE(kept(/*cuda=*/true, torch::kFloat), output + rows * dim * 4);
+}
+
+// The routed experts' SwiGLU once grouped (at::_grouped_mm per projection)
+// and once an expert at a time, from the same weights and rows, with an expert
+// given no rows. The products are the same on the CPU; the elementwise SiLU and
+// product between them run over the whole rows or each expert's, and ATen's
+// vectorised loops compute a chunk's tail of fewer than 16 floats with the
+// scalar functions, so the two agree bit for bit where every expert's rows
+// start and end on a chunk (hidden a multiple of 16), and within a few units
+// in the last place otherwise.
+struct ExpertsRun {
+  torch::Tensor out, dx, dw1, dw2, dw3;
+};
+
+ExpertsRun run_experts(bool grouped, torch::Dtype dtype, int64_t dim, int64_t hidden,
+                       const std::vector<int64_t>& counts) {
+  torch::manual_seed(3);
+  models::GroupedExperts e(static_cast<int64_t>(counts.size()), dim, hidden, grouped);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto* w : {&e.w1, &e.w2, &e.w3}) w->copy_(torch::randn(w->sizes()) * 0.3);
+  }
+  int64_t rows = 0;
+  for (auto c : counts) rows += c;
+  auto x = torch::randn({rows, dim}).to(dtype).requires_grad_();
+  auto g = torch::randn({rows, dim}).to(dtype);
+  auto out = e.run(x, counts);
+  out.backward(g);
+  return {out.detach(), x.grad(), e.w1.grad(), e.w2.grad(), e.w3.grad()};
+}
+
+void expect_same(const ExpertsRun& a, const ExpertsRun& b, const std::string& what) {
+  EXPECT_TRUE(torch::equal(a.out, b.out)) << what << ": output";
+  EXPECT_TRUE(torch::equal(a.dx, b.dx)) << what << ": rows' gradient";
+  EXPECT_TRUE(torch::equal(a.dw1, b.dw1)) << what << ": w1's gradient";
+  EXPECT_TRUE(torch::equal(a.dw2, b.dw2)) << what << ": w2's gradient";
+  EXPECT_TRUE(torch::equal(a.dw3, b.dw3)) << what << ": w3's gradient";
+}
+
+TEST(GroupedExperts, GroupedProductsGiveThePerExpertValues) {
+  const std::vector<std::vector<int64_t>> cases = {{3, 0, 5, 2}, {0, 0, 0, 0}, {7, 1, 0, 9}};
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const auto& counts : cases) {
+      const std::string what = c10::str(torch::toString(dtype), " ", counts);
+      const auto grouped = run_experts(true, dtype, 16, 32, counts), each = run_experts(false, dtype, 16, 32, counts);
+      expect_same(grouped, each, what);
+      EXPECT_GT(grouped.dw1.abs().sum().item<double>() + (counts[0] + counts[3] == 0), 0) << what;
+    }
+  }
+  // hidden 24: the tails differ; float32's rounding, a few units at the largest value.
+  for (const auto& counts : cases) {
+    const auto grouped = run_experts(true, torch::kFloat, 16, 24, counts), each = run_experts(false, torch::kFloat, 16, 24, counts);
+    const std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs = {
+        {grouped.out, each.out}, {grouped.dx, each.dx}, {grouped.dw1, each.dw1}, {grouped.dw2, each.dw2}, {grouped.dw3, each.dw3}};
+    for (const auto& [a, b] : pairs) {
+      if (b.numel() == 0) continue;  // no rows: no output, no rows' gradient
+      EXPECT_LE((a - b).abs().max().item<double>(), 8 * 1.2e-7 * b.abs().max().item<double>()) << c10::str(counts);
+    }
+  }
+}
+
+// Widths that are not 16-byte multiples (hidden 6 in float32), and float64,
+// which ATen's grouped product does not take: the per-expert products run.
+TEST(GroupedExperts, WidthsTheKernelCannotTakeRunPerExpert) {
+  models::GroupedExperts narrow(4, 16, 6), wide(4, 16, 24);
+  EXPECT_FALSE(narrow.grouped_kernel_holds(torch::zeros({5, 16})));
+  EXPECT_TRUE(wide.grouped_kernel_holds(torch::zeros({5, 16})));
+  EXPECT_TRUE(wide.grouped_kernel_holds(torch::zeros({5, 16}, torch::kBFloat16)));
+  EXPECT_FALSE(wide.grouped_kernel_holds(torch::zeros({5, 16}, torch::kDouble)));
+  EXPECT_TRUE(wide.grouped_kernel_holds(torch::zeros({5, 16}, torch::TensorOptions().device(torch::kMeta))));
+  expect_same(run_experts(true, torch::kFloat, 16, 6, {3, 0, 5, 2}), run_experts(false, torch::kFloat, 16, 6, {3, 0, 5, 2}),
+              "hidden 6");
+}
+
+// The dry run counts the grouped experts' forward and backward as the CPU run
+// allocates them (an even split of the rows, as the dry run routes): the live
+// bytes after forward (what backward keeps) and the peak through backward.
+TEST(MetaGroupedMm, TheExpertsForwardAndBackwardCountWhatTheCpuAllocates) {
+  ensure_meta_kernels();
+  memory::install_counting_allocator();
+  ASSERT_TRUE(memory::counting());
+  const int64_t experts = 4, dim = 32, hidden = 48, each = 24;
+  const std::vector<int64_t> counts(experts, each);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    models::GroupedExperts e(experts, dim, hidden);
+    auto measure = [&](torch::Device device, auto live, auto peak, auto reset) {
+      auto o = torch::TensorOptions().dtype(dtype).device(device);
+      auto w1 = torch::zeros({experts, hidden, dim}, o).requires_grad_(), w3 = torch::zeros_like(w1).requires_grad_();
+      auto w2 = torch::zeros({experts, dim, hidden}, o).requires_grad_();
+      e.set_view(e.w1, w1), e.set_view(e.w2, w2), e.set_view(e.w3, w3);
+      auto x = torch::zeros({experts * each, dim}, o).requires_grad_();
+      auto g = torch::zeros({experts * each, dim}, o);
+      reset();
+      const int64_t before = live();
+      int64_t kept = 0;
+      {
+        auto out = e.run(x, counts);
+        kept = live() - before;
+        out.backward(g);
+      }
+      return std::make_pair(kept, peak() - before);
+    };
+    const auto real = measure(
+        torch::kCPU, [] { return memory::live_bytes(); }, [] { return memory::peak_bytes(); },
+        [] { memory::reset_peak(); });
+    memory::MetaCount count;
+    memory::CpuMatmulWorkspaces workspaces(at::get_num_threads());
+    const auto dry = measure(
+        torch::kMeta, [&] { return count.live(); }, [&] { return count.peak(); }, [&] { count.reset_peak(); });
+    EXPECT_GT(real.first, 0);
+    EXPECT_EQ(dry.first, real.first) << torch::toString(dtype) << ": kept for backward";
+    EXPECT_EQ(dry.second, real.second) << torch::toString(dtype) << ": peak";
+  }
 }
 
 }  // namespace
