@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch's side of tools/gpu-bench: trains a composer run's model on one GPU as a PyTorch user would.
 
-    gpu_peer.py --run-dir RUN --timings OUT.jsonl [--compile]
+    gpu_peer.py --run-dir RUN --timings OUT.jsonl [--compile] [--grouped-mm]
 
 RUN is the directory of a composer run of a one-rank fully_shard config (config.resolved.json and
 init.safetensors). The model is tools/reference/models.py's (attention through
 F.scaled_dot_product_attention, PyTorch's fused kernels), given the run's initial weights, wrapped by
 FSDP2's fully_shard with the run's mixed-precision policy (float32 parameters, param_dtype compute,
 reduce_dtype gradients) over a one-rank NCCL group, and trained with torch.optim.AdamW (its default,
-foreach) on the run's batches. --compile adds torch.compile. Each step is timed as composer times it
+foreach) on the run's batches. --compile adds torch.compile; --grouped-mm runs a mixture of
+experts' routed experts as torchtitan does (rows sorted by expert, one torch._grouped_mm per
+projection) in place of the reference's loop over the experts. Each step is timed as composer times it
 (from its start until the device has finished it) and written as a JSON line: step, loss, step_ms,
 tokens_per_s and device_peak_allocated_mb (the caching allocator's peak during the step).
 """
@@ -31,6 +33,8 @@ def main():
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--timings", required=True)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--grouped-mm", action="store_true",
+                    help="a mixture of experts' routed experts through torch._grouped_mm, as torchtitan runs them")
     ap.add_argument("--device", default="cuda", help="cuda (NCCL), or cpu (Gloo) to try the script without a GPU")
     args = ap.parse_args()
 
@@ -58,6 +62,9 @@ def main():
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         model = reference.build_model(cfg, args.run_dir, "gpu_peer").to(device)
+        for m in model.modules():
+            if hasattr(m, "grouped"):
+                m.grouped = args.grouped_mm
         for block in model.layers.values():
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)

@@ -427,6 +427,7 @@ class LlamaMoE(nn.Module):
         self.bias_rate = a.get("bias_update_rate", 0.0)
         self.capacity_factor = a.get("capacity_factor", 0.0)
         self.aux = []
+        self.grouped = False  # grouped_experts in place of the loop (gpu_peer.py --grouped-mm)
         self.counts = torch.zeros(n)
         if self.bias_rate > 0 or a.get("expert_bias", False):
             self.register_buffer("expert_bias", torch.zeros(n))
@@ -467,7 +468,10 @@ class LlamaMoE(nn.Module):
         out = torch.zeros_like(flat)
         b, s = x.shape[0], x.shape[1]
         capacity = math.ceil(self.capacity_factor * s * self.k / self.n) if self.capacity_factor > 0 else None
-        for e in range(self.n):
+        grouped = self.grouped and capacity is None
+        if grouped:
+            out = self.grouped_experts(flat, ids, weights)
+        for e in range(0 if grouped else self.n):
             token, choice = (ids == e).nonzero(as_tuple=True)
             if capacity is not None:  # each sequence's first `capacity` tokens routed to e
                 keep = [i for i, t in enumerate(token.tolist())
@@ -491,6 +495,22 @@ class LlamaMoE(nn.Module):
                 total = total + self.n * (f * p[rows].mean(0)).sum()
             self.aux.append(total * self.aux_coeff)
         return out.view(x.shape)
+
+    def grouped_experts(self, flat, ids, weights):
+        """The routed experts as torchtitan runs them: the (token, choice) rows sorted by expert, and
+        each projection one torch._grouped_mm over every expert's rows (its offsets the cumulative
+        counts). gpu_peer.py's --grouped-mm; the loop above is the reference."""
+        choice = ids.reshape(-1)
+        order = torch.argsort(choice, stable=True)
+        offs = torch.cumsum(torch.bincount(choice, minlength=self.n), 0, dtype=torch.int32)
+        token = order // self.k
+        rows = flat[token]
+        w = self.experts
+        h = F.silu(torch._grouped_mm(rows, w.w1.transpose(-2, -1), offs=offs)) * torch._grouped_mm(
+            rows, w.w3.transpose(-2, -1), offs=offs)
+        y = torch._grouped_mm(h, w.w2.transpose(-2, -1), offs=offs)
+        weighted = (y.float() * weights.reshape(-1)[order].unsqueeze(1)).to(flat.dtype)
+        return torch.zeros_like(flat).index_add(0, token, weighted)
 
     def take_aux(self):
         aux, self.aux = self.aux, []
