@@ -68,8 +68,8 @@ bool GroupedExperts::grouped_kernel_holds(const torch::Tensor& x) const {
 torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   TORCH_CHECK(static_cast<int64_t>(counts.size()) == param(w1).size(0), "GroupedExperts: ", counts.size(),
               " counts for ", param(w1).size(0), " experts");
-  // No rows (an expert-parallel rank nobody routed to): the per-expert path's empty product.
   const auto rows = x.contiguous();
+  // No rows (an expert-parallel rank nobody routed to): the per-expert path's empty product.
   if (!grouped || x.size(0) == 0 || !grouped_kernel_holds(rows)) return run_each(x, counts);
   std::vector<int32_t> ends(counts.size());
   int64_t at = 0;
