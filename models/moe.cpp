@@ -42,6 +42,13 @@ struct GroupedLinearFn : torch::autograd::Function<GroupedLinearFn> {
   }
 };
 
+// An expert weight in the rows' dtype: under fully_shard's param_dtype every other weight arrives
+// cast; the experts do too, unless fully_shard left them alone (it borrowed expert_parallel's dim),
+// when this cast is the policy's.
+torch::Tensor expert_weight_as_rows(const torch::Tensor& w, const torch::Tensor& x) {
+  return w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
+}
+
 }  // namespace
 
 GroupedExperts::GroupedExperts(int64_t experts, int64_t dim, int64_t hidden, bool grouped)
@@ -68,31 +75,27 @@ bool GroupedExperts::grouped_kernel_holds(const torch::Tensor& x) const {
 torch::Tensor GroupedExperts::run(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   TORCH_CHECK(static_cast<int64_t>(counts.size()) == param(w1).size(0), "GroupedExperts: ", counts.size(),
               " counts for ", param(w1).size(0), " experts");
-  const auto rows = x.contiguous();
-  // No rows (an expert-parallel rank nobody routed to): the per-expert path's empty product.
-  if (!grouped || x.size(0) == 0 || !grouped_kernel_holds(rows)) return run_each(x, counts);
   std::vector<int32_t> ends(counts.size());
   int64_t at = 0;
   for (size_t j = 0; j < counts.size(); ++j) ends[j] = static_cast<int32_t>(at += counts[j]);
   TORCH_CHECK(at == x.size(0), "GroupedExperts: counts sum to ", at, " but ", x.size(0), " rows came");
+  // No rows (an expert-parallel rank nobody routed to): the per-expert path's empty product.
+  if (!grouped || x.size(0) == 0) return run_each(x, counts);
+  const auto rows = x.contiguous();
+  if (!grouped_kernel_holds(rows)) return run_each(rows, counts);
   auto offs = torch::tensor(ends, torch::kInt32).to(x.device(), /*non_blocking=*/true);
-  // In the rows' dtype, as run_each casts them; contiguous, as the kernel reads them.
-  auto in_dtype = [&](const torch::Tensor& w) {
-    return (w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type())).contiguous();
-  };
-  auto h = torch::silu(GroupedLinearFn::apply(rows, in_dtype(param(w1)), offs)) *
-           GroupedLinearFn::apply(rows, in_dtype(param(w3)), offs);
-  return GroupedLinearFn::apply(h, in_dtype(param(w2)), offs);
+  // Contiguous, as the kernel reads them.
+  auto weight = [&](const torch::Tensor& w) { return expert_weight_as_rows(w, x).contiguous(); };
+  auto h = torch::silu(GroupedLinearFn::apply(rows, weight(param(w1)), offs)) *
+           GroupedLinearFn::apply(rows, weight(param(w3)), offs);
+  return GroupedLinearFn::apply(h, weight(param(w2)), offs);
 }
 
 torch::Tensor GroupedExperts::run_each(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   // One unbind per weight: backward stacks the experts' gradients once
   // (selecting each expert would make a zero-filled whole per expert).
-  // In the rows' dtype: under fully_shard's param_dtype every other weight
-  // arrives cast; the experts do too, unless fully_shard left them alone (it
-  // borrowed expert_parallel's dim), when this cast is the policy's.
-  auto in_dtype = [&](const torch::Tensor& w) { return w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()); };
-  const auto a = in_dtype(param(w1)).unbind(0), b = in_dtype(param(w2)).unbind(0), c = in_dtype(param(w3)).unbind(0);
+  const auto a = expert_weight_as_rows(param(w1), x).unbind(0), b = expert_weight_as_rows(param(w2), x).unbind(0),
+             c = expert_weight_as_rows(param(w3), x).unbind(0);
   std::vector<torch::Tensor> outs;
   int64_t at = 0;
   for (size_t j = 0; j < counts.size(); ++j) {
@@ -101,7 +104,6 @@ torch::Tensor GroupedExperts::run_each(const torch::Tensor& x, const std::vector
     outs.push_back(torch::linear(torch::silu(torch::linear(rows, a[j])) * torch::linear(rows, c[j]), b[j]));
     at += counts[j];
   }
-  TORCH_CHECK(at == x.size(0), "GroupedExperts: counts sum to ", at, " but ", x.size(0), " rows came");
   if (outs.empty()) {
     // No rows: an empty product through the first expert, so every expert's
     // weights still get a gradient, of zeros, as on one device (the
