@@ -148,8 +148,12 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
   if (s.cp > 1) {
     const double cp = static_cast<double>(s.cp), kv = 2.0 * l.tokens * f.kv_dim / l.tp * l.e;
     double calls = 0, bytes = 0;
-    if (s.rotate == 0) calls = 3 * (cp - 1), bytes = 3 * (cp - 1) * kv;           // the ring: blocks forward, blocks and their gradients back
-    else if (s.rotate == 1) calls = 2, bytes = 2 * (cp - 1) * kv;                  // one all-gather, one reduce-scatter
+    const double grads = kv / l.e * 4;  // the blocks' gradients travel in float32
+    // The ring: each block forward and again backward (cp - 1 steps each), and the gradients a full turn
+    // (cp steps). allgather: the blocks gathered forward and again backward, their gradients
+    // reduce-scattered.
+    if (s.rotate == 0) calls = 3 * cp - 2, bytes = 2 * (cp - 1) * kv + cp * grads;
+    else if (s.rotate == 1) calls = 3, bytes = (cp - 1) * (2 * kv + grads);
     else calls = 8, bytes = 8 * (cp - 1) / cp * l.tokens * f.attn_dim / l.tp * l.e;  // q, k, v and the output, both ways
     t.cp_s = charge(t, link_for(w, s.cp, s.cp * s.tp), calls * l.layers * l.mb * again, bytes * l.layers * l.mb * again);
   }
@@ -241,6 +245,44 @@ double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool inputs
   return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp + routed * (f.dim + 3 * h));
 }
 
+// The time a pipeline's step takes over its ranks' work alone, less 1, where the node's ranks share
+// its cores (`share` below 1). The schedule runs at unit costs (a forward 1, a backward 2, its input and
+// weight halves 1 each); each slot takes as long as its active ranks' share of the cores makes it,
+// max(1, active / (pp x share)): every active rank progresses at the same rate, so the schedule's order
+// holds and only its clock stretches. Against the work at the rate of every rank computing at once
+// (work / share), a rank idle in the bubble leaves its core to the ranks still computing. -1 where the
+// schedule does not simulate.
+double shared_core_stretch(const Shape& s, double share) {
+  const auto shape = parallel::shape_for(s.schedule, static_cast<int>(s.pp), static_cast<int>(s.virtual_stages),
+                                         static_cast<int>(s.microbatches));
+  parallel::ActionCosts costs;
+  costs.backward = 2;
+  const auto lists = parallel::with_communication(parallel::compute_schedule(s.schedule, shape), shape);
+  const parallel::Simulation sim = parallel::simulate(lists, shape, costs);
+  if (!sim.ok || sim.makespan <= 0 || sim.compute_slots <= 0) return -1;
+  std::vector<int> active(static_cast<size_t>(sim.makespan), 0);
+  for (size_t r = 0; r < lists.size(); ++r) {
+    std::vector<bool> busy(active.size(), false);
+    for (size_t k = 0; k < lists[r].size(); ++k) {
+      const parallel::Action& a = lists[r][k];
+      int64_t start = sim.start[r][k];
+      if (start < 0) continue;
+      const int64_t cost = a.op == parallel::Op::kForward ? costs.forward
+                           : a.op == parallel::Op::kBackward ? costs.backward
+                           : a.op == parallel::Op::kBackwardInput ? costs.input
+                                                                  : costs.weight;
+      if (a.overlapped) start += costs.forward;  // after its pair's forward
+      for (int64_t t = start; t < std::min<int64_t>(start + cost, sim.makespan); ++t) busy[static_cast<size_t>(t)] = true;
+    }
+    for (size_t t = 0; t < active.size(); ++t) active[t] += busy[t];
+  }
+  const double pp = static_cast<double>(s.pp);
+  double stretched = 0;
+  for (int n : active) stretched += std::max(1.0, n / (pp * share));
+  const double work = static_cast<double>(sim.compute_slots) / pp;  // a rank's
+  return stretched * share / work - 1;
+}
+
 }  // namespace
 
 double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
@@ -284,7 +326,10 @@ StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, 
                                                             static_cast<int>(s.microbatches)))
                       : 0.0;
   const double busy = (t.matmul_s + t.elementwise_s + t.kernels_s) * w.rates.compute_fit;
-  t.bubble_s = t.bubble < 1 ? busy * t.bubble / (1 - t.bubble) : 0.0;
+  const double share = w.cuda ? 1.0 : w.rates.core_share();
+  const double stretch = s.pp > 1 && share < 1 ? shared_core_stretch(s, share) : -1;
+  if (stretch >= 0) t.bubble_s = busy * stretch;
+  else t.bubble_s = t.bubble < 1 ? busy * t.bubble / (1 - t.bubble) : 0.0;
   t.compute_fit = w.rates.compute_fit;
   t.latency_fit = w.rates.latency_fit;
   t.bandwidth_fit = w.rates.bandwidth_fit;

@@ -189,8 +189,11 @@ void MachineRates::refit() {
   }
   auto clamp = [](double x) { return std::min(10.0, std::max(0.1, x)); };
   if (pc > 0) compute_fit = clamp(mc / pc);
+  // Two runs both mostly latency fit the bytes' factor to their noise alone.
+  const bool apart = std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.latency > f.bytes; }) &&
+                     std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.bytes > f.latency; });
   const double det = ll * bb - lb * lb;
-  if (det > 1e-6 * ll * bb) {
+  if (apart && det > 1e-6 * ll * bb) {
     const double a = (lm * bb - bm * lb) / det, b = (bm * ll - lm * lb) / det;
     if (a > 0 && b > 0) {
       latency_fit = clamp(a), bandwidth_fit = clamp(b);
@@ -217,6 +220,11 @@ std::string MachineRates::describe() const {
       << latency_fit << ", bytes x" << bandwidth_fit;
   }
   return o.str();
+}
+
+double MachineRates::core_share() const {
+  const double threads_at_once = static_cast<double>(std::max<int64_t>(1, ranks) * std::max(1, threads));
+  return concurrent && cores > 0 ? std::min(1.0, static_cast<double>(cores) / threads_at_once) : 1.0;
 }
 
 LinkCost MachineRates::link(int64_t group_size, bool within_node) const {
@@ -314,9 +322,10 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
   const std::string key = machine_key(ranks, threads);
   const nlohmann::json cache = read_cache();
   const bool concurrent = threads == 1;  // ranks of one thread share the cores; more threads: one rank measured
+  const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
   if (!again && cache.contains("entries") && cache["entries"].contains(key)) {
     MachineRates r = rates_from_json(cache["entries"][key], machine_cache_path());
-    r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent;
+    r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent, r.cores = cores;
     r.source = "cached in " + machine_cache_path() + " (" + r.source + ")";
     return r;
   }
@@ -324,7 +333,7 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
   const int outer = at::get_num_threads();
   at::set_num_threads(threads);
   MachineRates r;
-  r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent;
+  r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent, r.cores = cores;
   const int64_t at = concurrent ? ranks : 1;
   r.matmul_flops = matmul_at(at, 1024, 1024, 1024);
   r.elementwise_bytes_per_s = elementwise_rate(at);

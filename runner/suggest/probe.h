@@ -38,6 +38,11 @@ struct MachineRates {
   LinkCost intra, inter;       // within a node (the largest group measured) and across
   std::map<int64_t, LinkCost> intra_by_size;  // measured: a group of that many ranks within a node
   bool concurrent = true;      // figures taken with the node's ranks at once on shared cores
+  int64_t cores = 0;           // the cores the node's ranks share (0: not known, or not shared)
+  // The share of a core a rank's thread gets while every rank computes: cores over the node's threads,
+  // 1 where they do not outnumber the cores (or the cores are not known). A rank that waits while the
+  // others compute leaves them its share.
+  double core_share() const;
   // Refit from runs (composer suggest --from-run): each run's unfitted prediction (compute, and
   // communication's latency and bytes parts) and its measurement; the factors fitted to them all.
   struct FittedRun {
@@ -48,7 +53,8 @@ struct MachineRates {
   double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
   int64_t runs_fitted = 0;
   // Sets the factors from `runs`: compute measured over predicted, summed over the runs; latency and
-  // bytes by least squares (both above 0), one factor for both where the runs cannot tell them apart.
+  // bytes by least squares (both above 0) where the runs tell them apart (one run's communication
+  // mostly latency, another's mostly bytes), else one factor for both.
   void refit();
   // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).
   double matmul_rate(int64_t rows, int64_t k, int64_t n);

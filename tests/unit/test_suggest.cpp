@@ -226,6 +226,42 @@ TEST(SuggestCost, EachTermMovesWithItsOwnRate) {
   EXPECT_GT(price(ep, f, c, w).ep_s, 0);
 }
 
+// A rank idle in a pipeline's bubble leaves its core to the ranks still computing. Where 4 ranks share 2
+// cores, 2 stages (a dp pair each) always keep both cores busy: no bubble. 4 stages leave a core idle
+// where one stage runs alone: less than on cores of their own, more than nothing.
+TEST(SuggestCost, TheBubbleOnSharedCoresIsWhatLeavesACoreIdle) {
+  const ExperimentConfig c = parse_config(kMoe, "x.yaml");
+  const ModelFacts f = facts_of(c);
+  World w = world4();
+  Shape pp2;
+  pp2.pp = 2, pp2.dp = 2, pp2.dp_mode = DpMode::kReplicate, pp2.microbatches = 2;
+  Shape pp4;
+  pp4.pp = 4, pp4.microbatches = 4;
+  const StepTerms own = price(pp2, f, c, w), own4 = price(pp4, f, c, w);  // cores not known: a core a rank
+  const double busy = own.matmul_s + own.elementwise_s + own.kernels_s;
+  ASSERT_GT(own.bubble, 0);
+  EXPECT_NEAR(own.bubble_s, busy * own.bubble / (1 - own.bubble), 1e-12);
+  w.rates.cores = 2, w.rates.ranks = 4, w.rates.threads = 1;
+  EXPECT_DOUBLE_EQ(w.rates.core_share(), 0.5);
+  EXPECT_NEAR(price(pp2, f, c, w).bubble_s, 0, 1e-12);
+  const double shared4 = price(pp4, f, c, w).bubble_s;
+  EXPECT_GT(shared4, 0);
+  EXPECT_LT(shared4, own4.bubble_s);
+  w.rates.concurrent = false;  // one rank measured alone: its rate is its core's
+  EXPECT_NEAR(price(pp2, f, c, w).bubble_s, own.bubble_s, 1e-12);
+}
+
+TEST(SuggestRates, RunsAllMostlyLatencyFitOneCommunicationFactor) {
+  MachineRates r = given_rates();
+  // both runs' communication mostly latency: the bytes' factor would be fitted to their noise
+  r.runs.push_back({"a", 1.0, 0.147, 0.026, 1.2, 0.243});
+  r.runs.push_back({"b", 1.0, 0.132, 0.071, 1.2, 0.228});
+  r.refit();
+  EXPECT_DOUBLE_EQ(r.latency_fit, r.bandwidth_fit);
+  const double fit = (0.173 * 0.243 + 0.203 * 0.228) / (0.173 * 0.173 + 0.203 * 0.203);
+  EXPECT_NEAR(r.latency_fit, fit, 1e-12);
+}
+
 TEST(SuggestRates, SurviveTheirJson) {
   MachineRates r = given_rates();
   r.shapes[{128, 64, 32}] = 12.5e9;
