@@ -184,6 +184,9 @@ namespace {
 
 std::atomic<int64_t> meta_live{0};
 std::atomic<int64_t> meta_peak{0};
+std::atomic<int64_t> meta_limit{0};    // MetaLimit's bytes; 0: none
+std::atomic<int> meta_armed{0};        // MetaLimit::Armed regions open
+std::atomic<bool> meta_crossed{false};
 
 void meta_release(void* ctx) {
   auto* n = static_cast<int64_t*>(ctx);
@@ -198,6 +201,12 @@ class MetaCountingAllocator final : public c10::Allocator {
     const int64_t now = meta_live.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     int64_t p = meta_peak.load();
     while (now > p && !meta_peak.compare_exchange_weak(p, now)) {
+    }
+    const int64_t limit = meta_limit.load();
+    if (limit > 0 && now > limit && meta_armed.load() > 0) {
+      meta_live.fetch_sub(static_cast<int64_t>(n));
+      meta_crossed = true;
+      throw MetaOverLimit("the dry run passed " + std::to_string(limit) + " bytes");
     }
     return {nullptr, new int64_t(static_cast<int64_t>(n)), &meta_release, c10::Device(c10::kMeta)};
   }
@@ -228,5 +237,14 @@ MetaCount::~MetaCount() {
 int64_t MetaCount::live() const { return meta_live.load(); }
 int64_t MetaCount::peak() const { return meta_peak.load(); }
 void MetaCount::reset_peak() { meta_peak = meta_live.load(); }
+
+MetaLimit::MetaLimit(int64_t bytes) {
+  meta_crossed = false;
+  meta_limit = bytes;
+}
+MetaLimit::~MetaLimit() { meta_limit = 0; }
+bool MetaLimit::crossed() { return meta_crossed.load(); }
+MetaLimit::Armed::Armed() { ++meta_armed; }
+MetaLimit::Armed::~Armed() { --meta_armed; }
 
 }  // namespace composer::memory

@@ -4,6 +4,7 @@
 // is checked against). Storage c10 does not allocate (memory-mapped files,
 // from_blob) is not counted.
 #pragma once
+#include <stdexcept>
 #include <cstdint>
 
 namespace at {
@@ -65,6 +66,28 @@ class MetaCount {
   int64_t live() const;
   int64_t peak() const;
   void reset_peak();
+};
+
+// While one lives, the meta allocation that takes MetaCount's live bytes past `bytes` throws
+// MetaOverLimit, but only inside an Armed region (a dry run's steps: what setting a rank up holds for a
+// moment counts toward no step's peak). crossed() says whether one did, though the exception was
+// caught and wrapped on its way out. A dry run that is certainly over the memory stops there.
+struct MetaOverLimit : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+class MetaLimit {
+ public:
+  explicit MetaLimit(int64_t bytes);
+  ~MetaLimit();
+  MetaLimit(const MetaLimit&) = delete;
+  MetaLimit& operator=(const MetaLimit&) = delete;
+  static bool crossed();
+  struct Armed {
+    Armed();
+    ~Armed();
+    Armed(const Armed&) = delete;
+    Armed& operator=(const Armed&) = delete;
+  };
 };
 
 }  // namespace composer::memory

@@ -228,9 +228,12 @@ std::string usable_memory(const World& w) {
 void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   std::cout.precision(4);
   std::cout << "suggest: " << s.candidates << " plans priced for " << w.size() << " ranks; in cost order "
-            << s.floored << " passed over (memory floor over the limit), " << s.planned << " put to the planner, "
+            << s.floored << " passed over (memory floor over the limit), " << s.dominated
+            << " as certainly over as a plan run dry, " << s.planned << " put to the planner, "
             << s.refused << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
-            << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "") << " in " << usable_memory(w) << " ("
+            << (s.out_of_time ? " (dry runs stopped at --max-seconds)" : "")
+            << (s.memory_first ? " (memory-bound: after a third of --max-seconds, least memory floor first)" : "")
+            << " in " << usable_memory(w) << " ("
             << seconds << " s)\n";
   for (const auto& c : s.fitting) {
     std::cout << "  " << c.name << ": step " << c.step_s() * 1e3 << " ms (compute " << c.terms.compute_s() * 1e3
@@ -239,7 +242,8 @@ void print_suggestion(const Suggestion& s, const World& w, double seconds) {
   }
   if (s.fitting.size() > 1) std::cout << "why: " << explain_choice(s.fitting[0], s.fitting[1]) << "\n";
   for (const auto& c : s.unfit) {
-    std::cout << "  over the memory: " << c.name << ", peak " << format_bytes(c.peak) << "\n";
+    std::cout << "  over the memory: " << c.name << ", peak " << (c.stopped ? "over " : "") << format_bytes(c.peak)
+              << "\n";
   }
 }
 
@@ -283,7 +287,8 @@ int run_suggest(const CliOptions& o) {
       suggest(o.config, o.sets, w, static_cast<int>(o.suggest.top), static_cast<int>(o.suggest.max_estimates),
               o.suggest.max_seconds, [&](const Candidate& c, double seconds) {
                 if (o.json) return;
-                std::cout << "  run dry: " << c.name << ", peak " << format_bytes(c.peak) << " (floor "
+                std::cout << "  run dry: " << c.name << ", peak " << (c.stopped ? "over " : "") << format_bytes(c.peak)
+                          << " (floor "
                           << format_bytes(static_cast<int64_t>(c.floor)) << "), " << (c.fits ? "fits" : "over")
                           << " (" << seconds << " s)" << std::endl;
               });
@@ -294,7 +299,8 @@ int run_suggest(const CliOptions& o) {
   }
   if (s.fitting.empty()) {
     throw UserError("no plan of " + given.model.name + " fits " + usable_memory(w) + " on " + std::to_string(w.size()) + " ranks among the " + std::to_string(s.estimated) +
-                    " cheapest run dry (" + std::to_string(s.floored) + " more passed over by their memory floor); give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
+                    " cheapest run dry (" + std::to_string(s.floored) + " more passed over by their memory floor, " + std::to_string(s.dominated) +
+                    " as needing more than a plan run dry); give more ranks or memory, a smaller train.global_batch or data.seq_len, or a larger "
                     "--max-estimates" + (s.first_refusal.empty() ? "" : " (e.g. refused: " + s.first_refusal + ")"));
   }
   write_suggested(s, w, o.out.empty() ? "runs/" + given.name + "/suggested.yaml" : o.out, o.json);

@@ -41,7 +41,7 @@ struct ScoreArgs {
 // composer suggest's own options: the world searched and the rates it is
 // priced at (0: the defaults, see composer suggest --help).
 struct SuggestArgs {
-  int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 40;
+  int64_t ranks_per_node = 0, nodes = 1, top = 3, max_estimates = 1000;
   double max_seconds = 90;  // --max-seconds: the dry runs' time once a plan fits
   std::string device_memory;
   double matmul_tflops = 0, intra_gbs = 0, inter_gbs = 0;

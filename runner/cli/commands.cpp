@@ -123,7 +123,7 @@ std::vector<OptionSpec> suggest_options() {
        [](CliOptions& o) { return value(&o.suggest.top); }},
       {"max-seconds", "S", "once a plan fits, stop running plans dry after S seconds (default 90)", {C::kSuggest},
        [](CliOptions& o) { return value(&o.suggest.max_seconds); }},
-      {"max-estimates", "N", "most plans run dry (default 40)", {C::kSuggest},
+      {"max-estimates", "N", "most plans run dry (default 1000; one over the memory stops where it passes it)", {C::kSuggest},
        [](CliOptions& o) { return value(&o.suggest.max_estimates); }},
   };
   // clang-format on

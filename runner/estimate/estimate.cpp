@@ -292,7 +292,26 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
   return estimate_ranks(c, plan, local_ranks, {});
 }
 
-int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
+namespace {
+
+int64_t largest_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks);
+
+}  // namespace
+
+int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks, int64_t stop_above) {
+  if (stop_above <= 0) return largest_peak(c, plan, local_ranks);
+  memory::MetaLimit limit(stop_above);
+  try {
+    return largest_peak(c, plan, local_ranks);
+  } catch (const std::exception&) {  // the limit's own, or what an op or the pipeline wrapped it in
+    if (!memory::MetaLimit::crossed()) throw;
+  }
+  return stop_above + 1;
+}
+
+namespace {
+
+int64_t largest_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks) {
   auto largest = [](const std::vector<MemoryEstimate>& all) {
     int64_t peak = 0;
     for (const auto& e : all) peak = std::max(peak, e.peak());
@@ -328,6 +347,8 @@ int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local
   }
   return largest(estimate_ranks(c, plan, local_ranks, skip));
 }
+
+}  // namespace
 
 int64_t memory_per_rank(const ExperimentConfig& c, int64_t local_ranks) {
   if (c.mesh.memory_per_rank_mb > 0) return static_cast<int64_t>(c.mesh.memory_per_rank_mb * 1024 * 1024);

@@ -47,8 +47,9 @@ std::vector<MemoryEstimate> estimate_memory(const ExperimentConfig& c, const Pla
 
 // The largest of estimate_memory's per-rank peaks, from fewer dry runs where a pipeline allows: under
 // 1F1B and interleaved 1F1B no dry run of a rank that the rank before it provably peaks above (composer
-// suggest).
-int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0);
+// suggest). `stop_above` > 0: a dry run whose step passes that many bytes stops there, and the result is
+// stop_above + 1, over by an amount not measured.
+int64_t estimate_peak(const ExperimentConfig& c, const Plan& plan, int64_t local_ranks = 0, int64_t stop_above = 0);
 
 // The bytes a rank may use: mesh.memory_per_rank_mb when set, else the host's
 // physical memory divided by the local ranks.

@@ -225,21 +225,20 @@ double optimizer_states(const ExperimentConfig& c) {
 // under full checkpointing, the layer's input. Under mode op, also the outputs of its linear products and attention (query, key, value,
 // attention, output projection; gate, up, down). Without checkpointing, what backward reads: each
 // norm's input and output, the query, key, value and attention output, the gate's and up
-// projection's outputs and their product.
-double kept_per_token(const Shape& s, const ModelFacts& f, double e, bool inputs_only, bool op_mode) {
+// projection's outputs and their product. `hidden`: the layer's feed-forward width, its routed experts
+// aside; `routed`: the rows a token sends them (top_k; 0 in a dense layer).
+double kept_per_token(const Shape& s, const ModelFacts& f, double e, double hidden, double routed, bool inputs_only,
+                      bool op_mode) {
   const double tp = static_cast<double>(s.tp);
   const double sp = s.tp > 1 && s.tp_style < 2 ? tp : 1.0;
   const double input = f.dim / sp;
   if (inputs_only) return e * input;
-  const double routed_width = f.layers > 0 ? f.expert_matrix / (3.0 * f.dim * f.layers) : 0.0;
-  const double hidden = std::max(0.0, f.ffn_per_token - routed_width);
   // the query, the attention's output (latent attention: its values' width), the keys and values
   // (latent attention's expanded from its latent: left out)
   const double q = static_cast<double>(f.heads * f.head_dim), out = 2.0 * f.attn_dim - q;
   const double kv = f.heads > 0 && !f.latent_attention ? 2.0 * f.kv_dim : 0.0;
   // Without checkpointing, a routed layer's experts (whole on each tp rank) at the dry run's even routing,
-  // top_k rows a token: the dispatched rows, the gate's and up projection's outputs and their product.
-  const double routed = f.layers > 0 && f.moe_layers > 0 ? static_cast<double>(f.moe_layers) / f.layers * f.top_k : 0.0;
+  // `routed` (top_k) rows a token: the dispatched rows, the gate's and up projection's outputs and their product.
   const double h = static_cast<double>(f.expert_hidden);
   if (op_mode) return e * (3 * input + (q + out + kv + 2 * hidden) / tp);  // the experts' products: not counted
   return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp + routed * (f.dim + 3 * h));
@@ -285,31 +284,106 @@ double shared_core_stretch(const Shape& s, double share) {
 
 }  // namespace
 
+namespace {
+
+// The layers [begin, end) of each stage, pipeline_split_points' lengths (the first stages one longer).
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const Shape& s, int64_t layers) {
+  const int64_t stages = s.pp > 1 ? s.pp * s.virtual_stages : 1;
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t at = 0;
+  for (int64_t k = 0; k < stages; ++k) {
+    const int64_t len = layers / stages + (k < layers % stages ? 1 : 0);
+    out.push_back({at, at + len});
+    at += len;
+  }
+  return out;
+}
+
+// What the first rank's stages hold, per stage: bytes kept per token of one microbatch until its backward,
+// the least a backward of it adds (a checkpointed layer's forward again), and its parameters gathered
+// whole (fully_shard without resharding after forward keeps them until the backward).
+struct StageHold {
+  double kept = 0, recompute = 0, gathered = 0;
+};
+
+StageHold hold_of(const Shape& s, const ModelFacts& f, double e, std::pair<int64_t, int64_t> range) {
+  StageHold h;
+  const bool fp8 = s.precision == Precision::kFp8Tensorwise;  // mode op keeps composer's own products: not float8's
+  double most_saved = 0, least_saved = -1;
+  const int64_t len = range.second - range.first;
+  for (int64_t i = range.first; i < range.second; ++i) {
+    const ModelFacts::Layer& layer = f.per_layer[static_cast<size_t>(i)];
+    const double routed = layer.expert_bytes > 0 ? static_cast<double>(f.top_k) : 0.0;
+    const double plain = kept_per_token(s, f, e, layer.ffn, routed, false, false);
+    const double checkpointed = s.ac == Ac::kNone ? plain
+                                : kept_per_token(s, f, e, layer.ffn, routed, s.ac == Ac::kFull || fp8, true);
+    h.kept += plain;
+    most_saved = std::max(most_saved, plain - checkpointed);
+    least_saved = least_saved < 0 ? plain - checkpointed : std::min(least_saved, plain - checkpointed);
+    h.gathered += layer.bytes / s.tp + (s.ep_borrows_dp ? 0.0 : layer.expert_bytes / (static_cast<double>(s.ep) * s.tp));
+  }
+  if (s.ac != Ac::kNone) {  // every ac_every-th layer of the stage checkpointed: at the least their largest savings
+    h.kept -= static_cast<double>(len / s.ac_every) * most_saved;
+    if (s.ac_every == 1 && least_saved > 0) h.recompute = least_saved;
+  }
+  return h;
+}
+
+}  // namespace
+
 double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
   const Local l = local_of(s, f, c, w);
-  // At the optimizer's step: the rank's parameters, split as evenly as the plan could split them, their
-  // gradients and the optimizer's states.
   const double shard = shard_ranks(s);
-  const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard);
-  const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp * l.tp * (s.ep_borrows_dp ? s.cp : shard));
-  // Frozen parameters (train.freeze, train.lora) have neither, and the layers running them may keep
-  // nothing for backward: then the parameters alone.
+  const double expert_split = static_cast<double>(s.ep) * l.tp * (s.ep_borrows_dp ? s.cp : shard);
   const bool frozen = !c.train.freeze.empty() || c.train.lora.has_value();
-  const double persistent = (dense + experts) * (frozen ? 1 : 2 + optimizer_states(c));
+  const double per_param = frozen ? 1 : 2 + optimizer_states(c);  // the parameter, its gradient and the states
+  if (f.per_layer.empty() || static_cast<int64_t>(f.per_layer.size()) != f.layers) {
+    // no layer list: one stage of everything; the parameters, their gradients and the optimizer's states
+    return ((f.param_bytes - f.expert_bytes) / (l.tp * shard) + f.expert_bytes / expert_split) * per_param;
+  }
+  // The first rank (its stages: the first, and under interleaving every pp-th; a V's last too), whose
+  // parameters, their gradients and the optimizer's states are split as evenly as the plan could split them.
+  const auto ranges = stage_layers(s, f.layers);
+  const auto shape = s.pp > 1 ? parallel::shape_for(s.schedule, static_cast<int>(s.pp), static_cast<int>(s.virtual_stages),
+                                                    static_cast<int>(s.microbatches))
+                              : parallel::PipelineShape{};
+  const std::vector<int> mine = s.pp > 1 ? shape.stages_of(0) : std::vector<int>{0};
+  double dense = f.first_bytes, experts = 0, layer_bytes = 0;
+  for (const auto& layer : f.per_layer) layer_bytes += layer.bytes;
+  for (int stage : mine) {
+    for (int64_t i = ranges[static_cast<size_t>(stage)].first; i < ranges[static_cast<size_t>(stage)].second; ++i) {
+      dense += f.per_layer[static_cast<size_t>(i)].bytes;
+      experts += f.per_layer[static_cast<size_t>(i)].expert_bytes;
+    }
+    if (stage + 1 == static_cast<int>(ranges.size())) dense += f.param_bytes - f.expert_bytes - f.first_bytes - layer_bytes;
+  }
+  const double persistent = (dense / (l.tp * shard) + experts / expert_split) * per_param;
+  // Frozen parameters (train.freeze, train.lora): the layers running them may keep nothing for backward.
   if (frozen) return persistent;
-  // The first stage's layers keep their activations for every microbatch in flight (1F1B and
-  // interleaving: pp of them at the most; zbv's V keeps about half as much on its first rank).
-  const int64_t stages = s.pp * s.virtual_stages;
-  const double held = s.pp > 1 ? static_cast<double>(f.layers / stages * s.virtual_stages) : static_cast<double>(f.layers);
-  double in_flight = s.pp > 1 ? static_cast<double>(std::min(s.pp, s.microbatches)) : 1.0;
-  if (s.schedule == parallel::ScheduleKind::kZbv && s.pp > 1) in_flight /= 2;
-  // Mode op's kept outputs are those of composer's own products: not float8's.
-  const bool fp8 = s.precision == Precision::kFp8Tensorwise;
-  const double every = s.ac == Ac::kNone ? 0.0 : 1.0 / static_cast<double>(s.ac_every);
-  const double plain = kept_per_token(s, f, l.e, false, false);
-  const double per_layer = s.ac == Ac::kNone ? plain
-                           : every * kept_per_token(s, f, l.e, s.ac == Ac::kFull || fp8, true) + (1 - every) * plain;
-  return persistent + in_flight * held * l.tokens * per_layer;
+  std::vector<StageHold> hold(ranges.size());
+  for (int stage : mine) hold[static_cast<size_t>(stage)] = hold_of(s, f, l.e, ranges[static_cast<size_t>(stage)]);
+  const bool gathers = (s.dp_mode == DpMode::kFullyShard || s.dp_mode == DpMode::kHsdp) && s.keep;
+  const double param_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // gathered in bfloat16
+  // Walk the first rank's schedule: each forward keeps its stage's activations for one microbatch until that
+  // microbatch's backward (its input half under the zero-bubble schedules) frees them.
+  std::vector<parallel::Action> order;
+  if (s.pp > 1) order = parallel::compute_schedule(s.schedule, shape)[0];
+  else order = {{parallel::Op::kForward, 0, 0}, {parallel::Op::kBackward, 0, 0}};
+  std::vector<int> forwards(hold.size(), 0), backwards(hold.size(), 0);
+  double kept = 0, most = 0;
+  for (const parallel::Action& a : order) {
+    const auto k = static_cast<size_t>(a.stage);
+    const bool frees = a.op == parallel::Op::kBackward || a.op == parallel::Op::kBackwardInput;
+    if (a.op != parallel::Op::kForward && !frees) continue;
+    if (a.op == parallel::Op::kForward) ++forwards[k], kept += hold[k].kept * l.tokens;
+    double gathered = 0;  // stages run forward and not yet backward
+    for (size_t j = 0; j < hold.size(); ++j) {
+      if (gathers && forwards[j] > 0 && backwards[j] == 0) gathered += hold[j].gathered * param_e;
+    }
+    most = std::max(most, kept + gathered + (frees ? hold[k].recompute * l.tokens : 0.0));
+    if (frees) ++backwards[k], kept -= hold[k].kept * l.tokens;
+  }
+  return persistent + most;
 }
 
 StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w) {

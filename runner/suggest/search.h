@@ -33,6 +33,14 @@ struct ModelFacts {
   bool attention = false;
   std::vector<std::string> units;  // top-level modules, a list's children as 'name.*'
   bool has_layers = false;
+  // Each of layers.N's own, in order (empty for a model without a layer list).
+  struct Layer {
+    double bytes = 0;         // its parameters' but the routed experts'
+    double expert_bytes = 0;  // its routed experts' stacks
+    double ffn = 0;           // its feed-forward width a token passes through, the routed experts left out
+  };
+  std::vector<Layer> per_layer;
+  double first_bytes = 0;  // the parameters outside the layers that come before them (the embedding)
 };
 
 enum class DpMode { kNone, kReplicate, kFullyShard, kHsdp };

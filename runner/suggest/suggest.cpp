@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -70,16 +71,31 @@ void count_parameters(ModelFacts& f, models::Model& model, bool tied) {
   bool has_output = false;
   double embedding = 0, ffn = 0;
   std::set<std::string> routed_layers;
+  f.per_layer.assign(static_cast<size_t>(std::max<int64_t>(0, f.layers)), {});
+  bool seen_layers = false;
   for (const auto& [name, p] : nn::unique_named_parameters(model)) {
     const double bytes = static_cast<double>(p.numel()) * p.element_size();
     f.param_bytes += bytes;
     ++f.tensors;
+    ModelFacts::Layer* layer = nullptr;  // the layers.N it belongs to
+    if (name.rfind("layers.", 0) == 0) {
+      const int64_t at = std::atoll(name.c_str() + 7);
+      if (at >= 0 && at < f.layers) layer = &f.per_layer[static_cast<size_t>(at)];
+      seen_layers = true;
+    } else if (!seen_layers) {
+      f.first_bytes += bytes;
+    }
+    const bool routed_stack = p.dim() == 3 && name.find(".experts.") != std::string::npos && f.experts > 0;
+    if (layer) (routed_stack ? layer->expert_bytes : layer->bytes) += bytes;
     has_output = has_output || name == "output.weight";
     if (name == "tok_embeddings.weight") embedding = static_cast<double>(p.numel());
     const bool feed_forward = name.find("feed_forward.") != std::string::npos;
     if (p.dim() == 2 && name.find("embeddings") == std::string::npos) {
       f.matrix_params += static_cast<double>(p.numel());
-      if (feed_forward && name.find("router") == std::string::npos) ffn += static_cast<double>(p.numel()) / (3.0 * f.dim);
+      if (feed_forward && name.find("router") == std::string::npos) {
+        ffn += static_cast<double>(p.numel()) / (3.0 * f.dim);
+        if (layer) layer->ffn += static_cast<double>(p.numel()) / (3.0 * f.dim);
+      }
     }
     if (p.dim() == 3 && name.find(".experts.") != std::string::npos && f.experts > 0) {
       f.matrix_params += static_cast<double>(p.numel()) * f.top_k / f.experts;
@@ -468,7 +484,8 @@ std::vector<Priced> priced_shapes(const ModelFacts& f, const ExperimentConfig& o
                                   Suggestion& out) {
   std::vector<Priced> priced;
   for (Shape s : shapes_of(w, f, one, given)) {
-    for (s.tp_style = 0; s.tp_style < (s.tp > 1 ? 3 : 1); ++s.tp_style) {
+    // sequence parallelism has no plan for routed blocks (the planner refuses it): plain tp only there
+    for (s.tp_style = s.tp > 1 && f.moe_layers > 0 ? 2 : 0; s.tp_style < (s.tp > 1 ? 3 : 1); ++s.tp_style) {
       ++out.candidates;
       priced.push_back({s, price(s, f, one, w)});
     }
@@ -491,6 +508,22 @@ struct Walk {
   const DryRunProgress& progress;
 };
 
+// Whether `s` certainly needs at least the memory of `over`, a plan already run dry over it: the same plan
+// but for what only buys memory, where `s` buys less (activation checkpointing weaker or on fewer layers,
+// fully_shard keeping its parameters gathered where `over` reshards, fewer and so larger microbatches).
+bool needs_more_than(const Shape& s, const Shape& over) {
+  if (std::tie(s.tp, s.cp, s.pp, s.dp, s.shard, s.dp_mode, s.schedule, s.virtual_stages, s.tp_style, s.ep, s.ep_borrows_dp,
+               s.rotate, s.precision) != std::tie(over.tp, over.cp, over.pp, over.dp, over.shard, over.dp_mode, over.schedule,
+                                                  over.virtual_stages, over.tp_style, over.ep, over.ep_borrows_dp,
+                                                  over.rotate, over.precision)) {
+    return false;
+  }
+  if (s.microbatches > over.microbatches || (over.keep && !s.keep)) return false;
+  if (s.ac == Ac::kNone) return true;
+  if (s.ac == over.ac) return s.ac_every >= over.ac_every;
+  return s.ac == Ac::kOp && over.ac == Ac::kFull && over.ac_every == 1;  // op keeps what full keeps and more
+}
+
 // In cost order, each shape written as a config and put to the planner, and each accepted one run dry
 // (the per-rank memory estimate) until `top` fit or `max_estimates` ran: into out.fitting and out.unfit;
 // the rest, priced only, into out.others.
@@ -498,27 +531,35 @@ void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const W
   const double limit = w.usable();
   const std::string base_text = emit(k.doc);
   std::set<std::string> fitted;  // families with a plan that fits: their costlier members buy memory not needed
+  std::vector<Shape> over;       // plans run dry over the memory
   const auto t0 = std::chrono::steady_clock::now();
-  size_t i = 0;
-  for (; i < priced.size(); ++i) {
-    if (static_cast<int>(out.fitting.size()) >= k.top || out.estimated >= k.max_estimates) break;
-    if (!out.fitting.empty() &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > k.max_seconds) {
-      out.out_of_time = true;  // a plan fits; the next dry runs would pass the time given
-      break;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::vector<bool> done(priced.size(), false);
+  // One shape: passed over, refused, or run dry. False: the walk stops before it.
+  auto visit = [&](size_t i, double seconds) {
+    if (static_cast<int>(out.fitting.size()) >= k.top || out.estimated >= k.max_estimates) return false;
+    if (elapsed() > seconds) {
+      out.out_of_time = !out.fitting.empty();  // a plan fits; the next dry runs would pass the time given
+      return false;
     }
-    if (out.planned >= 40 * k.max_estimates) break;  // the planner refuses nearly everything: enough tried
+    if (out.planned >= 40 * k.max_estimates) return false;  // the planner refuses nearly everything: enough tried
+    done[i] = true;
     const Shape& s = priced[i].shape;
     Candidate cand{s.name(), "", s.family(), priced[i].terms};
     cand.floor = memory_floor(s, k.f, k.one, w);
     if (fitted.count(cand.family)) {
       out.others.push_back(std::move(cand));  // a cheaper member of its family fits
-      continue;
+      return true;
     }
     if (cand.floor > limit) {  // certainly over the memory: no planner, no dry run
       ++out.floored;
       out.others.push_back(std::move(cand));
-      continue;
+      return true;
+    }
+    if (std::any_of(over.begin(), over.end(), [&](const Shape& o) { return needs_more_than(s, o); })) {
+      ++out.dominated;  // needs more than a plan already over the memory
+      out.others.push_back(std::move(cand));
+      return true;
     }
     cand.yaml = config_of(s, k.f, k.doc, base_text, k.given, k.mesh_extra);
     ++out.planned;
@@ -527,8 +568,10 @@ void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const W
       const Plan plan = make_plan(c, w.size());
       ++out.estimated;
       const auto start = std::chrono::steady_clock::now();
-      const int64_t peak = estimate_peak(c, plan, w.ranks_per_node);
+      const auto stop_above = static_cast<int64_t>(limit);
+      const int64_t peak = estimate_peak(c, plan, w.ranks_per_node, stop_above);
       cand.peak = peak;
+      cand.stopped = peak == stop_above + 1;
       cand.fits = static_cast<double>(peak) <= limit;
       if (k.progress) k.progress(cand, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     } catch (const UserError& e) {
@@ -537,12 +580,45 @@ void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const W
       cand.refusal = e.what();
       cand.yaml.clear();
       out.others.push_back(std::move(cand));
-      continue;
+      return true;
     }
     if (cand.fits) fitted.insert(cand.family);
+    else over.push_back(s);
     (cand.fits ? out.fitting : out.unfit).push_back(std::move(cand));
+    return true;
+  };
+  // Cost order first. Where nothing fits by a third of the time given, the memory is what binds: of the rest
+  // (the cheapest kMemoryFirst), those whose memory floor is under kLowFloor of the memory in cost order,
+  // then the others, the least floor first, until --top fit or the time given passes (twice it while none
+  // fits). On the examples a floor is 20-90% of the peak.
+  constexpr size_t kMemoryFirst = 50000;
+  constexpr double kLowFloor = 0.4;
+  size_t i = 0;
+  while (i < priced.size() && visit(i, out.fitting.empty() ? k.max_seconds / 3 : k.max_seconds)) ++i;
+  const bool memory_bound = out.fitting.empty() && i < priced.size() && out.estimated < k.max_estimates &&
+                            elapsed() > k.max_seconds / 3;
+  if (memory_bound) {
+    std::vector<std::pair<double, size_t>> by_floor;
+    for (size_t j = i; j < priced.size() && by_floor.size() < kMemoryFirst; ++j) {
+      by_floor.push_back({memory_floor(priced[j].shape, k.f, k.one, w), j});
+    }
+    // those whose floor is under kLowFloor of the memory first, in cost order; then the rest, least floor first
+    auto rest = std::stable_partition(by_floor.begin(), by_floor.end(),
+                                      [&](const auto& x) { return x.first <= kLowFloor * limit; });
+    std::stable_sort(rest, by_floor.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [floor, j] : by_floor) {
+      if (!visit(j, out.fitting.empty() ? 2 * k.max_seconds : k.max_seconds)) break;
+    }
+    out.memory_first = true;
+    auto by_cost = [](const Candidate& a, const Candidate& b) { return a.step_s() < b.step_s(); };
+    std::stable_sort(out.fitting.begin(), out.fitting.end(), by_cost);
+    std::stable_sort(out.unfit.begin(), out.unfit.end(), by_cost);
   }
-  for (; i < priced.size(); ++i) out.others.push_back({priced[i].shape.name(), "", priced[i].shape.family(), priced[i].terms});
+  for (size_t j = 0; j < priced.size(); ++j) {
+    if (!done[j]) out.others.push_back({priced[j].shape.name(), "", priced[j].shape.family(), priced[j].terms});
+  }
+  std::stable_sort(out.others.begin(), out.others.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.step_s() < b.step_s(); });
 }
 
 }  // namespace
@@ -602,7 +678,7 @@ nlohmann::json candidate_json(const Candidate& c) {
   return {{"name", c.name},         {"step_ms", c.step_s() * 1e3}, {"compute_ms", c.terms.compute_s() * 1e3},
           {"comm_ms", c.terms.comm_s() * 1e3}, {"comm_latency_ms", c.terms.comm_latency_s * c.terms.latency_fit * 1e3},
           {"bubble", c.terms.bubble}, {"recompute_ms", c.terms.recompute_s * 1e3},
-          {"matmul_tflops", c.terms.rate / 1e12}, {"terms_ms", terms}, {"peak_bytes", c.peak},
+          {"matmul_tflops", c.terms.rate / 1e12}, {"terms_ms", terms}, {"peak_bytes", c.peak}, {"dry_run_stopped_over_memory", c.stopped},
           {"memory_floor_bytes", c.floor}, {"fits", c.fits},
           {"refused", c.refusal}};
 }
@@ -612,7 +688,7 @@ nlohmann::json suggestion_json(const Suggestion& s, const World& w) {
                       {"memory_per_rank", w.memory_per_rank}, {"rates", to_json(w.rates)},
                       {"rates_source", w.rates.source},   {"candidates", s.candidates},
                       {"refused", s.refused},             {"estimated", s.estimated}, {"planned", s.planned},
-                      {"over_memory_by_floor", s.floored},
+                      {"over_memory_by_floor", s.floored}, {"over_memory_as_another", s.dominated}, {"memory_first", s.memory_first},
                       {"flops_per_step", s.flops_per_step}};
   j["rates"].erase("matmul_by_shape");
   j["fitting"] = nlohmann::json::array();
@@ -644,9 +720,14 @@ std::string suggested_yaml(const Suggestion& s, const World& w, size_t pick) {
     << s.flops_per_step << " per step.\n"
     << "# " << r.describe() << ".\n"
     << "# " << s.candidates << " plans priced; in cost order " << s.floored
-    << " passed over (their memory floor is over the limit), " << s.planned << " put to the planner, " << s.refused
+    << " passed over (their memory floor is over the limit), " << s.dominated
+    << " as certainly over as a plan run dry, " << s.planned << " put to the planner, " << s.refused
     << " refused, " << s.estimated << " run dry, " << s.fitting.size() << " fit"
-    << (s.out_of_time ? " (the dry runs stopped at --max-seconds)" : "") << ".\n"
+    << (s.out_of_time ? " (the dry runs stopped at --max-seconds)" : "")
+    << (s.memory_first ? " (none fit in cost order within a third of --max-seconds: the rest were run dry least "
+                         "memory floor first, so a cheaper plan that fits may be left untried)"
+                       : "")
+    << ".\n"
     << "# " << (pick ? "runner-up " + std::to_string(pick + 1) + ": " : "chosen, the cheapest that fits: ")
     << describe_line(best) << "\n";
   if (pick + 1 < s.fitting.size()) o << "# why: " << explain_choice(best, s.fitting[pick + 1]) << "\n";

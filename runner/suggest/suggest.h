@@ -28,6 +28,7 @@ struct Candidate {
   StepTerms terms;
   double step_s() const { return terms.step_s(); }
   int64_t peak = -1;    // the dry run's largest per-rank peak; -1: not run dry
+  bool stopped = false; // the dry run stopped where a step passed the memory: peak is then the limit + 1
   double floor = 0;     // the closed-form floor under that peak (suggest_detail::memory_floor)
   bool fits = false;
   std::string refusal;  // the planner's reason, where it refused the plan
@@ -41,10 +42,14 @@ struct Suggestion {
                                     // floor is over the memory), or priced only
   int64_t candidates = 0;   // shapes priced
   int64_t floored = 0;      // of them, in cost order, passed over because their memory floor exceeds the memory
+  int64_t dominated = 0;    // of them, passed over because they certainly need more memory than a plan run dry
+                            // over it (the same plan, buying less memory: suggest.cpp's needs_more_than)
   int64_t planned = 0;      // of them, in cost order, written as configs and put to the planner
   int64_t refused = 0;      // refused by the planner (or its estimate)
   int64_t estimated = 0;    // run dry
   bool out_of_time = false; // the dry runs stopped at the time given, with fewer than `top` fitting
+  bool memory_first = false; // none fit by a third of the time given in cost order: the rest were run dry
+                             // in the order of their memory floors (the least first)
   std::string first_refusal;        // an example of the planner's reasons
   double flops_per_step = 0;        // the model's, one step of the global batch: 6 x matrix parameters per
                                     // token (embedding tables left out) + attention's 12 x layers x dim x seq

@@ -81,6 +81,22 @@ TEST(SuggestShapes, EveryPlanWrittenReadsBackAsItsShapeAtItsPrice) {
 }
 
 // A small dense Llama of `layers` layers and `batch` samples a step.
+const char* kDeepSeek = R"(name: suggest_unit_deepseek
+seed: 0
+model:
+  name: deepseek_v3
+  args: {dim: 64, n_layers: 4, n_heads: 4, vocab_size: 64, multiple_of: 32, max_seq_len: 32, hidden_dim: 96,
+         q_lora_rank: 32, kv_lora_rank: 32, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16,
+         n_dense_layers: 1, n_experts: 8, top_k: 2, n_group: 4, topk_group: 2, n_shared_experts: 1,
+         moe_hidden_dim: 32, route_scale: 2.5, expert_bias: true}
+train:
+  steps: 3
+  global_batch: 8
+  optimizer: {name: adamw, lr: 0.001}
+  loss: {name: cross_entropy}
+data: {seq_len: 32}
+)";
+
 std::string dense_llama(int layers, int batch) {
   return "name: suggest_unit_dense\nseed: 0\nmodel:\n  name: llama\n  args: {dim: 64, n_layers: " +
          std::to_string(layers) +
@@ -138,8 +154,25 @@ TEST(SuggestMemoryFloor, LiesUnderTheDryRunOfEachKindOfPlan) {
   moe.back().ep = 4, moe.back().ep_borrows_dp = true;
   moe.push_back(shape(2, 1, 1, 1, DpMode::kNone, Ac::kFull));
   moe.back().ep = 2, moe.back().tp_style = 2;
+  moe.push_back(shape(1, 1, 2, 1, DpMode::kNone, Ac::kNone));  // interleaved: its first rank holds stages 0 and 2
+  moe.back().ep = 2, moe.back().schedule = parallel::ScheduleKind::kInterleaved1f1b, moe.back().virtual_stages = 2;
+  moe.back().microbatches = 4;
   for (const Shape& s : moe) {
     const auto [peak, floor] = peak_and_floor(kMoe, s, world4());
+    EXPECT_GT(floor, 0) << s.name();
+    EXPECT_LE(floor, static_cast<double>(peak)) << s.name();
+  }
+  // DeepSeek-V3's shape: a dense first layer beside routed ones, each counted at its own widths
+  std::vector<Shape> deepseek;
+  deepseek.push_back(shape(1, 1, 2, 2, DpMode::kFullyShard, Ac::kNone));
+  deepseek.back().microbatches = 2, deepseek.back().keep = true;
+  deepseek.push_back(shape(1, 1, 1, 4, DpMode::kFullyShard, Ac::kFull));
+  deepseek.back().ep = 4, deepseek.back().ep_borrows_dp = true;
+  deepseek.push_back(shape(1, 1, 2, 1, DpMode::kNone, Ac::kOp));
+  deepseek.back().ep = 2, deepseek.back().schedule = parallel::ScheduleKind::kZbv, deepseek.back().virtual_stages = 2;
+  deepseek.back().microbatches = 4;
+  for (const Shape& s : deepseek) {
+    const auto [peak, floor] = peak_and_floor(kDeepSeek, s, world4());
     EXPECT_GT(floor, 0) << s.name();
     EXPECT_LE(floor, static_cast<double>(peak)) << s.name();
   }
@@ -173,6 +206,10 @@ TEST(SuggestPeak, FromFewerDryRunsIsTheFullEstimatesPeak) {
     int64_t peak = 0;
     for (const auto& e : estimate_memory(c, plan, 8)) peak = std::max(peak, e.peak());
     EXPECT_EQ(estimate_peak(c, plan, 8), peak) << s.name();
+    // Stopped where a step passes the limit: never at the peak itself, and at half of it the limit + 1.
+    EXPECT_EQ(estimate_peak(c, plan, 8, peak), peak) << s.name();
+    EXPECT_EQ(estimate_peak(c, plan, 8, peak / 2), peak / 2 + 1) << s.name();
+    EXPECT_EQ(estimate_peak(c, plan, 8), peak) << s.name();  // and the count is whole again after a stop
   }
 }
 
