@@ -157,10 +157,8 @@ DryRun dry_run(const ExperimentConfig& c, const Plan& plan, int r, int64_t steps
     rec.step = step;
     rec.lr = lr_at(c.train.optimizer, c.train.lr_schedule, step, c.train.steps);
     optimizer->set_lr(rec.lr, c.train.optimizer.lr);
-    {
-      memory::MetaLimit::Armed armed;  // a MetaLimit stops the step where it passes the limit
-      run_step(state, rec);
-    }
+    const memory::MetaLimit::Armed armed;  // a MetaLimit stops the step where it passes the limit
+    run_step(state, rec);
     out.step_peaks.push_back(count.peak());
     if (step == 1) out.terms = memory_terms(par, params, buffers_before, before, count.live());
     out.comm = comm_bytes(ctx);

@@ -524,102 +524,123 @@ bool needs_more_than(const Shape& s, const Shape& over) {
   return s.ac == Ac::kOp && over.ac == Ac::kFull && over.ac_every == 1;  // op keeps what full keeps and more
 }
 
-// In cost order, each shape written as a config and put to the planner, and each accepted one run dry
-// (the per-rank memory estimate) until `top` fit or `max_estimates` ran: into out.fitting and out.unfit;
-// the rest, priced only, into out.others.
-void fit_in_cost_order(const std::vector<Priced>& priced, const Walk& k, const World& w, Suggestion& out) {
-  const double limit = w.usable();
-  const std::string base_text = emit(k.doc);
-  std::set<std::string> fitted;  // families with a plan that fits: their costlier members buy memory not needed
-  std::vector<Shape> over;       // plans run dry over the memory
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  std::vector<bool> done(priced.size(), false);
-  // One shape: passed over, refused, or run dry. False: the walk stops before it.
-  auto visit = [&](size_t i, double seconds) {
-    if (static_cast<int>(out.fitting.size()) >= k.top || out.estimated >= k.max_estimates) return false;
-    if (elapsed() > seconds) {
-      out.out_of_time = !out.fitting.empty();  // a plan fits; the next dry runs would pass the time given
-      return false;
+// The walk over the priced shapes: each written as a config and put to the planner, and each accepted
+// one run dry (the per-rank memory estimate) until `top` fit or `max_estimates` ran: into out.fitting and
+// out.unfit; the rest, passed over, refused or priced only, into out.others.
+class FitWalk {
+ public:
+  FitWalk(const std::vector<Priced>& priced, const Walk& k, const World& w, Suggestion& out)
+      : priced_(priced), k_(k), w_(w), out_(out), limit_(w.usable()), base_text_(emit(k.doc)),
+        done_(priced.size(), false), t0_(std::chrono::steady_clock::now()) {}
+
+  // Cost order first. Where nothing fits by a third of the time given, the memory is what binds: of the
+  // rest (the cheapest kMemoryFirst), those whose memory floor is under kLowFloor of the memory in cost
+  // order, then the others, the least floor first, until --top fit or the time given passes (twice it
+  // while none fits). On the examples a floor is 20-90% of the peak.
+  void run() {
+    size_t i = 0;
+    while (i < priced_.size() && visit(i, out_.fitting.empty() ? k_.max_seconds / 3 : k_.max_seconds)) ++i;
+    if (out_.fitting.empty() && i < priced_.size() && out_.estimated < k_.max_estimates &&
+        elapsed() > k_.max_seconds / 3) {
+      memory_first(i);
     }
-    if (out.planned >= 40 * k.max_estimates) return false;  // the planner refuses nearly everything: enough tried
-    done[i] = true;
-    const Shape& s = priced[i].shape;
-    Candidate cand{s.name(), "", s.family(), priced[i].terms};
-    cand.floor = memory_floor(s, k.f, k.one, w);
-    if (fitted.count(cand.family)) {
-      out.others.push_back(std::move(cand));  // a cheaper member of its family fits
-      return true;
+    for (size_t j = 0; j < priced_.size(); ++j) {
+      if (!done_[j]) out_.others.push_back({priced_[j].shape.name(), "", priced_[j].shape.family(), priced_[j].terms});
     }
-    if (cand.floor > limit) {  // certainly over the memory: no planner, no dry run
-      ++out.floored;
-      out.others.push_back(std::move(cand));
-      return true;
-    }
-    if (std::any_of(over.begin(), over.end(), [&](const Shape& o) { return needs_more_than(s, o); })) {
-      ++out.dominated;  // needs more than a plan already over the memory
-      out.others.push_back(std::move(cand));
-      return true;
-    }
-    cand.yaml = config_of(s, k.f, k.doc, base_text, k.given, k.mesh_extra);
-    ++out.planned;
-    try {
-      const ExperimentConfig c = parse_config(cand.yaml, k.path);
-      const Plan plan = make_plan(c, w.size());
-      ++out.estimated;
-      const auto start = std::chrono::steady_clock::now();
-      const auto stop_above = static_cast<int64_t>(limit);
-      const int64_t peak = estimate_peak(c, plan, w.ranks_per_node, stop_above);
-      cand.peak = peak;
-      cand.stopped = peak == stop_above + 1;
-      cand.fits = static_cast<double>(peak) <= limit;
-      if (k.progress) k.progress(cand, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    } catch (const UserError& e) {
-      ++out.refused;
-      if (out.first_refusal.empty()) out.first_refusal = cand.name + ": " + e.what();
-      cand.refusal = e.what();
-      cand.yaml.clear();
-      out.others.push_back(std::move(cand));
-      return true;
-    }
-    if (cand.fits) fitted.insert(cand.family);
-    else over.push_back(s);
-    (cand.fits ? out.fitting : out.unfit).push_back(std::move(cand));
-    return true;
-  };
-  // Cost order first. Where nothing fits by a third of the time given, the memory is what binds: of the rest
-  // (the cheapest kMemoryFirst), those whose memory floor is under kLowFloor of the memory in cost order,
-  // then the others, the least floor first, until --top fit or the time given passes (twice it while none
-  // fits). On the examples a floor is 20-90% of the peak.
-  constexpr size_t kMemoryFirst = 50000;
-  constexpr double kLowFloor = 0.4;
-  size_t i = 0;
-  while (i < priced.size() && visit(i, out.fitting.empty() ? k.max_seconds / 3 : k.max_seconds)) ++i;
-  const bool memory_bound = out.fitting.empty() && i < priced.size() && out.estimated < k.max_estimates &&
-                            elapsed() > k.max_seconds / 3;
-  if (memory_bound) {
+    std::stable_sort(out_.others.begin(), out_.others.end(), by_cost);
+  }
+
+ private:
+  static constexpr size_t kMemoryFirst = 50000;
+  static constexpr double kLowFloor = 0.4;
+  static bool by_cost(const Candidate& a, const Candidate& b) { return a.step_s() < b.step_s(); }
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+  void memory_first(size_t from) {
     std::vector<std::pair<double, size_t>> by_floor;
-    for (size_t j = i; j < priced.size() && by_floor.size() < kMemoryFirst; ++j) {
-      by_floor.push_back({memory_floor(priced[j].shape, k.f, k.one, w), j});
+    for (size_t j = from; j < priced_.size() && by_floor.size() < kMemoryFirst; ++j) {
+      by_floor.push_back({memory_floor(priced_[j].shape, k_.f, k_.one, w_), j});
     }
-    // those whose floor is under kLowFloor of the memory first, in cost order; then the rest, least floor first
     auto rest = std::stable_partition(by_floor.begin(), by_floor.end(),
-                                      [&](const auto& x) { return x.first <= kLowFloor * limit; });
+                                      [&](const auto& x) { return x.first <= kLowFloor * limit_; });
     std::stable_sort(rest, by_floor.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& [floor, j] : by_floor) {
-      if (!visit(j, out.fitting.empty() ? 2 * k.max_seconds : k.max_seconds)) break;
+      if (!visit(j, out_.fitting.empty() ? 2 * k_.max_seconds : k_.max_seconds)) break;
     }
-    out.memory_first = true;
-    auto by_cost = [](const Candidate& a, const Candidate& b) { return a.step_s() < b.step_s(); };
-    std::stable_sort(out.fitting.begin(), out.fitting.end(), by_cost);
-    std::stable_sort(out.unfit.begin(), out.unfit.end(), by_cost);
+    out_.memory_first = true;
+    std::stable_sort(out_.fitting.begin(), out_.fitting.end(), by_cost);
+    std::stable_sort(out_.unfit.begin(), out_.unfit.end(), by_cost);
   }
-  for (size_t j = 0; j < priced.size(); ++j) {
-    if (!done[j]) out.others.push_back({priced[j].shape.name(), "", priced[j].shape.family(), priced[j].terms});
+
+  // Whether `s` need not be put to the planner (a cheaper member of its family fits, its floor is over
+  // the memory, or it needs more than a plan run dry over it), counted where it is.
+  bool passed_over(const Shape& s, const Candidate& cand) {
+    if (fitted_.count(cand.family)) return true;
+    if (cand.floor > limit_) {
+      ++out_.floored;
+      return true;
+    }
+    if (std::any_of(over_.begin(), over_.end(), [&](const Shape& o) { return needs_more_than(s, o); })) {
+      ++out_.dominated;
+      return true;
+    }
+    return false;
   }
-  std::stable_sort(out.others.begin(), out.others.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.step_s() < b.step_s(); });
-}
+
+  // One shape: passed over, refused, or run dry. False: the walk stops before it (enough fit, the dry runs
+  // or the time given are spent).
+  bool visit(size_t i, double seconds) {
+    if (static_cast<int>(out_.fitting.size()) >= k_.top || out_.estimated >= k_.max_estimates) return false;
+    if (elapsed() > seconds) {
+      out_.out_of_time = !out_.fitting.empty();  // a plan fits; the next dry runs would pass the time given
+      return false;
+    }
+    if (out_.planned >= 40 * k_.max_estimates) return false;  // the planner refuses nearly everything: enough tried
+    done_[i] = true;
+    const Shape& s = priced_[i].shape;
+    Candidate cand{s.name(), "", s.family(), priced_[i].terms};
+    cand.floor = memory_floor(s, k_.f, k_.one, w_);
+    if (passed_over(s, cand)) {
+      out_.others.push_back(std::move(cand));
+      return true;
+    }
+    cand.yaml = config_of(s, k_.f, k_.doc, base_text_, k_.given, k_.mesh_extra);
+    ++out_.planned;
+    try {
+      const ExperimentConfig c = parse_config(cand.yaml, k_.path);
+      const Plan plan = make_plan(c, w_.size());
+      ++out_.estimated;
+      const auto start = std::chrono::steady_clock::now();
+      const auto stop_above = static_cast<int64_t>(limit_);
+      cand.peak = estimate_peak(c, plan, w_.ranks_per_node, stop_above);
+      cand.stopped = cand.peak == stop_above + 1;
+      cand.fits = static_cast<double>(cand.peak) <= limit_;
+      if (k_.progress) k_.progress(cand, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } catch (const UserError& e) {
+      ++out_.refused;
+      if (out_.first_refusal.empty()) out_.first_refusal = cand.name + ": " + e.what();
+      cand.refusal = e.what();
+      cand.yaml.clear();
+      out_.others.push_back(std::move(cand));
+      return true;
+    }
+    if (cand.fits) fitted_.insert(cand.family);
+    else over_.push_back(s);
+    (cand.fits ? out_.fitting : out_.unfit).push_back(std::move(cand));
+    return true;
+  }
+
+  const std::vector<Priced>& priced_;
+  const Walk& k_;
+  const World& w_;
+  Suggestion& out_;
+  const double limit_;
+  const std::string base_text_;
+  std::set<std::string> fitted_;  // families with a plan that fits: their costlier members buy memory not needed
+  std::vector<Shape> over_;       // plans run dry over the memory
+  std::vector<bool> done_;        // shapes visited
+  const std::chrono::steady_clock::time_point t0_;
+};
 
 }  // namespace
 
@@ -635,7 +656,8 @@ Suggestion suggest(const std::string& path, const std::vector<std::string>& over
   Suggestion out;
   out.flops_per_step = flops_of(f, one);
   const std::vector<Priced> priced = priced_shapes(f, one, given, w, out);
-  fit_in_cost_order(priced, Walk{path, doc, mesh_extra, f, one, given, top, max_estimates, max_seconds, progress}, w, out);
+  const Walk walk{path, doc, mesh_extra, f, one, given, top, max_estimates, max_seconds, progress};
+  FitWalk(priced, walk, w, out).run();
   if (w.rates.dirty && w.rates.measure) save_rates(w.rates);
   return out;
 }
