@@ -4,8 +4,8 @@
 // is checked against). Storage c10 does not allocate (memory-mapped files,
 // from_blob) is not counted.
 #pragma once
-#include <stdexcept>
 #include <cstdint>
+#include <stdexcept>
 
 namespace at {
 class Tensor;

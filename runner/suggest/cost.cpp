@@ -282,23 +282,6 @@ double shared_core_stretch(const Shape& s, double share) {
   return stretched * share / work - 1;
 }
 
-}  // namespace
-
-namespace {
-
-// The layers [begin, end) of each stage, pipeline_split_points' lengths (the first stages one longer).
-std::vector<std::pair<int64_t, int64_t>> stage_layers(const Shape& s, int64_t layers) {
-  const int64_t stages = s.pp > 1 ? s.pp * s.virtual_stages : 1;
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t at = 0;
-  for (int64_t k = 0; k < stages; ++k) {
-    const int64_t len = layers / stages + (k < layers % stages ? 1 : 0);
-    out.push_back({at, at + len});
-    at += len;
-  }
-  return out;
-}
-
 // What the first rank's stages hold, per stage: bytes kept per token of one microbatch until its backward,
 // the least a backward of it adds (a checkpointed layer's forward again), and its parameters gathered
 // whole (fully_shard without resharding after forward keeps them until the backward).
@@ -348,14 +331,13 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
                                                     static_cast<int>(s.microbatches))
                               : parallel::PipelineShape{};
   const std::vector<int> mine = s.pp > 1 ? shape.stages_of(0) : std::vector<int>{0};
-  double dense = f.first_bytes, experts = 0, layer_bytes = 0;
-  for (const auto& layer : f.per_layer) layer_bytes += layer.bytes;
+  double dense = f.first_bytes, experts = 0;
   for (int stage : mine) {
     for (int64_t i = ranges[static_cast<size_t>(stage)].first; i < ranges[static_cast<size_t>(stage)].second; ++i) {
       dense += f.per_layer[static_cast<size_t>(i)].bytes;
       experts += f.per_layer[static_cast<size_t>(i)].expert_bytes;
     }
-    if (stage + 1 == static_cast<int>(ranges.size())) dense += f.param_bytes - f.expert_bytes - f.first_bytes - layer_bytes;
+    if (stage + 1 == static_cast<int>(ranges.size())) dense += f.last_bytes;
   }
   const double persistent = (dense / (l.tp * shard) + experts / expert_split) * per_param;
   // Frozen parameters (train.freeze, train.lora): the layers running them may keep nothing for backward.

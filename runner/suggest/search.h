@@ -41,6 +41,7 @@ struct ModelFacts {
   };
   std::vector<Layer> per_layer;
   double first_bytes = 0;  // the parameters outside the layers that come before them (the embedding)
+  double last_bytes = 0;   // and those after them (the final norm and the output)
 };
 
 enum class DpMode { kNone, kReplicate, kFullyShard, kHsdp };
@@ -70,6 +71,10 @@ struct Shape {
   // checkpointing, and gradient accumulation without a pipeline.
   std::string family() const;
 };
+
+// The layers [begin, end) of each of the pp x v stages (one stage without a pipeline), the first stages one
+// longer where they do not split evenly (the last ones hold the norm and the output).
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const Shape& s, int64_t layers);
 
 // A pipeline's split_points for `layers` over pp x v stages that do not split them evenly, the first
 // stages one layer longer (the last ones hold the norm and the output); empty where they split evenly.

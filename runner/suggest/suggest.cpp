@@ -82,8 +82,8 @@ void count_parameters(ModelFacts& f, models::Model& model, bool tied) {
       const int64_t at = std::atoll(name.c_str() + 7);
       if (at >= 0 && at < f.layers) layer = &f.per_layer[static_cast<size_t>(at)];
       seen_layers = true;
-    } else if (!seen_layers) {
-      f.first_bytes += bytes;
+    } else {
+      (seen_layers ? f.last_bytes : f.first_bytes) += bytes;
     }
     const bool routed_stack = p.dim() == 3 && name.find(".experts.") != std::string::npos && f.experts > 0;
     if (layer) (routed_stack ? layer->expert_bytes : layer->bytes) += bytes;
@@ -97,7 +97,7 @@ void count_parameters(ModelFacts& f, models::Model& model, bool tied) {
         if (layer) layer->ffn += static_cast<double>(p.numel()) / (3.0 * f.dim);
       }
     }
-    if (p.dim() == 3 && name.find(".experts.") != std::string::npos && f.experts > 0) {
+    if (routed_stack) {
       f.matrix_params += static_cast<double>(p.numel()) * f.top_k / f.experts;
       f.expert_matrix += static_cast<double>(p.numel()) * f.top_k / f.experts;
       f.expert_hidden = p.numel() / (f.experts * std::max<int64_t>(1, f.dim));
@@ -186,15 +186,23 @@ int64_t Shape::busiest_layers(int64_t layers) const {
   return (layers + stages - 1) / stages * virtual_stages;
 }
 
-std::vector<std::string> pipeline_split_points(const Shape& s, int64_t layers) {
-  const int64_t stages = s.pp * s.virtual_stages;
-  if (s.pp <= 1 || layers % stages == 0) return {};
-  std::vector<std::string> points;
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const Shape& s, int64_t layers) {
+  const int64_t stages = s.pp > 1 ? s.pp * s.virtual_stages : 1;
+  std::vector<std::pair<int64_t, int64_t>> out;
   int64_t at = 0;
-  for (int64_t i = 0; i + 1 < stages; ++i) {
-    at += layers / stages + (i < layers % stages ? 1 : 0);
-    points.push_back("layers." + std::to_string(at));
+  for (int64_t k = 0; k < stages; ++k) {
+    const int64_t len = layers / stages + (k < layers % stages ? 1 : 0);
+    out.push_back({at, at + len});
+    at += len;
   }
+  return out;
+}
+
+std::vector<std::string> pipeline_split_points(const Shape& s, int64_t layers) {
+  if (s.pp <= 1 || layers % (s.pp * s.virtual_stages) == 0) return {};
+  const auto ranges = stage_layers(s, layers);
+  std::vector<std::string> points;
+  for (size_t i = 0; i + 1 < ranges.size(); ++i) points.push_back("layers." + std::to_string(ranges[i].second));
   return points;
 }
 
@@ -565,7 +573,7 @@ class FitWalk {
                                       [&](const auto& x) { return x.first <= kLowFloor * limit_; });
     std::stable_sort(rest, by_floor.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& [floor, j] : by_floor) {
-      if (!visit(j, out_.fitting.empty() ? 2 * k_.max_seconds : k_.max_seconds)) break;
+      if (!visit(j, out_.fitting.empty() ? 2 * k_.max_seconds : k_.max_seconds, floor)) break;
     }
     out_.memory_first = true;
     std::stable_sort(out_.fitting.begin(), out_.fitting.end(), by_cost);
@@ -588,8 +596,8 @@ class FitWalk {
   }
 
   // One shape: passed over, refused, or run dry. False: the walk stops before it (enough fit, the dry runs
-  // or the time given are spent).
-  bool visit(size_t i, double seconds) {
+  // or the time given are spent). `floor`: its memory floor where already known (< 0: not yet).
+  bool visit(size_t i, double seconds, double floor = -1) {
     if (static_cast<int>(out_.fitting.size()) >= k_.top || out_.estimated >= k_.max_estimates) return false;
     if (elapsed() > seconds) {
       out_.out_of_time = !out_.fitting.empty();  // a plan fits; the next dry runs would pass the time given
@@ -599,7 +607,7 @@ class FitWalk {
     done_[i] = true;
     const Shape& s = priced_[i].shape;
     Candidate cand{s.name(), "", s.family(), priced_[i].terms};
-    cand.floor = memory_floor(s, k_.f, k_.one, w_);
+    cand.floor = floor >= 0 ? floor : memory_floor(s, k_.f, k_.one, w_);
     if (passed_over(s, cand)) {
       out_.others.push_back(std::move(cand));
       return true;
