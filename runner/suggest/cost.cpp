@@ -238,10 +238,13 @@ double kept_per_token(const Shape& s, const ModelFacts& f, double e, double hidd
   const double q = static_cast<double>(f.heads * f.head_dim), out = 2.0 * f.attn_dim - q;
   const double kv = f.heads > 0 && !f.latent_attention ? 2.0 * f.kv_dim : 0.0;
   // Without checkpointing, a routed layer's experts (whole on each tp rank) at the dry run's even routing,
-  // `routed` (top_k) rows a token: the dispatched rows, the gate's and up projection's outputs and their product.
+  // `routed` (top_k) rows a token: the dispatched rows, the gate's and up projection's outputs and their
+  // product; the experts' output rows in float32 (their weighting's product keeps them for the routing
+  // weights' gradient) and the router's float32 scores.
   const double h = static_cast<double>(f.expert_hidden);
   if (op_mode) return e * (3 * input + (q + out + kv + 2 * hidden) / tp);  // the experts' products: not counted
-  return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp + routed * (f.dim + 3 * h));
+  const double routing = routed > 0 ? 4.0 * (routed * f.dim + static_cast<double>(f.experts)) : 0.0;
+  return e * (2 * input + 2 * f.dim / tp + (q + out + kv + 3 * hidden) / tp + routed * (f.dim + 3 * h)) + routing;
 }
 
 // The time a pipeline's step takes over its ranks' work alone, less 1, where the node's ranks share
@@ -331,15 +334,21 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
                                                     static_cast<int>(s.microbatches))
                               : parallel::PipelineShape{};
   const std::vector<int> mine = s.pp > 1 ? shape.stages_of(0) : std::vector<int>{0};
-  double dense = f.first_bytes, experts = 0;
+  // a stage's parameters on the rank, in bytes: each held once, its gradient once, its states
+  std::vector<double> stage_bytes(ranges.size(), 0.0);
   for (int stage : mine) {
-    for (int64_t i = ranges[static_cast<size_t>(stage)].first; i < ranges[static_cast<size_t>(stage)].second; ++i) {
+    const auto k = static_cast<size_t>(stage);
+    double dense = stage == 0 ? f.first_bytes : 0.0, experts = 0;
+    for (int64_t i = ranges[k].first; i < ranges[k].second; ++i) {
       dense += f.per_layer[static_cast<size_t>(i)].bytes;
       experts += f.per_layer[static_cast<size_t>(i)].expert_bytes;
     }
     if (stage + 1 == static_cast<int>(ranges.size())) dense += f.last_bytes;
+    stage_bytes[k] = dense / (l.tp * shard) + experts / expert_split;
   }
-  const double persistent = (dense / (l.tp * shard) + experts / expert_split) * per_param;
+  double held = 0;
+  for (double b : stage_bytes) held += b;
+  const double persistent = held * per_param;
   // Frozen parameters (train.freeze, train.lora): the layers running them may keep nothing for backward.
   if (frozen) return persistent;
   std::vector<StageHold> hold(ranges.size());
@@ -347,25 +356,35 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
   const bool gathers = (s.dp_mode == DpMode::kFullyShard || s.dp_mode == DpMode::kHsdp) && s.keep;
   const double param_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // gathered in bfloat16
   // Walk the first rank's schedule: each forward keeps its stage's activations for one microbatch until that
-  // microbatch's backward (its input half under the zero-bubble schedules) frees them.
+  // microbatch's backward (its input half under the zero-bubble schedules) frees them. The gradients are
+  // dropped after each optimizer step: a stage's exist from its first backward (its weight half under the
+  // zero-bubble schedules) on, and all of them at the optimizer step.
   std::vector<parallel::Action> order;
-  if (s.pp > 1) order = parallel::compute_schedule(s.schedule, shape)[0];
-  else order = {{parallel::Op::kForward, 0, 0}, {parallel::Op::kBackward, 0, 0}};
+  if (s.pp > 1) {
+    order = parallel::compute_schedule(s.schedule, shape)[0];
+  } else {  // gradient accumulation: the second microbatch's forward beside the first's gradients
+    for (int64_t m = 0; m < std::min<int64_t>(2, s.microbatches); ++m) {
+      order.push_back({parallel::Op::kForward, 0, static_cast<int>(m)});
+      order.push_back({parallel::Op::kBackward, 0, static_cast<int>(m)});
+    }
+  }
   std::vector<int> forwards(hold.size(), 0), backwards(hold.size(), 0);
-  double kept = 0, most = 0;
+  std::vector<bool> graded(hold.size(), false);
+  double kept = 0, grads = 0, most = held;
   for (const parallel::Action& a : order) {
     const auto k = static_cast<size_t>(a.stage);
     const bool frees = a.op == parallel::Op::kBackward || a.op == parallel::Op::kBackwardInput;
-    if (a.op != parallel::Op::kForward && !frees) continue;
+    const bool grades = a.op == parallel::Op::kBackward || a.op == parallel::Op::kBackwardWeight;
     if (a.op == parallel::Op::kForward) ++forwards[k], kept += hold[k].kept * l.tokens;
     double gathered = 0;  // stages run forward and not yet backward
     for (size_t j = 0; j < hold.size(); ++j) {
       if (gathers && forwards[j] > 0 && backwards[j] == 0) gathered += hold[j].gathered * param_e;
     }
-    most = std::max(most, kept + gathered + (frees ? hold[k].recompute * l.tokens : 0.0));
+    most = std::max(most, kept + grads + gathered + (frees ? hold[k].recompute * l.tokens : 0.0));
     if (frees) ++backwards[k], kept -= hold[k].kept * l.tokens;
+    if (grades && !graded[k]) graded[k] = true, grads += stage_bytes[k];
   }
-  return persistent + most;
+  return held * (per_param - 1) + most;
 }
 
 StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w) {
