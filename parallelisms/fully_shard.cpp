@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallelisms/comm/delay.h"
+#include "parallelisms/config_fields.h"
 #include "parallelisms/comm/flight_recorder.h"
 #include "parallelisms/comm/trace_span.h"
 #include "parallelisms/fully_shard_units.h"
@@ -347,10 +348,14 @@ void reshard_storage(FullyShard::Unit& u) {
 
 // fully_shard's dims in a parameter's spec: Replicate over HSDP's replicate dim and Shard over the
 // shard dim; gradients are averaged over both. A dim an earlier transform replicated the parameter
-// over (expert_parallel's, borrowed) is fully_shard's now.
+// over (expert_parallel's, borrowed, alone or as one of the dims flattened into the shard dim) is
+// fully_shard's now.
 void record_placement(ShardSpec& spec, Group& shard, Group* replicate, int64_t dim) {
   auto& dims = spec.dims;
-  auto replica_here = [&](const SpecDim& d) { return d.name == shard.name && !d.param.is_shard(); };
+  const std::vector<std::string> spanned = flat_dims({shard.name});
+  auto replica_here = [&](const SpecDim& d) {
+    return !d.param.is_shard() && std::find(spanned.begin(), spanned.end(), d.name) != spanned.end();
+  };
   dims.erase(std::remove_if(dims.begin(), dims.end(), replica_here), dims.end());
   if (replicate) {
     spec.dims.push_back({replicate->name, replicate, replicate->size, replicate->rank, Placement::replicate(),

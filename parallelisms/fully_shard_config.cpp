@@ -45,11 +45,13 @@ FullyShardOptions rank_options(const Applying& a, const FullyShardConfig& config
   }
   o.per_rank = config.per_rank;
   o.placements = a.par.placements.get();
-  o.already_split = [placements = o.placements, dim = shard.name](const torch::Tensor& p) {
+  // split by an earlier transform over one of the dims fully_shard spans (expert_parallel's experts over the
+  // dim it borrows, alone or flattened with others as "dp+cp")
+  o.already_split = [placements = o.placements, dims = flat_dims({shard.name})](const torch::Tensor& p) {
     const ShardSpec* spec = placements->find(p);
     if (!spec) return false;
     for (const SpecDim& d : spec->dims) {
-      if (d.name == dim && d.param.is_shard()) return true;
+      if (d.param.is_shard() && std::find(dims.begin(), dims.end(), d.name) != dims.end()) return true;
     }
     return false;
   };

@@ -123,7 +123,12 @@ torch::Tensor local_piece(const ShardSpec& spec, const torch::Tensor& full) {
 }
 
 void Placements::drop(const std::string& name) {
+  drop_unless(name, [](const ShardSpec&) { return false; });
+}
+
+void Placements::drop_unless(const std::string& name, const std::function<bool(const ShardSpec&)>& keep) {
   for (auto& [impl, spec] : specs_) {
+    if (keep(spec)) continue;
     auto& dims = spec.dims;
     dims.erase(std::remove_if(dims.begin(), dims.end(), [&](const SpecDim& d) { return d.name == name; }), dims.end());
   }

@@ -6,6 +6,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -89,6 +90,8 @@ class Placements {
   // Removes the dim named `name` from every spec (a later transform that
   // spans it records the tensors' placement there instead).
   void drop(const std::string& name);
+  // The same, but for the specs `keep` holds to.
+  void drop_unless(const std::string& name, const std::function<bool(const ShardSpec&)>& keep);
   size_t size() const { return specs_.size(); }
 
  private:
