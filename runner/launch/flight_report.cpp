@@ -75,8 +75,11 @@ Rings index(const std::vector<RankFlight>& ranks) {
 
 uint64_t last_seq(const Channel& c) { return c.empty() ? 0 : c.rbegin()->first; }
 
+// The same collective on two ranks: its kind, dtype and bytes, except an all_to_all's, whose ranks each send
+// their own counts (expert_parallel's routed rows).
 bool same_operation(const FlightRecord& a, const FlightRecord& b) {
-  return std::string(a.kind) == b.kind && a.bytes == b.bytes && std::string(a.dtype) == b.dtype;
+  const std::string kind = a.kind;
+  return kind == b.kind && (a.bytes == b.bytes || kind == "all_to_all") && std::string(a.dtype) == b.dtype;
 }
 
 // Two ranks that issued different collectives under one sequence number of a

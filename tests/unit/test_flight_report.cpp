@@ -44,6 +44,15 @@ TEST(FlightReport, NamesAMismatchWithBothRanksAndKinds) {
   EXPECT_NE(f[0].find("rank 1 issued reduce_scatter (32 B float"), std::string::npos) << f[0];
 }
 
+TEST(FlightReport, TakesAnAllToAllOfEachRanksOwnCountsForOneCollective) {
+  // expert_parallel's dispatch: each rank sends its own rows; only a different kind is a mismatch.
+  RankFlight r0{0, 2, {op(1, 1, "all_to_all", "ep[0,1]", 261120), op(2, 2, "all_to_all", "ep[0,1]", 64)}};
+  RankFlight r1{1, 2, {op(1, 1, "all_to_all", "ep[0,1]", 263168), op(2, 2, "all_reduce", "ep[0,1]", 64)}};
+  const auto f = flight_findings({r0, r1});
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rfind("mismatch on ep[0,1] at collective #2: rank 0 issued all_to_all (64 B float", 0), 0u) << f[0];
+}
+
 TEST(FlightReport, NamesTheRankBehindAndTheCollectiveItHasNotIssued) {
   RankFlight r0{0, 3, {op(1, 1, "all_reduce", "world[0,1,2]", 8), op(2, 2, "all_reduce", "world[0,1,2]", 8, -1, "grad norm")}};
   RankFlight r1 = r0;
