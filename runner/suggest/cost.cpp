@@ -290,6 +290,7 @@ double shared_core_stretch(const Shape& s, double share) {
 // whole (fully_shard without resharding after forward keeps them until the backward).
 struct StageHold {
   double kept = 0, recompute = 0, gathered = 0;
+  double unit = 0;  // its largest fully_shard unit's parameters, whole (a layer, the embedding, the output)
 };
 
 StageHold hold_of(const Shape& s, const ModelFacts& f, double e, std::pair<int64_t, int64_t> range) {
@@ -306,7 +307,9 @@ StageHold hold_of(const Shape& s, const ModelFacts& f, double e, std::pair<int64
     h.kept += plain;
     most_saved = std::max(most_saved, plain - checkpointed);
     least_saved = least_saved < 0 ? plain - checkpointed : std::min(least_saved, plain - checkpointed);
-    h.gathered += layer.bytes / s.tp + (s.ep_borrows_dp ? 0.0 : layer.expert_bytes / (static_cast<double>(s.ep) * s.tp));
+    const double whole = layer.bytes / s.tp + (s.ep_borrows_dp ? 0.0 : layer.expert_bytes / (static_cast<double>(s.ep) * s.tp));
+    h.gathered += whole;
+    h.unit = std::max(h.unit, whole);
   }
   if (s.ac != Ac::kNone) {  // every ac_every-th layer of the stage checkpointed: at the least their largest savings
     h.kept -= static_cast<double>(len / s.ac_every) * most_saved;
@@ -315,59 +318,59 @@ StageHold hold_of(const Shape& s, const ModelFacts& f, double e, std::pair<int64
   return h;
 }
 
-}  // namespace
 
-double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
-  const Local l = local_of(s, f, c, w);
-  const double shard = shard_ranks(s);
-  const double expert_split = static_cast<double>(s.ep) * l.tp * (s.ep_borrows_dp ? s.cp : shard);
-  const bool frozen = !c.train.freeze.empty() || c.train.lora.has_value();
-  const double per_param = frozen ? 1 : 2 + optimizer_states(c);  // the parameter, its gradient and the states
-  if (f.per_layer.empty() || static_cast<int64_t>(f.per_layer.size()) != f.layers) {
-    // no layer list: one stage of everything; the parameters, their gradients and the optimizer's states
-    return ((f.param_bytes - f.expert_bytes) / (l.tp * shard) + f.expert_bytes / expert_split) * per_param;
+// What a floor walks: the plan's stages, how their parameters split, and what each element costs.
+struct FloorPlan {
+  const Shape& s;
+  const ModelFacts& f;
+  const Local& l;
+  double shard = 1, expert_split = 1, per_param = 1, param_e = 1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // each stage's layers
+  parallel::PipelineShape shape;
+};
+
+// A stage's parameters on a rank holding it, in bytes, split as evenly as the plan could split them.
+double stage_param_bytes(const FloorPlan& p, int stage) {
+  const auto k = static_cast<size_t>(stage);
+  double dense = stage == 0 ? p.f.first_bytes : 0.0, experts = 0;
+  for (int64_t i = p.ranges[k].first; i < p.ranges[k].second; ++i) {
+    dense += p.f.per_layer[static_cast<size_t>(i)].bytes;
+    experts += p.f.per_layer[static_cast<size_t>(i)].expert_bytes;
   }
-  // The first rank (its stages: the first, and under interleaving every pp-th; a V's last too), whose
-  // parameters, their gradients and the optimizer's states are split as evenly as the plan could split them.
-  const auto ranges = stage_layers(s, f.layers);
-  const auto shape = s.pp > 1 ? parallel::shape_for(s.schedule, static_cast<int>(s.pp), static_cast<int>(s.virtual_stages),
-                                                    static_cast<int>(s.microbatches))
-                              : parallel::PipelineShape{};
-  const std::vector<int> mine = s.pp > 1 ? shape.stages_of(0) : std::vector<int>{0};
-  // a stage's parameters on the rank, in bytes: each held once, its gradient once, its states
-  std::vector<double> stage_bytes(ranges.size(), 0.0);
-  for (int stage : mine) {
-    const auto k = static_cast<size_t>(stage);
-    double dense = stage == 0 ? f.first_bytes : 0.0, experts = 0;
-    for (int64_t i = ranges[k].first; i < ranges[k].second; ++i) {
-      dense += f.per_layer[static_cast<size_t>(i)].bytes;
-      experts += f.per_layer[static_cast<size_t>(i)].expert_bytes;
-    }
-    if (stage + 1 == static_cast<int>(ranges.size())) dense += f.last_bytes;
-    stage_bytes[k] = dense / (l.tp * shard) + experts / expert_split;
-  }
+  if (stage + 1 == static_cast<int>(p.ranges.size())) dense += p.f.last_bytes;
+  return dense / (p.l.tp * p.shard) + experts / p.expert_split;
+}
+
+std::vector<int> stages_of(const FloorPlan& p, int rank) {
+  return p.s.pp > 1 ? p.shape.stages_of(rank) : std::vector<int>{0};
+}
+
+// What pipeline rank `rank` certainly holds at its peak: its stages' parameters and the optimizer's states,
+// and the most its schedule `order` holds at once besides. Each forward keeps its stage's activations for one
+// microbatch until that microbatch's backward (its input half under the zero-bubble schedules) frees them.
+// The gradients are dropped after each optimizer step: a stage's exist from its first backward (its weight
+// half under the zero-bubble schedules) on, and all of them at the optimizer step. Under fully_shard each
+// unit is whole while it computes (a forward or an input gradient; kept whole already where it does not
+// reshard) and its gradients whole until they are reduce-scattered (a backward or a weight gradient): at
+// the least the stage's largest unit, beside the other microbatches' activations.
+double rank_floor(const FloorPlan& p, int rank, const std::vector<parallel::Action>& order) {
+  const Shape& s = p.s;
+  std::vector<double> stage_bytes(p.ranges.size(), 0.0);
+  std::vector<StageHold> hold(p.ranges.size());
   double held = 0;
-  for (double b : stage_bytes) held += b;
-  const double persistent = held * per_param;
-  // Frozen parameters (train.freeze, train.lora): the layers running them may keep nothing for backward.
-  if (frozen) return persistent;
-  std::vector<StageHold> hold(ranges.size());
-  for (int stage : mine) hold[static_cast<size_t>(stage)] = hold_of(s, f, l.e, ranges[static_cast<size_t>(stage)]);
-  const bool gathers = (s.dp_mode == DpMode::kFullyShard || s.dp_mode == DpMode::kHsdp) && s.keep;
-  const double param_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // gathered in bfloat16
-  // Walk the first rank's schedule: each forward keeps its stage's activations for one microbatch until that
-  // microbatch's backward (its input half under the zero-bubble schedules) frees them. The gradients are
-  // dropped after each optimizer step: a stage's exist from its first backward (its weight half under the
-  // zero-bubble schedules) on, and all of them at the optimizer step.
-  std::vector<parallel::Action> order;
-  if (s.pp > 1) {
-    order = parallel::compute_schedule(s.schedule, shape)[0];
-  } else {  // gradient accumulation: the second microbatch's forward beside the first's gradients
-    for (int64_t m = 0; m < std::min<int64_t>(2, s.microbatches); ++m) {
-      order.push_back({parallel::Op::kForward, 0, static_cast<int>(m)});
-      order.push_back({parallel::Op::kBackward, 0, static_cast<int>(m)});
-    }
+  for (int stage : stages_of(p, rank)) {
+    const auto k = static_cast<size_t>(stage);
+    stage_bytes[k] = stage_param_bytes(p, stage);
+    held += stage_bytes[k];
+    hold[k] = hold_of(s, p.f, p.l.e, p.ranges[k]);
+    if (stage == 0) hold[k].unit = std::max(hold[k].unit, p.f.first_bytes / s.tp);
+    if (stage + 1 == static_cast<int>(p.ranges.size())) hold[k].unit = std::max(hold[k].unit, p.f.last_bytes / s.tp);
   }
+  // Frozen parameters (train.freeze, train.lora): the layers running them may keep nothing for backward.
+  if (p.per_param == 1) return held;
+  const bool sharded = s.dp_mode == DpMode::kFullyShard || s.dp_mode == DpMode::kHsdp;
+  const bool gathers = sharded && s.keep;
+  const double tokens = p.l.tokens;
   std::vector<int> forwards(hold.size(), 0), backwards(hold.size(), 0);
   std::vector<bool> graded(hold.size(), false);
   double kept = 0, grads = 0, most = held;
@@ -375,16 +378,64 @@ double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig&
     const auto k = static_cast<size_t>(a.stage);
     const bool frees = a.op == parallel::Op::kBackward || a.op == parallel::Op::kBackwardInput;
     const bool grades = a.op == parallel::Op::kBackward || a.op == parallel::Op::kBackwardWeight;
-    if (a.op == parallel::Op::kForward) ++forwards[k], kept += hold[k].kept * l.tokens;
+    if (a.op == parallel::Op::kForward) ++forwards[k], kept += hold[k].kept * tokens;
     double gathered = 0;  // stages run forward and not yet backward
     for (size_t j = 0; j < hold.size(); ++j) {
-      if (gathers && forwards[j] > 0 && backwards[j] == 0) gathered += hold[j].gathered * param_e;
+      if (gathers && forwards[j] > 0 && backwards[j] == 0) gathered += hold[j].gathered * p.param_e;
     }
-    most = std::max(most, kept + grads + gathered + (frees ? hold[k].recompute * l.tokens : 0.0));
-    if (frees) ++backwards[k], kept -= hold[k].kept * l.tokens;
+    most = std::max(most, kept + grads + gathered + (frees ? hold[k].recompute * tokens : 0.0));
+    if (sharded && (a.op == parallel::Op::kForward || frees || grades)) {
+      // the unit whole beside what the other microbatches keep
+      const bool computes = !s.keep && a.op != parallel::Op::kBackwardWeight;
+      const double whole = hold[k].unit * p.param_e * ((computes ? 1 : 0) + (grades ? 1 : 0));
+      most = std::max(most, kept - hold[k].kept * tokens + grads + gathered + whole);
+    }
+    if (frees) ++backwards[k], kept -= hold[k].kept * tokens;
     if (grades && !graded[k]) graded[k] = true, grads += stage_bytes[k];
   }
-  return held * (per_param - 1) + most;
+  return held * (p.per_param - 1) + most;
+}
+
+}  // namespace
+
+// The most of two pipeline ranks' floors: the first (its stages: the first, and under interleaving every
+// pp-th; a V's last too; it warms up with the most microbatches) and the one whose stages hold the most
+// parameters (DeepSeek-V3's first stages hold its dense layers).
+double memory_floor(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w) {
+  const Local l = local_of(s, f, c, w);
+  const bool frozen = !c.train.freeze.empty() || c.train.lora.has_value();
+  FloorPlan p{s, f, l};
+  p.shard = shard_ranks(s);
+  // experts on the dim fully_shard borrows stay split over it alone (replicated over cp where it spans cp)
+  p.expert_split = static_cast<double>(s.ep) * l.tp * (s.ep_borrows_dp ? 1.0 : p.shard);
+  p.per_param = frozen ? 1 : 2 + optimizer_states(c);  // the parameter, its gradient and the states
+  p.param_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // gathered in bfloat16
+  if (f.per_layer.empty() || static_cast<int64_t>(f.per_layer.size()) != f.layers) {
+    // no layer list: one stage of everything; the parameters, their gradients and the optimizer's states
+    return ((f.param_bytes - f.expert_bytes) / (l.tp * p.shard) + f.expert_bytes / p.expert_split) * p.per_param;
+  }
+  p.ranges = stage_layers(s, f.layers);
+  if (s.pp == 1) {  // gradient accumulation: the second microbatch's forward beside the first's gradients
+    std::vector<parallel::Action> order;
+    for (int64_t m = 0; m < std::min<int64_t>(2, s.microbatches); ++m) {
+      order.push_back({parallel::Op::kForward, 0, static_cast<int>(m)});
+      order.push_back({parallel::Op::kBackward, 0, static_cast<int>(m)});
+    }
+    return rank_floor(p, 0, order);
+  }
+  p.shape = parallel::shape_for(s.schedule, static_cast<int>(s.pp), static_cast<int>(s.virtual_stages),
+                                static_cast<int>(s.microbatches));
+  const auto lists = parallel::compute_schedule(s.schedule, p.shape);
+  int heaviest = 0;
+  double most = -1;
+  for (int r = 0; r < static_cast<int>(s.pp); ++r) {
+    double bytes = 0;
+    for (int stage : stages_of(p, r)) bytes += stage_param_bytes(p, stage);
+    if (bytes > most * (1 + 1e-9)) most = bytes, heaviest = r;
+  }
+  double floor = rank_floor(p, 0, lists[0]);
+  if (heaviest != 0) floor = std::max(floor, rank_floor(p, heaviest, lists[static_cast<size_t>(heaviest)]));
+  return floor;
 }
 
 StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w) {
