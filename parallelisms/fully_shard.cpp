@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "parallelisms/comm/delay.h"
-#include "parallelisms/config_fields.h"
 #include "parallelisms/comm/flight_recorder.h"
 #include "parallelisms/comm/trace_span.h"
+#include "parallelisms/config_fields.h"
 #include "parallelisms/fully_shard_units.h"
 #include "parallelisms/per_rank.h"
 

@@ -49,11 +49,7 @@ FullyShardOptions rank_options(const Applying& a, const FullyShardConfig& config
   // dim it borrows, alone or flattened with others as "dp+cp")
   o.already_split = [placements = o.placements, dims = flat_dims({shard.name})](const torch::Tensor& p) {
     const ShardSpec* spec = placements->find(p);
-    if (!spec) return false;
-    for (const SpecDim& d : spec->dims) {
-      if (d.param.is_shard() && std::find(dims.begin(), dims.end(), d.name) != dims.end()) return true;
-    }
-    return false;
+    return spec && spec->split_over(dims);
   };
   if (config.shard_placement == ShardPlacement::kOppositeTp) o.shard_dim = opposite_dim(a.par.placements.get());
   return o;

@@ -59,12 +59,9 @@ void Parallel::take_over_cp(const Group& spanned) {
   const std::vector<std::string> spans = flat_dims({spanned.name});
   if (std::find(spans.begin(), spans.end(), name) == spans.end()) return;
   // A parameter an earlier transform split over another of the dims spanned (expert_parallel's experts over
-  // the dim fully_shard borrows) stays that transform's: its gradient is averaged over cp as before.
-  placements->drop_unless(name, [&](const ShardSpec& spec) {
-    return std::any_of(spec.dims.begin(), spec.dims.end(), [&](const SpecDim& d) {
-      return d.param.is_shard() && d.name != name && std::find(spans.begin(), spans.end(), d.name) != spans.end();
-    });
-  });
+  // the dim fully_shard borrows) stays that transform's: its gradient is averaged over cp as before
+  // (context parallelism's own dim never splits a parameter).
+  placements->drop_unless(name, [&](const ShardSpec& spec) { return spec.split_over(spans); });
 }
 
 namespace {

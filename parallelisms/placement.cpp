@@ -56,6 +56,12 @@ bool ShardSpec::counts() const {
   return true;
 }
 
+bool ShardSpec::split_over(const std::vector<std::string>& names) const {
+  return std::any_of(dims.begin(), dims.end(), [&](const SpecDim& d) {
+    return d.param.is_shard() && std::find(names.begin(), names.end(), d.name) != names.end();
+  });
+}
+
 SpecDim* ShardSpec::find(const std::string& name) {
   for (auto& d : dims) {
     if (d.name == name) return &d;

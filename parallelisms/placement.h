@@ -73,6 +73,9 @@ struct ShardSpec {
   // replicated on, the first member of a pipeline dim).
   bool held() const;
   bool counts() const;
+  // Whether an earlier transform split the tensor over one of `names` (expert_parallel's experts over the
+  // dim a data-parallel transform then spans).
+  bool split_over(const std::vector<std::string>& names) const;
   SpecDim* find(const std::string& name);
   // "[16, 8] tp:S(0) dp:S(0)/P(avg) pp:R{0,1}"
   std::string str() const;
