@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "runner/suggest/search.h"
+#include "runner/train/optim.h"
 
 namespace composer::suggest_detail {
 namespace {
@@ -111,12 +112,39 @@ double local_elements(const Shape& s, const ModelFacts& f, const Local& l) {
   return ((f.param_bytes - f.expert_bytes) / (l.tp * s.pp * shard) + f.expert_bytes / (expert_shard * s.pp)) / l.e;
 }
 
-void optimizer_term(StepTerms& t, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, const World& w,
+// The work a step does on each parameter element besides the matmuls, as this config trains: the gradient
+// written into fresh memory (gradients are set to none every step), the gradient norm, clipping where set,
+// and the optimizer's update (its states' reads and writes, its kernels' own passes). The probe measures
+// it per optimizer on four tensors (MachineRates::per_element_s); Muon (its Newton-Schulz products depend
+// on the matrices' shapes) and rates without a measurement are priced by the bytes each element's update
+// reads and writes.
+double element_step_s(const ExperimentConfig& c, World& w) {
+  const OptimizerConfig& o = c.train.optimizer;
+  const bool adam = o.name == OptimizerKind::kAdam || o.name == OptimizerKind::kAdamW;
+  const double bytes_per = 4.0 * ((adam ? 7 : 5) + 2);  // the parameter and its states read and written; the norm
+  if (o.name == OptimizerKind::kMuon) return bytes_per / w.rates.elementwise_bytes_per_s;
+  const bool sgd = o.name == OptimizerKind::kSgd;
+  std::string what = std::string(sgd ? "sgd" : adam && o.name == OptimizerKind::kAdam ? "adam" : "adamw") +
+                     (sgd && o.momentum > 0 ? " momentum" : "") +
+                     (o.weight_decay > 0 ? " decay" : "") + (c.train.grad_clip > 0 ? " clip" : "") + " step";
+  const double clip = c.train.grad_clip;
+  const double s = w.rates.per_element_s(what, [&o, clip](int64_t elements) {
+    auto params = std::make_shared<std::vector<torch::Tensor>>();
+    for (int i = 0; i < 4; ++i) params->push_back(torch::randn({elements / 4}).requires_grad_());
+    std::shared_ptr<Optimizer> opt = make_optimizer(o, *params);
+    return std::function<void()>([params, opt, clip] {
+      for (auto& p : *params) p.mutable_grad() = torch::empty_like(p).fill_(1e-3);
+      const double norm = grad_norm(*params);
+      if (clip > 0) clip_grads(*params, norm, clip);
+      opt->step();
+    });
+  });
+  return s > 0 ? s : bytes_per / w.rates.elementwise_bytes_per_s;
+}
+
+void optimizer_term(StepTerms& t, const Shape& s, const ModelFacts& f, const ExperimentConfig& c, World& w,
                     const Local& l) {
-  const bool adam = c.train.optimizer.name == OptimizerKind::kAdam || c.train.optimizer.name == OptimizerKind::kAdamW;
-  // per element: the step reads and writes the parameter and its states; the gradient norm and zeroing
-  const double bytes_per = 4.0 * ((adam ? 7 : 5) + 2);
-  t.optimizer_s = local_elements(s, f, l) * bytes_per / w.rates.elementwise_bytes_per_s +
+  t.optimizer_s = local_elements(s, f, l) * element_step_s(c, w) +
                   static_cast<double>(f.tensors) / static_cast<double>(s.pp) * kOptimizerOpsPerTensor * w.rates.kernel_s;
 }
 
@@ -167,32 +195,38 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w,
   const int64_t copies = s.dp * s.cp * ep_here;  // ranks holding the same non-expert parameters
   const double units = static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + 2);
   auto ring = [](double g) { return (g - 1) / g; };
+  auto send = [&t](const LinkCost& link, double calls, double bytes) {  // a collective, its bytes counted
+    t.dp_bytes += bytes;
+    return charge(t, link, calls, bytes);
+  };
   if (s.dp_mode == DpMode::kReplicate || (s.dp_mode == DpMode::kNone && copies > 1)) {
     // without expert_parallel the experts are copies too
     const double copied = dense + (s.ep == 1 ? experts : 0.0);
     const double g = static_cast<double>(copies), buckets = std::ceil(copied / (25.0 * 1024 * 1024));
-    t.dp_s = charge(t, link_for(w, copies, copies * s.tp), buckets, 2 * ring(g) * copied);
+    t.dp_s = send(link_for(w, copies, copies * s.tp), buckets, 2 * ring(g) * copied);
     if (s.ep > 1 && s.dp * s.cp > 1 && !s.ep_borrows_dp) {
-      t.dp_s += charge(t, link_for(w, s.dp * s.cp, s.dp * s.cp * s.tp), 1, 2 * ring(static_cast<double>(s.dp * s.cp)) * experts);
+      t.dp_s += send(link_for(w, s.dp * s.cp, s.dp * s.cp * s.tp), 1, 2 * ring(static_cast<double>(s.dp * s.cp)) * experts);
     }
     return;
   }
   if (s.dp_mode == DpMode::kNone) return;
-  const double passes = s.keep ? 1.0 : 2.0;  // all-gathers per microbatch
+  // All-gathers per unit: one before each microbatch's forward and one before its backward; with
+  // reshard_after_forward false one a step, as the unit stays gathered from its first forward to the step's end.
+  const double passes = s.keep ? 1.0 : 2.0 * l.mb;
   const int64_t shard = s.dp_mode == DpMode::kHsdp ? s.shard : s.dp * s.cp;
   const double g = static_cast<double>(shard);
   const double weights = dense + (s.ep_borrows_dp ? 0.0 : experts);
   const LinkCost link = link_for(w, shard, shard * s.tp);
-  const double gathers = charge(t, link, units * passes * l.mb, passes * l.mb * ring(g) * weights * gather_e);
-  const double scatters = charge(t, link, units, ring(g) * weights);
+  const double gathers = send(link, units * passes, passes * ring(g) * weights * gather_e);
+  const double scatters = send(link, units, ring(g) * weights);
   t.dp_s = gathers + scatters;
   t.hidden_s = std::min(gathers * w.overlap, t.matmul_s);
   if (s.dp_mode == DpMode::kHsdp) {
     const double rep = static_cast<double>(s.dp / s.shard);
-    t.dp_s += charge(t, link_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
+    t.dp_s += send(link_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
   }
   if (!s.ep_borrows_dp && ep_here > 1) {  // non-expert gradients also meet across the ep ranks
-    t.dp_s += charge(t, link_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
+    t.dp_s += send(link_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
   }
 }
 
@@ -451,8 +485,9 @@ StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, 
                                                             static_cast<int>(s.virtual_stages),
                                                             static_cast<int>(s.microbatches)))
                       : 0.0;
-  const double busy = (t.matmul_s + t.elementwise_s + t.kernels_s) * w.rates.compute_fit;
   const double share = w.cuda ? 1.0 : w.rates.core_share();
+  if (share < 1) t.comm_core_s = t.dp_bytes * w.rates.comm_core_s();
+  const double busy = (t.matmul_s + t.elementwise_s + t.kernels_s) * w.rates.compute_fit;
   const double stretch = s.pp > 1 && share < 1 ? shared_core_stretch(s, share) : -1;
   if (stretch >= 0) t.bubble_s = busy * stretch;
   else t.bubble_s = t.bubble < 1 ? busy * t.bubble / (1 - t.bubble) : 0.0;

@@ -177,7 +177,8 @@ std::vector<std::string> compare_with_run(const std::string& run_dir, const Expe
                      : "communication, measured " + fixed1(comm_miss * 100) + "% of the prediction"));
   // Refit: the run's unfitted prediction and its measurement join the machine's runs.
   MachineRates& r = w.rates;
-  const double raw_compute = (t.matmul_s + t.elementwise_s + t.kernels_s + t.optimizer_s) + t.bubble_s / t.compute_fit;
+  const double raw_compute =
+      (t.matmul_s + t.elementwise_s + t.kernels_s + t.optimizer_s + t.comm_core_s) + t.bubble_s / t.compute_fit;
   r.runs.push_back({s.name(), raw_compute, t.comm_latency_s, t.raw_comm_s() - t.comm_latency_s, m.compute_ms / 1e3,
                     m.comm_ms / 1e3});
   r.refit();

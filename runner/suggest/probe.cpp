@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -143,6 +145,68 @@ LinkCost collective_cost(int64_t ranks, int64_t g) {
   return c;
 }
 
+// The core time a collective's bytes take from ranks computing beside it: the node's first half of ranks
+// all-gather and reduce-scatter 8 MiB over their group, a fixed number of times, while the second half
+// multiply; the matmuls' rate against the same half multiplying beside idle ranks gives the core-seconds
+// the collectives took from them, over the bytes the first half sent. Where the cores are not shared
+// (fewer ranks than cores are computing at once) nothing is taken: 0.
+double comm_core_cost(int64_t ranks, int64_t cores) {
+  const int64_t g = ranks / 2;
+  if (g < 2 || ranks <= cores) return 0.0;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int64_t numel = int64_t{1} << 21;
+  const int reps = 16;
+  std::atomic<int> done{0};
+  auto multiply_while = [&](const std::function<bool()>& more) {
+    torch::NoGradGuard no_grad;
+    auto a = torch::randn({256, 256}), b = torch::randn({256, 256});
+    a.mm(b);
+    int64_t n = 0;
+    const auto t0 = Clock::now();
+    while (more()) a.mm(b), ++n;
+    return 2.0 * 256 * 256 * 256 * static_cast<double>(n) / seconds_since(t0);
+  };
+  // beside idle ranks
+  const auto alone = at_once(ranks - g, [&](int) {
+    const auto t0 = Clock::now();
+    return multiply_while([&] { return seconds_since(t0) < 0.3; });
+  });
+  double sent = 0, elapsed = 0;
+  std::mutex m;
+  const auto beside = at_once(ranks, [&](int r) {
+    parallel::MeshOptions o;
+    parallel::DeviceMesh mesh({"o", "g"}, {2, g}, r, store, o);
+    if (r >= g) {
+      const auto t0 = Clock::now();
+      const double rate = multiply_while([&] { return done.load() < g; });
+      std::lock_guard<std::mutex> lock(m);
+      elapsed = std::max(elapsed, seconds_since(t0));
+      return rate;
+    }
+    parallel::Group& group = mesh.group("g");
+    torch::NoGradGuard no_grad;
+    auto full = torch::randn({numel});
+    auto piece = torch::randn({numel / g});
+    for (int i = 0; i < reps; ++i) {
+      parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
+      piece = parallel::reduce_scatter_flat(group, full.clone());
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      sent += 2.0 * reps * 4.0 * static_cast<double>(numel) * static_cast<double>(g - 1) / static_cast<double>(g);
+    }
+    ++done;
+    return 0.0;
+  });
+  double before = 0, after = 0;
+  for (double x : alone) before += x;
+  for (int64_t r = g; r < ranks; ++r) after += beside[static_cast<size_t>(r)];
+  if (before <= 0 || sent <= 0) return 0.0;
+  // core-seconds lost by the multiplying ranks together, over the bytes sent
+  const double lost = std::max(0.0, 1.0 - after / before) * elapsed * static_cast<double>(ranks - g);
+  return lost / sent;
+}
+
 nlohmann::json link_json(const LinkCost& c) { return {{"latency_s", c.latency_s}, {"bytes_per_s", c.bytes_per_s}}; }
 
 LinkCost link_of(const nlohmann::json& j) { return {j.at("latency_s").get<double>(), j.at("bytes_per_s").get<double>()}; }
@@ -175,6 +239,42 @@ double MachineRates::matmul_rate(int64_t rows, int64_t k, int64_t n) {
   shapes[key] = rate;
   dirty = true;
   return rate;
+}
+
+double MachineRates::per_element_s(const std::string& what,
+                                   const std::function<std::function<void()>(int64_t)>& make) {
+  auto it = per_element.find(what);
+  if (it != per_element.end()) return it->second;
+  if (!measure) return 0.0;
+  const int64_t elements = int64_t{1} << 22;  // 16 MiB a float32 tensor: past the caches, as a model's are
+  const int outer = at::get_num_threads();
+  at::set_num_threads(threads);
+  const double passes = steady([&] {
+    return shared_rate(at_once(concurrent ? ranks : 1, [&](int) {
+      const std::function<void()> pass = make(elements);
+      return per_second(pass, 0.15);
+    }));
+  });
+  at::set_num_threads(outer);
+  const double s = passes > 0 ? 1.0 / (passes * static_cast<double>(elements)) : 0.0;
+  per_element[what] = s;
+  dirty = true;
+  return s;
+}
+
+double MachineRates::comm_core_s() {
+  if (comm_core_s_per_byte >= 0) return comm_core_s_per_byte;
+  if (!measure) return 0.0;
+  const int outer = at::get_num_threads();
+  at::set_num_threads(threads);
+  const std::vector<double> trials{comm_core_cost(concurrent ? ranks : 1, cores), comm_core_cost(concurrent ? ranks : 1, cores),
+                                   comm_core_cost(concurrent ? ranks : 1, cores)};
+  at::set_num_threads(outer);
+  std::vector<double> sorted = trials;
+  std::sort(sorted.begin(), sorted.end());
+  comm_core_s_per_byte = sorted[1];
+  dirty = true;
+  return comm_core_s_per_byte;
 }
 
 void MachineRates::refit() {
@@ -210,6 +310,8 @@ std::string MachineRates::describe() const {
   o << "rates (" << source << "): matmul " << matmul_flops / 1e9 << " GFLOP/s per rank at 1024^3"
     << (shapes.empty() ? "" : " (and at each plan's shapes)") << ", elementwise " << elementwise_bytes_per_s / 1e9
     << " GB/s, " << kernel_s * 1e6 << " us per op";
+  for (const auto& [what, sec] : per_element) o << ", " << what << " " << sec * 1e9 << " ns per parameter element";
+  if (comm_core_s_per_byte > 0) o << ", collectives take " << comm_core_s_per_byte * 1e9 << " ns of core per byte";
   for (const auto& [g, c] : intra_by_size) {
     o << ", " << g << " ranks " << c.latency_s * 1e6 << " us + " << c.bytes_per_s / 1e9 << " GB/s";
   }
@@ -252,6 +354,8 @@ nlohmann::json to_json(const MachineRates& r) {
   }
   for (const auto& [g, c] : r.intra_by_size) j["intra_by_size"][std::to_string(g)] = link_json(c);
   for (const auto& [s, rate] : r.shapes) j["matmul_by_shape"][shape_key(s)] = rate;
+  for (const auto& [what, s] : r.per_element) j["per_element_s"][what] = s;
+  if (r.comm_core_s_per_byte >= 0) j["comm_core_s_per_byte"] = r.comm_core_s_per_byte;
   return j;
 }
 
@@ -263,6 +367,7 @@ MachineRates rates_from_json(const nlohmann::json& j, const std::string& where) 
     r.matmul_flops = j.at("matmul_flops").get<double>();
     r.elementwise_bytes_per_s = j.at("elementwise_bytes_per_s").get<double>();
     r.kernel_s = j.value("kernel_s", 0.0);
+    r.comm_core_s_per_byte = j.value("comm_core_s_per_byte", -1.0);
     r.intra = link_of(j.at("intra"));
     r.inter = j.contains("inter") ? link_of(j.at("inter")) : r.intra;
     for (const auto& f : j.value("runs", nlohmann::json::array())) {
@@ -273,6 +378,8 @@ MachineRates rates_from_json(const nlohmann::json& j, const std::string& where) 
     r.refit();
     const nlohmann::json by_size = j.value("intra_by_size", nlohmann::json::object());
     const nlohmann::json by_shape = j.value("matmul_by_shape", nlohmann::json::object());
+    const nlohmann::json per_element = j.value("per_element_s", nlohmann::json::object());
+    for (const auto& [what, s] : per_element.items()) r.per_element[what] = s.get<double>();
     for (const auto& [g, c] : by_size.items()) {
       r.intra_by_size[std::stoll(g)] = link_of(c);
     }
@@ -344,6 +451,7 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
   at::set_num_threads(outer);
   r.intra = r.intra_by_size.empty() ? LinkCost{20e-6, 2e9} : r.intra_by_size.rbegin()->second;
   r.inter = {r.intra.latency_s * 2, r.intra.bytes_per_s / 2};  // not measurable from one node: half the node's
+  r.comm_core_s();
   std::ostringstream s;
   s.precision(3);
   s << "probed here in " << seconds_since(t0) << " s";

@@ -9,6 +9,7 @@
 // `composer suggest --from-run` from what runs measured.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,10 +59,20 @@ struct MachineRates {
   void refit();
   // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).
   double matmul_rate(int64_t rows, int64_t k, int64_t n);
+  // Seconds per element of the work `what` names (a key of the cache), where `make(elements)` readies one
+  // rank's work over that many parameter elements and returns one pass of it: measured with the node's
+  // ranks at once on first use where `measure` is set (and cached); 0 where neither measured nor measurable.
+  double per_element_s(const std::string& what, const std::function<std::function<void()>(int64_t)>& make);
   LinkCost link(int64_t group_size, bool within_node) const;
   // One line: "rates (SOURCE): matmul ..., collectives ..., refit ...", for the output and the suggested file.
   std::string describe() const;
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> shapes;  // measured matmul rates
+  std::map<std::string, double> per_element;  // measured per_element_s, by what
+  // The core time a collective's bytes take from the ranks computing beside it on shared cores (Gloo's copies
+  // through the sockets and its reductions run on the node's cores), per byte sent; -1 until measured, 0 where
+  // the cores are not shared. Measured on first use where `measure` is set (comm_core_s).
+  double comm_core_s_per_byte = -1;
+  double comm_core_s();
   bool measure = false;
   int threads = 1;             // a rank's threads
   int64_t ranks = 1;           // the node's ranks that run at once

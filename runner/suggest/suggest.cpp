@@ -676,6 +676,7 @@ std::vector<std::pair<std::string, double>> StepTerms::named_ms() const {
           {"elementwise", elementwise_s * compute_fit * 1e3},
           {"kernel overhead", kernels_s * compute_fit * 1e3},
           {"optimizer", optimizer_s * compute_fit * 1e3},
+          {"collectives' core time", comm_core_s * compute_fit * 1e3},
           {"pipeline bubble", bubble_s * 1e3},
           {"tensor-parallel communication", tp_s * fit * 1e3},
           {"context-parallel communication", cp_s * fit * 1e3},

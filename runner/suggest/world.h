@@ -36,11 +36,17 @@ struct StepTerms {
   // Communication a step waits for, by what moves it: tp, cp, dp (replicate, fully_shard, HSDP), pp, ep.
   double tp_s = 0, cp_s = 0, dp_s = 0, pp_s = 0, ep_s = 0;
   double hidden_s = 0;       // of dp_s, hidden behind compute
+  // The core time data parallelism's collectives take from the compute where ranks share a CPU's cores (its
+  // buckets and prefetched gathers run beside the backward and forward): the bytes sent, dp_bytes, at the
+  // probe's core time per byte. 0 on a GPU.
+  double dp_bytes = 0, comm_core_s = 0;
   double comm_latency_s = 0; // of the five, the collectives' latency (the rest is their bytes)
   double rate = 0;           // the matmul rate assumed at the plan's main shape, FLOP/s per rank
   // The machine's refit factors (composer suggest --from-run): compute, communication's latency and its bytes.
   double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
-  double compute_s() const { return (matmul_s + elementwise_s + kernels_s + optimizer_s) * compute_fit + bubble_s; }
+  double compute_s() const {
+    return (matmul_s + elementwise_s + kernels_s + optimizer_s + comm_core_s) * compute_fit + bubble_s;
+  }
   double raw_comm_s() const { return tp_s + cp_s + dp_s + pp_s + ep_s - hidden_s; }
   double comm_s() const { return comm_latency_s * latency_fit + (raw_comm_s() - comm_latency_s) * bandwidth_fit; }
   double step_s() const { return compute_s() + comm_s(); }

@@ -258,6 +258,11 @@ TEST(SuggestCost, EachTermMovesWithItsOwnRate) {
   Shape keep = tp2_dp2();
   keep.keep = true;
   EXPECT_LT(price(keep, f, c, w).dp_s, base.dp_s);  // no second all-gather in backward
+  Shape keep4 = keep, reshard4 = tp2_dp2();
+  keep4.microbatches = reshard4.microbatches = 4;
+  // kept gathered to the step's end: one all-gather a step whatever the microbatches; resharded, two each
+  EXPECT_DOUBLE_EQ(price(keep4, f, c, w).dp_s, price(keep, f, c, w).dp_s);
+  EXPECT_GT(price(reshard4, f, c, w).dp_s, 2 * base.dp_s);
   Shape ep = tp2_dp2();
   ep.tp = 1, ep.dp = 2, ep.ep = 2;
   EXPECT_GT(price(ep, f, c, w).ep_s, 0);
@@ -318,6 +323,54 @@ TEST(SuggestRates, SurviveTheirJson) {
   EXPECT_EQ(back.link(2, true).bytes_per_s, 0.6e9);
   EXPECT_EQ(back.link(2, false).bytes_per_s, 0.25e9);
   EXPECT_THROW(rates_from_json(nlohmann::json::object(), "x.json"), UserError);
+}
+
+TEST(SuggestRates, KeepWhatTheyMeasuredOnFirstUse) {
+  MachineRates r = given_rates();
+  int made = 0;
+  auto pass = [&made](int64_t elements) {
+    ++made;
+    auto t = std::make_shared<torch::Tensor>(torch::zeros({elements}));
+    return std::function<void()>([t] { t->add_(1); });
+  };
+  EXPECT_EQ(r.per_element_s("sgd step", pass), 0);  // given rates measure nothing
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(r.comm_core_s(), 0);
+  r.measure = true, r.ranks = 1;
+  const double s = r.per_element_s("sgd step", pass);
+  EXPECT_GT(s, 0);
+  EXPECT_TRUE(r.dirty);
+  const int once = made;
+  EXPECT_EQ(r.per_element_s("sgd step", pass), s);  // cached: not measured again
+  EXPECT_EQ(made, once);
+  r.cores = 2, r.ranks = 2;  // as many cores as ranks: a collective takes no core from a computing rank
+  EXPECT_EQ(r.comm_core_s(), 0);
+  r.comm_core_s_per_byte = 2e-9;
+  const MachineRates back = rates_from_json(to_json(r), "x.json");
+  EXPECT_EQ(back.per_element.at("sgd step"), s);
+  EXPECT_EQ(back.comm_core_s_per_byte, 2e-9);
+  EXPECT_EQ(rates_from_json(to_json(given_rates()), "x.json").comm_core_s_per_byte, -1);  // unmeasured stays so
+}
+
+// Where ranks share the cores, data parallelism's bytes take core time from the compute; on cores of
+// their own (or a GPU) they take none.
+TEST(SuggestCost, DataParallelBytesTakeCoreTimeOnSharedCores) {
+  const ExperimentConfig c = parse_config(kMoe, "x.yaml");
+  const ModelFacts f = facts_of(c);
+  World w = world4();
+  w.rates.comm_core_s_per_byte = 1e-9;
+  Shape dp4;
+  dp4.dp = 4, dp4.dp_mode = DpMode::kReplicate;
+  const StepTerms own = price(dp4, f, c, w);
+  EXPECT_GT(own.dp_bytes, 0);
+  EXPECT_EQ(own.comm_core_s, 0);  // cores not known: a core a rank
+  w.rates.cores = 2, w.rates.ranks = 4, w.rates.threads = 1;
+  const StepTerms shared = price(dp4, f, c, w);
+  EXPECT_DOUBLE_EQ(shared.dp_bytes, own.dp_bytes);
+  EXPECT_NEAR(shared.comm_core_s, 1e-9 * own.dp_bytes, 1e-15);
+  EXPECT_NEAR(shared.compute_s() - own.compute_s(), shared.comm_core_s, 1e-12);
+  // the bytes a replicated rank sends: the all-reduce's 2 (g - 1) / g of its parameters
+  EXPECT_NEAR(own.dp_bytes, 2.0 * 3 / 4 * f.param_bytes, 1e-6 * f.param_bytes);
 }
 
 TEST(SuggestExplain, NamesTheTermThatDecides) {
