@@ -289,8 +289,11 @@ void MachineRates::refit() {
   }
   auto clamp = [](double x) { return std::min(10.0, std::max(0.1, x)); };
   if (pc > 0) compute_fit = clamp(mc / pc);
-  // Two runs both mostly latency fit the bytes' factor to their noise alone.
-  const bool apart = std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.latency > f.bytes; }) &&
+  // Two runs both mostly latency fit the bytes' factor to their noise alone; two runs of each kind fit them
+  // apart only where at least four runs were measured (two runs fitted latency x2.37 and bytes x0.34 here, and
+  // ranked worse than one factor for both).
+  const bool apart = runs.size() >= 4 &&
+                     std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.latency > f.bytes; }) &&
                      std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.bytes > f.latency; });
   const double det = ll * bb - lb * lb;
   if (apart && det > 1e-6 * ll * bb) {

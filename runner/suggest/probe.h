@@ -54,7 +54,7 @@ struct MachineRates {
   double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
   int64_t runs_fitted = 0;
   // Sets the factors from `runs`: compute measured over predicted, summed over the runs; latency and
-  // bytes by least squares (both above 0) where the runs tell them apart (one run's communication
+  // bytes by least squares (both above 0) where four runs or more tell them apart (one run's communication
   // mostly latency, another's mostly bytes), else one factor for both.
   void refit();
   // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).

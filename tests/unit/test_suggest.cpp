@@ -307,9 +307,14 @@ TEST(SuggestRates, RunsAllMostlyLatencyFitOneCommunicationFactor) {
 TEST(SuggestRates, SurviveTheirJson) {
   MachineRates r = given_rates();
   r.shapes[{128, 64, 32}] = 12.5e9;
-  // two runs, one latency-bound and one bytes-bound, measured at 3x and 1.5x those parts
+  // one latency-bound run and one bytes-bound, measured at 3x and 1.5x those parts: too few to fit apart
   r.runs.push_back({"a", 1.0, 0.2, 0.01, 1.25, 0.2 * 3 + 0.01 * 1.5});
   r.runs.push_back({"b", 1.0, 0.01, 0.2, 1.25, 0.01 * 3 + 0.2 * 1.5});
+  r.refit();
+  EXPECT_DOUBLE_EQ(r.latency_fit, r.bandwidth_fit);
+  // four runs, two of each kind
+  r.runs.push_back({"c", 1.0, 0.3, 0.02, 1.25, 0.3 * 3 + 0.02 * 1.5});
+  r.runs.push_back({"d", 1.0, 0.02, 0.3, 1.25, 0.02 * 3 + 0.3 * 1.5});
   r.refit();
   EXPECT_NEAR(r.latency_fit, 3, 1e-9);
   EXPECT_NEAR(r.bandwidth_fit, 1.5, 1e-9);
@@ -319,7 +324,7 @@ TEST(SuggestRates, SurviveTheirJson) {
   EXPECT_EQ(back.shapes.at({128, 64, 32}), 12.5e9);
   EXPECT_DOUBLE_EQ(back.compute_fit, 1.25);
   EXPECT_NEAR(back.latency_fit, 3, 1e-9);
-  EXPECT_EQ(back.runs_fitted, 2);
+  EXPECT_EQ(back.runs_fitted, 4);
   EXPECT_EQ(back.link(2, true).bytes_per_s, 0.6e9);
   EXPECT_EQ(back.link(2, false).bytes_per_s, 0.25e9);
   EXPECT_THROW(rates_from_json(nlohmann::json::object(), "x.json"), UserError);
