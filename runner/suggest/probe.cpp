@@ -280,31 +280,30 @@ double MachineRates::comm_core_s() {
 void MachineRates::refit() {
   runs_fitted = static_cast<int64_t>(runs.size());
   compute_fit = latency_fit = bandwidth_fit = 1;
-  if (runs.empty()) return;
-  double pc = 0, mc = 0, ll = 0, lb = 0, bb = 0, lm = 0, bm = 0;
+  // Each run's step, measured against a x its predicted compute + b x its predicted communication, by least
+  // squares on the relative error: what a run measures as waiting (a peer still computing, a pipeline's
+  // other stage, uneven routing) is not what the model calls communication, so the steps are fitted, not
+  // each part apart. One factor for both where one run is all there is, or the two fitted would not both
+  // be above 0 (runs of one mix).
+  double cc = 0, cm = 0, mm = 0, c1 = 0, m1 = 0, predicted = 0, measured = 0;
   for (const auto& f : runs) {
-    pc += f.compute, mc += f.measured_compute;
-    ll += f.latency * f.latency, lb += f.latency * f.bytes, bb += f.bytes * f.bytes;
-    lm += f.latency * f.measured_comm, bm += f.bytes * f.measured_comm;
+    const double step = f.measured_compute + f.measured_comm;
+    if (!(step > 0)) continue;
+    const double c = f.compute / step, m = (f.latency + f.bytes) / step;
+    cc += c * c, cm += c * m, mm += m * m, c1 += c, m1 += m;
+    predicted += f.compute + f.latency + f.bytes, measured += step;
   }
+  if (!(predicted > 0)) return;
   auto clamp = [](double x) { return std::min(10.0, std::max(0.1, x)); };
-  if (pc > 0) compute_fit = clamp(mc / pc);
-  // Two runs both mostly latency fit the bytes' factor to their noise alone; two runs of each kind fit them
-  // apart only where at least four runs were measured (two runs fitted latency x2.37 and bytes x0.34 here, and
-  // ranked worse than one factor for both).
-  const bool apart = runs.size() >= 4 &&
-                     std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.latency > f.bytes; }) &&
-                     std::any_of(runs.begin(), runs.end(), [](const FittedRun& f) { return f.bytes > f.latency; });
-  const double det = ll * bb - lb * lb;
-  if (apart && det > 1e-6 * ll * bb) {
-    const double a = (lm * bb - bm * lb) / det, b = (bm * ll - lm * lb) / det;
+  const double det = cc * mm - cm * cm;
+  if (runs.size() >= 2 && det > 1e-6 * cc * mm) {
+    const double a = (c1 * mm - m1 * cm) / det, b = (m1 * cc - c1 * cm) / det;
     if (a > 0 && b > 0) {
-      latency_fit = clamp(a), bandwidth_fit = clamp(b);
+      compute_fit = clamp(a), latency_fit = bandwidth_fit = clamp(b);
       return;
     }
   }
-  const double both = ll + 2 * lb + bb;  // one factor: sum (L + B) M / sum (L + B)^2
-  if (both > 0) latency_fit = bandwidth_fit = clamp((lm + bm) / both);
+  compute_fit = latency_fit = bandwidth_fit = clamp(measured / predicted);
 }
 
 std::string MachineRates::describe() const {

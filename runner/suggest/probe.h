@@ -53,9 +53,9 @@ struct MachineRates {
   std::vector<FittedRun> runs;
   double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;
   int64_t runs_fitted = 0;
-  // Sets the factors from `runs`: compute measured over predicted, summed over the runs; latency and
-  // bytes by least squares (both above 0) where four runs or more tell them apart (one run's communication
-  // mostly latency, another's mostly bytes), else one factor for both.
+  // Sets the factors from `runs`: each run's measured step against compute_fit x its predicted compute +
+  // a communication factor (latency's and bytes' alike) x its predicted communication, by least squares on
+  // the relative error; one factor for both from one run, or where the two would not both be above 0.
   void refit();
   // The matmul rate at (rows, k, n), measured on first use where `measure` is set (and cached).
   double matmul_rate(int64_t rows, int64_t k, int64_t n);

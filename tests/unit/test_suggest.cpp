@@ -293,38 +293,45 @@ TEST(SuggestCost, TheBubbleOnSharedCoresIsWhatLeavesACoreIdle) {
   EXPECT_NEAR(price(pp2, f, c, w).bubble_s, own.bubble_s, 1e-12);
 }
 
-TEST(SuggestRates, RunsAllMostlyLatencyFitOneCommunicationFactor) {
+// The runs' steps fit a compute factor and one communication factor: exact where the runs' steps are
+// a x compute + b x communication; one factor for both from a single run, or where two would not both be
+// above 0.
+TEST(SuggestRates, RunsFitTheirStepsWithAComputeAndACommunicationFactor) {
   MachineRates r = given_rates();
-  // both runs' communication mostly latency: the bytes' factor would be fitted to their noise
-  r.runs.push_back({"a", 1.0, 0.147, 0.026, 1.2, 0.243});
-  r.runs.push_back({"b", 1.0, 0.132, 0.071, 1.2, 0.228});
+  // predicted compute, latency, bytes; measured compute and communication (only their sum is fitted)
+  r.runs.push_back({"a", 1.0, 0.15, 0.05, 1.0, 2.0 * 1.0 + 0.5 * 0.2 - 1.0});
   r.refit();
-  EXPECT_DOUBLE_EQ(r.latency_fit, r.bandwidth_fit);
-  const double fit = (0.173 * 0.243 + 0.203 * 0.228) / (0.173 * 0.173 + 0.203 * 0.203);
-  EXPECT_NEAR(r.latency_fit, fit, 1e-12);
+  EXPECT_DOUBLE_EQ(r.compute_fit, 2.1 / 1.2);
+  EXPECT_DOUBLE_EQ(r.latency_fit, r.compute_fit);
+  r.runs.push_back({"b", 0.2, 0.5, 0.3, 0.1, 2.0 * 0.2 + 0.5 * 0.8 - 0.1});
+  r.runs.push_back({"c", 0.6, 0.1, 0.1, 0.3, 2.0 * 0.6 + 0.5 * 0.2 - 0.3});
+  r.refit();
+  EXPECT_NEAR(r.compute_fit, 2.0, 1e-9);
+  EXPECT_NEAR(r.latency_fit, 0.5, 1e-9);
+  EXPECT_DOUBLE_EQ(r.bandwidth_fit, r.latency_fit);
+  EXPECT_EQ(r.runs_fitted, 3);
+  // two runs of one mix: no second factor to tell apart
+  MachineRates same = given_rates();
+  same.runs.push_back({"a", 1.0, 0.5, 0.5, 1.0, 1.0});
+  same.runs.push_back({"b", 2.0, 1.0, 1.0, 2.5, 2.5});
+  same.refit();
+  EXPECT_DOUBLE_EQ(same.compute_fit, same.latency_fit);
+  EXPECT_NEAR(same.compute_fit, 7.0 / 6.0, 1e-12);
 }
 
 TEST(SuggestRates, SurviveTheirJson) {
   MachineRates r = given_rates();
   r.shapes[{128, 64, 32}] = 12.5e9;
-  // one latency-bound run and one bytes-bound, measured at 3x and 1.5x those parts: too few to fit apart
-  r.runs.push_back({"a", 1.0, 0.2, 0.01, 1.25, 0.2 * 3 + 0.01 * 1.5});
-  r.runs.push_back({"b", 1.0, 0.01, 0.2, 1.25, 0.01 * 3 + 0.2 * 1.5});
+  r.runs.push_back({"a", 1.0, 0.15, 0.05, 1.0, 2.0 * 1.0 + 0.5 * 0.2 - 1.0});
+  r.runs.push_back({"b", 0.2, 0.5, 0.3, 0.1, 2.0 * 0.2 + 0.5 * 0.8 - 0.1});
   r.refit();
-  EXPECT_DOUBLE_EQ(r.latency_fit, r.bandwidth_fit);
-  // four runs, two of each kind
-  r.runs.push_back({"c", 1.0, 0.3, 0.02, 1.25, 0.3 * 3 + 0.02 * 1.5});
-  r.runs.push_back({"d", 1.0, 0.02, 0.3, 1.25, 0.02 * 3 + 0.3 * 1.5});
-  r.refit();
-  EXPECT_NEAR(r.latency_fit, 3, 1e-9);
-  EXPECT_NEAR(r.bandwidth_fit, 1.5, 1e-9);
   const MachineRates back = rates_from_json(to_json(r), "x.json");
   EXPECT_EQ(back.matmul_flops, r.matmul_flops);
   EXPECT_EQ(back.intra_by_size.at(2).latency_s, 1e-3);
   EXPECT_EQ(back.shapes.at({128, 64, 32}), 12.5e9);
-  EXPECT_DOUBLE_EQ(back.compute_fit, 1.25);
-  EXPECT_NEAR(back.latency_fit, 3, 1e-9);
-  EXPECT_EQ(back.runs_fitted, 4);
+  EXPECT_NEAR(back.compute_fit, 2.0, 1e-9);
+  EXPECT_NEAR(back.latency_fit, 0.5, 1e-9);
+  EXPECT_EQ(back.runs_fitted, 2);
   EXPECT_EQ(back.link(2, true).bytes_per_s, 0.6e9);
   EXPECT_EQ(back.link(2, false).bytes_per_s, 0.25e9);
   EXPECT_THROW(rates_from_json(nlohmann::json::object(), "x.json"), UserError);
