@@ -148,7 +148,8 @@ LinkCost collective_cost(int64_t ranks, int64_t g) {
 // The core time a collective's bytes take from ranks computing beside it: the node's first half of ranks
 // all-gather and reduce-scatter 8 MiB over their group, a fixed number of times, while the second half
 // multiply; the matmuls' rate against the same half multiplying beside idle ranks gives the core-seconds
-// the collectives took from them, over the bytes the first half sent. Where the cores are not shared
+// the collectives took from them, over the bytes the first half sent (timed from when the group has
+// connected). Where the cores are not shared
 // (fewer ranks than cores are computing at once) nothing is taken: 0.
 double comm_core_cost(int64_t ranks, int64_t cores) {
   const int64_t g = ranks / 2;
@@ -156,7 +157,7 @@ double comm_core_cost(int64_t ranks, int64_t cores) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const int64_t numel = int64_t{1} << 21;
   const int reps = 16;
-  std::atomic<int> done{0};
+  std::atomic<int> ready{0}, done{0};
   auto multiply_while = [&](const std::function<bool()>& more) {
     torch::NoGradGuard no_grad;
     auto a = torch::randn({256, 256}), b = torch::randn({256, 256});
@@ -177,6 +178,7 @@ double comm_core_cost(int64_t ranks, int64_t cores) {
     parallel::MeshOptions o;
     parallel::DeviceMesh mesh({"o", "g"}, {2, g}, r, store, o);
     if (r >= g) {
+      while (ready.load() < g) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the group connected
       const auto t0 = Clock::now();
       const double rate = multiply_while([&] { return done.load() < g; });
       std::lock_guard<std::mutex> lock(m);
@@ -187,6 +189,8 @@ double comm_core_cost(int64_t ranks, int64_t cores) {
     torch::NoGradGuard no_grad;
     auto full = torch::randn({numel});
     auto piece = torch::randn({numel / g});
+    parallel::all_gather_into(group, piece, full.view({g, -1})).wait();  // connect the group, uncounted
+    ++ready;
     for (int i = 0; i < reps; ++i) {
       parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
       piece = parallel::reduce_scatter_flat(group, full.clone());
@@ -267,12 +271,8 @@ double MachineRates::comm_core_s() {
   if (!measure) return 0.0;
   const int outer = at::get_num_threads();
   at::set_num_threads(threads);
-  const std::vector<double> trials{comm_core_cost(concurrent ? ranks : 1, cores), comm_core_cost(concurrent ? ranks : 1, cores),
-                                   comm_core_cost(concurrent ? ranks : 1, cores)};
+  comm_core_s_per_byte = steady([&] { return comm_core_cost(concurrent ? ranks : 1, cores); });
   at::set_num_threads(outer);
-  std::vector<double> sorted = trials;
-  std::sort(sorted.begin(), sorted.end());
-  comm_core_s_per_byte = sorted[1];
   dirty = true;
   return comm_core_s_per_byte;
 }
