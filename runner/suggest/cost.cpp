@@ -117,7 +117,8 @@ double local_elements(const Shape& s, const ModelFacts& f, const Local& l) {
 // and the optimizer's update (its states' reads and writes, its kernels' own passes). The probe measures
 // it per optimizer on four tensors (MachineRates::per_element_s); Muon (its Newton-Schulz products depend
 // on the matrices' shapes) and rates without a measurement are priced by the bytes each element's update
-// reads and writes.
+// reads and writes. The probe's fill of the fresh gradient is one write the backward's own product also
+// makes in the matmul term: counted twice, a small share of either.
 double element_step_s(const ExperimentConfig& c, World& w) {
   const OptimizerConfig& o = c.train.optimizer;
   const bool adam = o.name == OptimizerKind::kAdam || o.name == OptimizerKind::kAdamW;
