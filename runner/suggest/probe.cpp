@@ -26,6 +26,18 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// LibTorch's intra-op threads set to a rank's while a probe measures, and set back after.
+class RankThreads {
+ public:
+  explicit RankThreads(int threads) : outer_(at::get_num_threads()) { at::set_num_threads(threads); }
+  ~RankThreads() { at::set_num_threads(outer_); }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+ private:
+  int outer_;
+};
+
 // Runs fn(i) on `n` threads at once and returns each one's result: the node's ranks sharing the cores.
 std::vector<double> at_once(int64_t n, const std::function<double(int)>& fn) {
   std::vector<double> out(static_cast<size_t>(n));
@@ -172,7 +184,7 @@ double comm_core_cost(int64_t ranks, int64_t cores) {
     const auto t0 = Clock::now();
     return multiply_while([&] { return seconds_since(t0) < 0.3; });
   });
-  double sent = 0, elapsed = 0;
+  double elapsed = 0;
   std::mutex m;
   const auto beside = at_once(ranks, [&](int r) {
     parallel::MeshOptions o;
@@ -195,17 +207,16 @@ double comm_core_cost(int64_t ranks, int64_t cores) {
       parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
       piece = parallel::reduce_scatter_flat(group, full.clone());
     }
-    {
-      std::lock_guard<std::mutex> lock(m);
-      sent += 2.0 * reps * 4.0 * static_cast<double>(numel) * static_cast<double>(g - 1) / static_cast<double>(g);
-    }
     ++done;
     return 0.0;
   });
+  // each gathering rank sends (g - 1) / g of 8 MiB twice a repetition
+  const double sent = static_cast<double>(g) * 2.0 * reps * 4.0 * static_cast<double>(numel) *
+                      static_cast<double>(g - 1) / static_cast<double>(g);
   double before = 0, after = 0;
   for (double x : alone) before += x;
   for (int64_t r = g; r < ranks; ++r) after += beside[static_cast<size_t>(r)];
-  if (before <= 0 || sent <= 0) return 0.0;
+  if (before <= 0) return 0.0;
   // core-seconds lost by the multiplying ranks together, over the bytes sent
   const double lost = std::max(0.0, 1.0 - after / before) * elapsed * static_cast<double>(ranks - g);
   return lost / sent;
@@ -236,10 +247,8 @@ double MachineRates::matmul_rate(int64_t rows, int64_t k, int64_t n) {
   auto it = shapes.find(key);
   if (it != shapes.end()) return it->second;
   if (!measure) return matmul_flops;
-  const int outer = at::get_num_threads();
-  at::set_num_threads(threads);
+  const RankThreads at_rank(threads);
   const double rate = matmul_at(concurrent ? ranks : 1, std::min<int64_t>(rows, 8192), k, n);
-  at::set_num_threads(outer);
   shapes[key] = rate;
   dirty = true;
   return rate;
@@ -251,15 +260,13 @@ double MachineRates::per_element_s(const std::string& what,
   if (it != per_element.end()) return it->second;
   if (!measure) return 0.0;
   const int64_t elements = int64_t{1} << 22;  // 16 MiB a float32 tensor: past the caches, as a model's are
-  const int outer = at::get_num_threads();
-  at::set_num_threads(threads);
+  const RankThreads at_rank(threads);
   const double passes = steady([&] {
     return shared_rate(at_once(concurrent ? ranks : 1, [&](int) {
       const std::function<void()> pass = make(elements);
       return per_second(pass, 0.15);
     }));
   });
-  at::set_num_threads(outer);
   const double s = passes > 0 ? 1.0 / (passes * static_cast<double>(elements)) : 0.0;
   per_element[what] = s;
   dirty = true;
@@ -269,10 +276,8 @@ double MachineRates::per_element_s(const std::string& what,
 double MachineRates::comm_core_s() {
   if (comm_core_s_per_byte >= 0) return comm_core_s_per_byte;
   if (!measure) return 0.0;
-  const int outer = at::get_num_threads();
-  at::set_num_threads(threads);
+  const RankThreads at_rank(threads);
   comm_core_s_per_byte = steady([&] { return comm_core_cost(concurrent ? ranks : 1, cores); });
-  at::set_num_threads(outer);
   dirty = true;
   return comm_core_s_per_byte;
 }
@@ -439,8 +444,7 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
     return r;
   }
   const auto t0 = Clock::now();
-  const int outer = at::get_num_threads();
-  at::set_num_threads(threads);
+  const RankThreads at_rank(threads);
   MachineRates r;
   r.key = key, r.measure = true, r.threads = threads, r.ranks = ranks, r.concurrent = concurrent, r.cores = cores;
   const int64_t at = concurrent ? ranks : 1;
@@ -450,7 +454,6 @@ MachineRates probe_machine(int64_t ranks, int threads, bool again) {
   for (int64_t g = 2; g <= ranks; ++g) {
     if (ranks % g == 0) r.intra_by_size[g] = collective_cost(ranks, g);
   }
-  at::set_num_threads(outer);
   r.intra = r.intra_by_size.empty() ? LinkCost{20e-6, 2e9} : r.intra_by_size.rbegin()->second;
   r.inter = {r.intra.latency_s * 2, r.intra.bytes_per_s / 2};  // not measurable from one node: half the node's
   r.comm_core_s();
