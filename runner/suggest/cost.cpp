@@ -157,6 +157,8 @@ LinkCost link_for(const World& w, int64_t group, int64_t span) {
 // A collective's time (LinkCost::seconds), its latency part kept apart for the refit.
 double charge(StepTerms& t, const LinkCost& link, double calls, double bytes) {
   t.comm_latency_s += calls * link.latency_s;
+  t.calls += calls;
+  t.sent_bytes += bytes;
   return link.seconds(calls, bytes);
 }
 
@@ -165,13 +167,30 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
   const double activation = l.tokens * f.dim * l.e;
   if (s.tp > 1) {
     const double share = (l.tp - 1) / l.tp;
-    const bool sp = s.tp_style < 2;
-    // per layer: sp two all-gathers and two reduce-scatters each way; plain two all-reduces each way
-    const double calls = l.layers * l.mb * (sp ? 8.0 : 4.0) * again;
-    const double bytes = l.layers * l.mb * 8.0 * share * activation * again;
-    double extra_calls = l.mb * (sp ? 2.0 : 0.0), extra_bytes = l.mb * (sp ? 2.0 : 0.0) * share * activation;
-    if (s.tp_style == 0) extra_calls += 3 * l.mb;  // loss parallel: the softmax's maximum, sum and target logit
-    else extra_bytes += l.mb * share * l.tokens * f.vocab * l.e, extra_calls += l.mb;  // the logits gathered
+    double calls = 0, bytes = 0, extra_calls = 0, extra_bytes = 0;
+    if (s.tp_style < 2) {
+      // sequence parallel, per layer: the attention's and the feed-forward's inputs gathered and their
+      // outputs reduce-scattered, and each again in the backward; the embedding's output scattered and
+      // the output layer's input gathered, and each again in the backward; a step's one all-reduce of the
+      // norms' weight gradients (each rank's tokens' partial sums)
+      calls = l.layers * l.mb * 8.0 * again;
+      bytes = calls * share * activation;
+      extra_calls = 4 * l.mb + 1, extra_bytes = 4 * l.mb * share * activation + 2 * share * (2 * l.layers + 1) * f.dim * l.e;
+    } else {
+      // plain, per layer: the attention's output projection and a split feed-forward's down projection
+      // all-reduce their outputs, and each column-split projection (query, key and value, or latent
+      // attention's two; a split feed-forward's gate and up) all-reduces its input's gradient in the
+      // backward; the embedding all-reduces its output and the output layer its input's gradient
+      const double attention_inputs = f.latent_attention ? 2.0 : 3.0;
+      calls = l.layers * l.mb * (1 + f.split_ffn_share + attention_inputs + 2 * f.split_ffn_share) * again;
+      extra_calls = 2 * l.mb;
+      bytes = (calls + extra_calls) * 2 * share * activation;
+    }
+    if (s.tp_style == 0) {  // loss parallel: the softmax's maximum, then its sum and the target's logit together
+      extra_calls += 2 * l.mb, extra_bytes += l.mb * 2 * share * 3 * l.tokens * 4;
+    } else {  // the logits gathered
+      extra_calls += l.mb, extra_bytes += l.mb * share * l.tokens * f.vocab * l.e;
+    }
     t.tp_s = charge(t, link_for(w, s.tp, s.tp), calls + extra_calls, bytes + extra_bytes);
   }
   if (s.cp > 1) {
@@ -240,7 +259,7 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
   if (s.ep > 1 && f.moe_layers > 0) {
     const double ep = static_cast<double>(s.ep), layers = static_cast<double>(f.moe_layers) / s.pp;
     const double moved = (ep - 1) / ep * l.tokens * f.top_k * f.dim * l.e;  // dispatch or combine, one way
-    const int64_t span = s.ep * s.cp * s.tp * (s.ep_borrows_dp ? s.dp : 1);
+    const int64_t span = s.ep * s.cp * s.tp;  // its own dim or the data-parallel one it borrows: the same ranks
     t.ep_s = charge(t, link_for(w, s.ep, span), 5 * layers * l.mb * again, 4 * moved * layers * l.mb * again);
   }
 }

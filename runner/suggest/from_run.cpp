@@ -94,6 +94,7 @@ namespace {
 
 struct Measured {
   double step_ms = 0, comm_ms = 0, compute_ms = 0;
+  double calls = -1, sent_bytes = -1;  // the main rank's collectives and their ring bytes a step; -1: not recorded
   int64_t steps = 0;
 };
 
@@ -107,7 +108,7 @@ Measured measured_of(const std::string& dir) {
   const std::string path = dir + "/metrics.jsonl";
   std::ifstream f(path);
   if (!f) throw UserError("--from-run " + dir + ": no metrics.jsonl there; give a finished run's folder (--out of composer run)");
-  std::vector<double> step, comm;
+  std::vector<double> step, comm, calls, sent;
   std::string line;
   for (int64_t k = 0; std::getline(f, line); ++k) {
     if (line.empty()) continue;
@@ -121,6 +122,10 @@ Measured measured_of(const std::string& dir) {
       wait /= static_cast<double>(j["rank_comm_wait_ms"].size());
     }
     comm.push_back(wait);
+    if (j.contains("comm_calls") && j.contains("comm_ring_bytes")) {
+      calls.push_back(j["comm_calls"].get<double>());
+      sent.push_back(j["comm_ring_bytes"].get<double>());
+    }
   }
   if (step.empty()) throw UserError("--from-run " + dir + ": metrics.jsonl has no steps past the first two; train 3 or more");
   Measured m;
@@ -128,6 +133,7 @@ Measured measured_of(const std::string& dir) {
   m.step_ms = run_median(step);
   m.comm_ms = std::min(run_median(comm), m.step_ms);
   m.compute_ms = m.step_ms - m.comm_ms;
+  if (calls.size() == step.size()) m.calls = run_median(calls), m.sent_bytes = run_median(sent);
   return m;
 }
 
@@ -142,13 +148,15 @@ void check_same_config(const std::string& dir, const ExperimentConfig& c) {
   }
 }
 
-std::string fixed1(double x) {
+std::string fixed(double x, int digits) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
-  o.precision(1);
+  o.precision(digits);
   o << x;
   return o.str();
 }
+
+std::string fixed1(double x) { return fixed(x, 1); }
 
 }  // namespace
 
@@ -169,6 +177,10 @@ std::vector<std::string> compare_with_run(const std::string& run_dir, const Expe
   out.push_back("  communication waited for: measured " + fixed1(m.comm_ms) + " ms, predicted " + fixed1(comm) + " ms");
   for (const auto& [name, x] : t.named_ms()) {
     if (x >= 0.05) out.push_back("    predicted " + name + ": " + fixed1(x) + " ms");
+  }
+  if (m.calls >= 0) {  // what the model counts against what the run sent (its main rank's)
+    out.push_back("  collectives a step: measured " + fixed1(m.calls) + " calls sending " + fixed(m.sent_bytes / 1e6, 4) +
+                  " MB, priced " + fixed1(t.calls) + " calls sending " + fixed(t.sent_bytes / 1e6, 4) + " MB");
   }
   const double compute_miss = compute > 0 ? m.compute_ms / compute : 1, comm_miss = comm > 0 ? m.comm_ms / comm : 1;
   out.push_back(std::string("  the larger miss: ") +

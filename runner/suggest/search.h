@@ -27,6 +27,7 @@ struct ModelFacts {
   int64_t heads = 0, head_dim = 0, vocab = 0;
   bool latent_attention = false;  // multi-head latent attention (head_dim: a query's and key's width)
   double ffn_per_token = 0;     // a layer's feed-forward width a token passes through (experts: top_k of them)
+  double split_ffn_share = 0;   // the layers with a feed-forward tensor_parallel splits (dense, or shared experts)
   int64_t experts = 0, top_k = 0, moe_layers = 0;
   double expert_matrix = 0;     // of matrix_params, the routed experts' (top_k of them per token)
   int64_t expert_hidden = 0;    // a routed expert's hidden width

@@ -108,6 +108,9 @@ void count_parameters(ModelFacts& f, models::Model& model, bool tied) {
   }
   f.moe_layers = static_cast<int64_t>(routed_layers.size());
   f.ffn_per_token = f.layers > 0 ? ffn / f.layers : 0.0;
+  double split = 0;
+  for (const auto& l : f.per_layer) split += l.ffn > 0 ? 1.0 : 0.0;
+  f.split_ffn_share = f.per_layer.empty() ? (ffn > 0 ? 1.0 : 0.0) : split / static_cast<double>(f.per_layer.size());
   if (tied && !has_output) f.matrix_params += embedding;  // the table is also the output projection
 }
 

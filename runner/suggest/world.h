@@ -41,6 +41,9 @@ struct StepTerms {
   // probe's core time per byte. 0 on a GPU.
   double dp_bytes = 0, comm_core_s = 0;
   double comm_latency_s = 0; // of the five, the collectives' latency (the rest is their bytes)
+  // The collectives and sends the five count a step and the bytes a rank sends in them under the ring
+  // algorithms (a run's comm_calls and comm_ring_bytes in metrics.jsonl count the same).
+  double calls = 0, sent_bytes = 0;
   double rate = 0;           // the matmul rate assumed at the plan's main shape, FLOP/s per rank
   // The machine's refit factors (composer suggest --from-run): compute, communication's latency and its bytes.
   double compute_fit = 1, latency_fit = 1, bandwidth_fit = 1;

@@ -46,4 +46,37 @@ import json, sys
 e = json.load(open('$work/cache/machine.json'))['entries']
 assert any(v['runs_fitted'] == 1 for v in e.values()), e
 "
+# what the cost model counts is what tensor_parallel sends: for each style, the bytes of the run's
+# collectives a step (its comm_ring_bytes) and their number, but for the step's one all-reduce of the
+# loss's statistics over every rank, which the model leaves out
+for style in "" ", sequence_parallel: true" ", sequence_parallel: true, loss_parallel: true"; do
+  cat > "$work/tp.yaml" <<EOF
+name: suggest_tp_counts
+seed: 0
+model:
+  name: llama
+  args: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 4, vocab_size: 64, multiple_of: 32, max_seq_len: 32}
+mesh: {shape: [4], names: [tp]}
+parallelize:
+  - tensor_parallel: {mesh_dim: tp$style}
+train:
+  steps: 3
+  global_batch: 4
+  optimizer: {name: sgd, lr: 0.1}
+  loss: {name: cross_entropy}
+data: {seq_len: 16}
+EOF
+  rm -rf "$work/run_tp"
+  "$composer" run --config "$work/tp.yaml" --out "$work/run_tp" > /dev/null
+  "$composer" suggest --from-run "$work/run_tp" --config "$work/tp.yaml" | tee "$work/from_run_tp.log"
+  python3 - "$work/from_run_tp.log" "$style" <<'PY'
+import re, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("  collectives a step: ")][0]
+calls, sent, pcalls, psent = map(float, re.search(
+    r"measured ([0-9.]+) calls sending ([0-9.]+) MB, priced ([0-9.]+) calls sending ([0-9.]+) MB", line).groups())
+assert abs(psent - sent) <= 0.01 * sent, (sys.argv[2], line)
+assert calls - pcalls == 1, (sys.argv[2], line)
+print("tensor_parallel {mesh_dim: tp%s}: %g calls and %g MB a step, as priced" % (sys.argv[2], pcalls, psent))
+PY
+done
 echo "suggest: ok"

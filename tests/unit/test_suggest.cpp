@@ -385,6 +385,22 @@ TEST(SuggestCost, DataParallelBytesTakeCoreTimeOnSharedCores) {
   EXPECT_NEAR(own.dp_bytes, 2.0 * 3 / 4 * f.param_bytes, 1e-6 * f.param_bytes);
 }
 
+// expert_parallel over the data-parallel dim is a group of those ranks, as over a dim of its own: inside
+// the node where they fit, at the intra-node link (an across-nodes price would double its latency here).
+TEST(SuggestCost, ExpertParallelOverTheDataParallelDimStaysInItsNode) {
+  const ExperimentConfig c = parse_config(kMoe, "x.yaml");
+  const ModelFacts f = facts_of(c);
+  World w = world4();
+  Shape own, borrowed;
+  own.ep = 4;
+  borrowed.ep = 4, borrowed.dp = 4, borrowed.dp_mode = DpMode::kFullyShard, borrowed.ep_borrows_dp = true;
+  const StepTerms a = price(own, f, c, w), b = price(borrowed, f, c, w);
+  ASSERT_GT(a.ep_s, 0);
+  EXPECT_DOUBLE_EQ(b.ep_s, a.ep_s);
+  w.ranks_per_node = 2;  // now 4 ranks span two nodes either way
+  EXPECT_GT(price(borrowed, f, c, w).ep_s, b.ep_s);
+}
+
 TEST(SuggestExplain, NamesTheTermThatDecides) {
   Candidate a, b;
   a.name = "a", b.name = "b";
