@@ -154,6 +154,11 @@ LinkCost link_for(const World& w, int64_t group, int64_t span) {
   return w.rates.link(group, span <= w.ranks_per_node);
 }
 
+// An all-reduce (Gloo's own, not a ring of composer's) over such a group.
+LinkCost reduce_for(World& w, int64_t group, int64_t span) {
+  return w.rates.native(MachineRates::Collective::kAllReduce, group, span <= w.ranks_per_node);
+}
+
 // A collective's time (LinkCost::seconds), its latency part kept apart for the refit.
 double charge(StepTerms& t, const LinkCost& link, double calls, double bytes) {
   t.comm_latency_s += calls * link.latency_s;
@@ -162,7 +167,7 @@ double charge(StepTerms& t, const LinkCost& link, double calls, double bytes) {
   return link.seconds(calls, bytes);
 }
 
-void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const Local& l) {
   const double again = 1 + 3 * l.recompute_all;  // a repeated forward repeats its collectives (a third of the calls)
   const double activation = l.tokens * f.dim * l.e;
   if (s.tp > 1) {
@@ -186,12 +191,15 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
       extra_calls = 2 * l.mb;
       bytes = (calls + extra_calls) * 2 * share * activation;
     }
+    // sequence parallelism's gathers and reduce-scatters are rings; plain tensor parallelism's all-reduces
+    // Gloo's own, as are loss parallelism's
+    const LinkCost link = s.tp_style < 2 ? link_for(w, s.tp, s.tp) : reduce_for(w, s.tp, s.tp);
+    t.tp_s = charge(t, link, calls + extra_calls, bytes + extra_bytes);
     if (s.tp_style == 0) {  // loss parallel: the softmax's maximum, then its sum and the target's logit together
-      extra_calls += 2 * l.mb, extra_bytes += l.mb * 2 * share * 3 * l.tokens * 4;
+      t.tp_s += charge(t, reduce_for(w, s.tp, s.tp), 2 * l.mb, l.mb * 2 * share * 3 * l.tokens * 4);
     } else {  // the logits gathered
-      extra_calls += l.mb, extra_bytes += l.mb * share * l.tokens * f.vocab * l.e;
+      t.tp_s += charge(t, link_for(w, s.tp, s.tp), l.mb, l.mb * share * l.tokens * f.vocab * l.e);
     }
-    t.tp_s = charge(t, link_for(w, s.tp, s.tp), calls + extra_calls, bytes + extra_bytes);
   }
   if (s.cp > 1) {
     const double cp = static_cast<double>(s.cp), kv = 2.0 * l.tokens * f.kv_dim / l.tp * l.e;
@@ -203,17 +211,33 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
     if (s.rotate == 0) calls = 3 * cp - 2, bytes = 2 * (cp - 1) * kv + cp * grads;
     else if (s.rotate == 1) calls = 3, bytes = (cp - 1) * (2 * kv + grads);
     else calls = 8, bytes = 8 * (cp - 1) / cp * l.tokens * f.attn_dim / l.tp * l.e;  // q, k, v and the output, both ways
-    t.cp_s = charge(t, link_for(w, s.cp, s.cp * s.tp), calls * l.layers * l.mb * again, bytes * l.layers * l.mb * again);
+    const LinkCost link = s.rotate == 2 ? w.rates.native(MachineRates::Collective::kAllToAll, s.cp, s.cp * s.tp <= w.ranks_per_node) : link_for(w, s.cp, s.cp * s.tp);
+    t.cp_s = charge(t, link, calls * l.layers * l.mb * again, bytes * l.layers * l.mb * again);
   }
 }
 
-void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+// Of replicate's all-reduces (`comm_s` for `bytes` of gradients), the time hidden behind the last
+// microbatch's backward (`backward_s`): each 25 MB bucket is all-reduced as soon as backward has
+// written its gradients, the last parameters' first (parallelisms/grad_sync.h), one after another; the
+// buckets fill at the backward's pace, each after its share of the bytes. What runs past the backward's
+// end is waited for.
+double replicate_hidden_s(double comm_s, double bytes, double backward_s) {
+  const double bucket = 25.0 * 1024 * 1024;
+  const int n = std::max(1, static_cast<int>(std::ceil(bytes / bucket)));
+  double done = 0;
+  for (int i = 1; i <= n; ++i) done = std::max(done, backward_s * std::min(1.0, i * bucket / bytes)) + comm_s / n;
+  return std::clamp(comm_s - (done - backward_s), 0.0, comm_s);
+}
+
+void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const Local& l) {
   const double dense = (f.param_bytes - f.expert_bytes) / (l.tp * s.pp);  // a rank's unsharded non-expert bytes
   const double experts = f.expert_bytes / (static_cast<double>(s.ep) * s.pp);
   const double gather_e = w.cuda && s.precision != Precision::kAsGiven ? 0.5 : 1.0;  // bfloat16 gathers
   const int64_t ep_here = s.ep_borrows_dp ? 1 : s.ep;
   const int64_t copies = s.dp * s.cp * ep_here;  // ranks holding the same non-expert parameters
-  const double units = static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + 2);
+  // fully_shard's units on a rank: its layers, the embedding and the output (a pipeline stage holds one of
+  // the two at the most)
+  const double units = static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + (s.pp > 1 ? 1 : 2));
   auto ring = [](double g) { return (g - 1) / g; };
   auto send = [&t](const LinkCost& link, double calls, double bytes) {  // a collective, its bytes counted
     t.dp_bytes += bytes;
@@ -223,10 +247,15 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w,
     // without expert_parallel the experts are copies too
     const double copied = dense + (s.ep == 1 ? experts : 0.0);
     const double g = static_cast<double>(copies), buckets = std::ceil(copied / (25.0 * 1024 * 1024));
-    t.dp_s = send(link_for(w, copies, copies * s.tp), buckets, 2 * ring(g) * copied);
+    t.dp_s = send(reduce_for(w, copies, copies * s.tp), buckets, 2 * ring(g) * copied);
+    double reduced = copied;
     if (s.ep > 1 && s.dp * s.cp > 1 && !s.ep_borrows_dp) {
-      t.dp_s += send(link_for(w, s.dp * s.cp, s.dp * s.cp * s.tp), 1, 2 * ring(static_cast<double>(s.dp * s.cp)) * experts);
+      t.dp_s += send(reduce_for(w, s.dp * s.cp, s.dp * s.cp * s.tp), std::ceil(experts / (25.0 * 1024 * 1024)),
+                     2 * ring(static_cast<double>(s.dp * s.cp)) * experts);
+      reduced += experts;
     }
+    // a pipeline all-reduces after its last microbatch
+    if (s.pp == 1) t.hidden_s = replicate_hidden_s(t.dp_s, reduced, 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb);
     return;
   }
   if (s.dp_mode == DpMode::kNone) return;
@@ -243,14 +272,25 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w,
   t.hidden_s = std::min(gathers * w.overlap, t.matmul_s);
   if (s.dp_mode == DpMode::kHsdp) {
     const double rep = static_cast<double>(s.dp / s.shard);
-    t.dp_s += send(link_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
+    t.dp_s += send(reduce_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
   }
   if (!s.ep_borrows_dp && ep_here > 1) {  // non-expert gradients also meet across the ep ranks
-    t.dp_s += send(link_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
+    t.dp_s += send(reduce_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
+  }
+  // Experts on the dim fully_shard borrows are split over it alone: copies over cp and HSDP's replicas,
+  // their gradients all-reduced there in 25 MB buckets, as replicate's are.
+  const int64_t expert_copies = s.cp * (s.dp_mode == DpMode::kHsdp ? s.dp / s.shard : 1);
+  if (s.ep_borrows_dp && expert_copies > 1 && f.expert_bytes > 0) {
+    const int64_t span = s.dp_mode == DpMode::kHsdp ? s.dp * s.cp * s.tp : s.cp * s.tp;
+    const double reduce = send(reduce_for(w, expert_copies, span), std::ceil(experts / (25.0 * 1024 * 1024)),
+                               2 * ring(static_cast<double>(expert_copies)) * experts);
+    t.dp_s += reduce;
+    // bucketed as replicate's (parallelisms/grad_sync.h), beside the last microbatch's backward
+    if (s.pp == 1) t.hidden_s += replicate_hidden_s(reduce, experts, 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb);
   }
 }
 
-void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World& w, const Local& l) {
+void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const Local& l) {
   const double again = 1 + 3 * l.recompute_all;
   if (s.pp > 1) {
     const double sends = 2.0 * l.mb * static_cast<double>(s.virtual_stages);
@@ -260,7 +300,32 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, const World&
     const double ep = static_cast<double>(s.ep), layers = static_cast<double>(f.moe_layers) / s.pp;
     const double moved = (ep - 1) / ep * l.tokens * f.top_k * f.dim * l.e;  // dispatch or combine, one way
     const int64_t span = s.ep * s.cp * s.tp;  // its own dim or the data-parallel one it borrows: the same ranks
-    t.ep_s = charge(t, link_for(w, s.ep, span), 5 * layers * l.mb * again, 4 * moved * layers * l.mb * again);
+    t.ep_s = charge(t, w.rates.native(MachineRates::Collective::kAllToAll, s.ep, span <= w.ranks_per_node), 5 * layers * l.mb * again,
+                    4 * moved * layers * l.mb * again);
+  }
+}
+
+// The step's own small collectives, each a latency: the gradient norm's all-reduce over every rank (with
+// the step's stop flag), the loss's over the ranks that split the batch, over cp and over the pipeline,
+// the pipeline's bubble gathered for the metrics, and a mixture-of-experts model's routing counts over
+// the batch's ranks and cp.
+void statistics_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const Local& l) {
+  const int64_t n = w.size(), data = s.batch_split();
+  auto reduce = [](double g, double bytes) { return 2 * (g - 1) / g * bytes; };  // an all-reduce's ring bytes
+  const double counts = f.moe_layers > 0 ? 8.0 * (f.experts + 1) * f.moe_layers / s.pp : 0.0;
+  const double loss = 8.0 * (1 + (s.pp > 1 ? l.mb : 0));  // and each microbatch's under a pipeline
+  if (n > 1) t.stats_s += charge(t, reduce_for(w, n, n), 1, reduce(static_cast<double>(n), 24));
+  if (data > 1) {
+    const LinkCost link = reduce_for(w, data, data * s.cp * s.tp);
+    t.stats_s += charge(t, link, counts > 0 ? 2 : 1, reduce(static_cast<double>(data), loss + counts));
+  }
+  if (s.cp > 1) {
+    t.stats_s += charge(t, reduce_for(w, s.cp, s.cp * s.tp), counts > 0 ? 2 : 1, reduce(static_cast<double>(s.cp), loss + counts));
+  }
+  if (s.pp > 1) {
+    const double pp = static_cast<double>(s.pp);
+    t.stats_s += charge(t, reduce_for(w, s.pp, n), 1, reduce(pp, loss));
+    t.stats_s += charge(t, link_for(w, s.pp, n), 1, (pp - 1) * 16);  // the bubble's, gathered by a ring
   }
 }
 
@@ -500,6 +565,7 @@ StepTerms price(const Shape& s, const ModelFacts& f, const ExperimentConfig& c, 
   tp_cp_terms(t, s, f, w, l);
   dp_terms(t, s, f, w, l);
   pp_ep_terms(t, s, f, w, l);
+  statistics_terms(t, s, f, w, l);
   t.bubble = s.pp > 1 ? parallel::bubble_formula(
                             s.schedule, parallel::shape_for(s.schedule, static_cast<int>(s.pp),
                                                             static_cast<int>(s.virtual_stages),

@@ -109,11 +109,18 @@ double kernel_cost(int64_t ranks) {
   });
 }
 
-// A collective's cost on groups of `g` ranks, all the node's groups at once, each rank computing
-// for a few milliseconds between collectives as in a step: the time a rank waits in an all-gather and
-// a reduce-scatter (its peers' lateness included, as a run's comm_wait_ms counts it), averaged over
-// ranks and repetitions at three sizes, fitted as latency + bytes sent / bandwidth by least squares.
-LinkCost collective_cost(int64_t ranks, int64_t g) {
+// The collectives a probe times once per repetition (returning how many it ran), over tensors readied for
+// them outside the timing.
+using TimedCollectives = std::function<int()>;
+
+// A collective's cost on groups of `g` ranks, all the node's groups at once, each rank computing for a few
+// milliseconds between collectives as in a step: the time a rank waits in the collectives `make(group,
+// floats)` readies (its peers' lateness included, as a run's comm_wait_ms counts it), each sending `sends`
+// x (g - 1) / g of `floats` float32s from each rank (1 for a ring's all-gather or reduce-scatter and an
+// all-to-all, 2 for an all-reduce), averaged over ranks and repetitions at three sizes, fitted as latency +
+// bytes sent / bandwidth by least squares.
+LinkCost fitted_cost(int64_t ranks, int64_t g, double sends,
+                     const std::function<TimedCollectives(parallel::Group&, int64_t)>& make) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::vector<int64_t> sizes{int64_t{1} << 12, int64_t{1} << 18, int64_t{1} << 21};  // floats: 16 KiB to 8 MiB
   const int reps = 24;
@@ -127,23 +134,22 @@ LinkCost collective_cost(int64_t ranks, int64_t g) {
     torch::NoGradGuard no_grad;
     auto a = torch::randn({160, 160}), b = torch::randn({160, 160});
     for (size_t s = 0; s < sizes.size(); ++s) {
-      auto full = torch::randn({sizes[s]});
-      auto piece = torch::randn({sizes[s] / g});
-      parallel::all_gather_into(group, piece, full.view({g, -1})).wait();  // connect and align the group
+      const TimedCollectives run = make(group, sizes[s]);
+      run();  // connect and align the group
       double total = 0;
+      int collectives = 0;
       for (int i = 0; i < reps; ++i) {
         for (int k = 0; k < 40; ++k) a.mm(b);  // about 10 ms a rank on shared cores: longer lets ranks drift as in a step
         const auto t0 = Clock::now();
-        parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
-        piece = parallel::reduce_scatter_flat(group, full.clone());
+        collectives += run();
         total += seconds_since(t0);
       }
       std::lock_guard<std::mutex> lock(m);
-      waited[s] += total / (2.0 * reps * static_cast<double>(ranks));
+      waited[s] += total / (static_cast<double>(collectives) * static_cast<double>(ranks));
     }
     return 0.0;
   });
-  const double share = static_cast<double>(g - 1) / static_cast<double>(g);
+  const double share = sends * static_cast<double>(g - 1) / static_cast<double>(g);
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
   const double k = static_cast<double>(sizes.size());
   for (size_t s = 0; s < sizes.size(); ++s) {
@@ -155,6 +161,45 @@ LinkCost collective_cost(int64_t ranks, int64_t g) {
   c.bytes_per_s = slope > 0 ? 1.0 / slope : 1e12;
   c.latency_s = std::max(0.0, (sy - (slope > 0 ? slope : 0.0) * sx) / k);
   return c;
+}
+
+// An all-gather and a reduce-scatter, as fully_shard, replicate's rings and tensor and context parallelism
+// run them (each a ring of g - 1 hops over Gloo).
+LinkCost collective_cost(int64_t ranks, int64_t g) {
+  return fitted_cost(ranks, g, 1, [g](parallel::Group& group, int64_t floats) -> TimedCollectives {
+    auto full = torch::randn({floats});
+    auto piece = torch::randn({floats / g});
+    return [&group, full, piece, g]() mutable {
+      parallel::all_gather_into(group, piece, full.view({g, -1})).wait();
+      piece = parallel::reduce_scatter_flat(group, full.clone());
+      return 2;
+    };
+  });
+}
+
+// One of the collectives composer runs natively over Gloo (not as its own rings): an all-to-all of equal
+// pieces, as expert_parallel's dispatch and combine and the alltoall context parallelism run it (every pair
+// at once: one hop), or an all-reduce, as replicate's buckets, tensor parallelism without sequence
+// parallelism and the step's statistics run it.
+LinkCost native_cost(MachineRates::Collective kind, int64_t ranks, int64_t g) {
+  if (kind == MachineRates::Collective::kAllReduce) {
+    return fitted_cost(ranks, g, 2, [](parallel::Group& group, int64_t floats) -> TimedCollectives {
+      auto t = torch::randn({floats});
+      return [&group, t]() mutable {
+        parallel::all_reduce(group, t, parallel::Reduce::kSum, false);
+        return 1;
+      };
+    });
+  }
+  return fitted_cost(ranks, g, 1, [g](parallel::Group& group, int64_t floats) -> TimedCollectives {
+    const int64_t rows = floats / 64;
+    auto input = torch::randn({rows, 64});
+    const std::vector<int64_t> counts(static_cast<size_t>(g), rows / g);
+    return [&group, input, counts]() {
+      parallel::all_to_all(group, input, counts, counts);
+      return 1;
+    };
+  });
 }
 
 // The core time a collective's bytes take from ranks computing beside it: the node's first half of ranks
@@ -273,6 +318,20 @@ double MachineRates::per_element_s(const std::string& what,
   return s;
 }
 
+LinkCost MachineRates::native(Collective kind, int64_t group_size, bool within_node) {
+  auto& by_size = kind == Collective::kAllToAll ? exchange_by_size : reduce_by_size;
+  auto it = by_size.find(group_size);
+  if (within_node && it != by_size.end()) return it->second;
+  if (!within_node || !measure || !concurrent || group_size < 2 || ranks % group_size != 0) {
+    return link(group_size, within_node);
+  }
+  const RankThreads at_rank(threads);
+  const LinkCost c = native_cost(kind, ranks, group_size);
+  by_size[group_size] = c;
+  dirty = true;
+  return c;
+}
+
 double MachineRates::comm_core_s() {
   if (comm_core_s_per_byte >= 0) return comm_core_s_per_byte;
   if (!measure) return 0.0;
@@ -322,6 +381,12 @@ std::string MachineRates::describe() const {
   for (const auto& [g, c] : intra_by_size) {
     o << ", " << g << " ranks " << c.latency_s * 1e6 << " us + " << c.bytes_per_s / 1e9 << " GB/s";
   }
+  for (const auto& [g, c] : exchange_by_size) {
+    o << ", all-to-all of " << g << " ranks " << c.latency_s * 1e6 << " us + " << c.bytes_per_s / 1e9 << " GB/s";
+  }
+  for (const auto& [g, c] : reduce_by_size) {
+    o << ", all-reduce of " << g << " ranks " << c.latency_s * 1e6 << " us + " << c.bytes_per_s / 1e9 << " GB/s";
+  }
   if (intra_by_size.empty()) o << ", within a node " << intra.latency_s * 1e6 << " us + " << intra.bytes_per_s / 1e9 << " GB/s";
   o << ", across nodes " << inter.latency_s * 1e6 << " us + " << inter.bytes_per_s / 1e9 << " GB/s";
   if (runs_fitted) {
@@ -360,6 +425,8 @@ nlohmann::json to_json(const MachineRates& r) {
                          {"measured_compute_s", f.measured_compute}, {"measured_comm_s", f.measured_comm}});
   }
   for (const auto& [g, c] : r.intra_by_size) j["intra_by_size"][std::to_string(g)] = link_json(c);
+  for (const auto& [g, c] : r.exchange_by_size) j["exchange_by_size"][std::to_string(g)] = link_json(c);
+  for (const auto& [g, c] : r.reduce_by_size) j["reduce_by_size"][std::to_string(g)] = link_json(c);
   for (const auto& [s, rate] : r.shapes) j["matmul_by_shape"][shape_key(s)] = rate;
   for (const auto& [what, s] : r.per_element) j["per_element_s"][what] = s;
   if (r.comm_core_s_per_byte >= 0) j["comm_core_s_per_byte"] = r.comm_core_s_per_byte;
@@ -390,6 +457,10 @@ MachineRates rates_from_json(const nlohmann::json& j, const std::string& where) 
     for (const auto& [g, c] : by_size.items()) {
       r.intra_by_size[std::stoll(g)] = link_of(c);
     }
+    const nlohmann::json exchanges = j.value("exchange_by_size", nlohmann::json::object());
+    for (const auto& [g, c] : exchanges.items()) r.exchange_by_size[std::stoll(g)] = link_of(c);
+    const nlohmann::json reduces = j.value("reduce_by_size", nlohmann::json::object());
+    for (const auto& [g, c] : reduces.items()) r.reduce_by_size[std::stoll(g)] = link_of(c);
     for (const auto& [s, rate] : by_shape.items()) {
       int64_t a = 0, b = 0, c = 0;
       char x1 = 0, x2 = 0;

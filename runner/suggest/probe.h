@@ -38,6 +38,8 @@ struct MachineRates {
   double kernel_s = 0;         // per op a step runs (its dispatch and autograd bookkeeping)
   LinkCost intra, inter;       // within a node (the largest group measured) and across
   std::map<int64_t, LinkCost> intra_by_size;  // measured: a group of that many ranks within a node
+  std::map<int64_t, LinkCost> exchange_by_size;  // measured: an all-to-all of that many ranks within a node
+  std::map<int64_t, LinkCost> reduce_by_size;    // measured: an all-reduce of that many ranks within a node
   bool concurrent = true;      // figures taken with the node's ranks at once on shared cores
   int64_t cores = 0;           // the cores the node's ranks share (0: not known, or not shared)
   // The share of a core a rank's thread gets while every rank computes: cores over the node's threads,
@@ -64,6 +66,13 @@ struct MachineRates {
   // ranks at once on first use where `measure` is set (and cached); 0 where neither measured nor measurable.
   double per_element_s(const std::string& what, const std::function<std::function<void()>(int64_t)>& make);
   LinkCost link(int64_t group_size, bool within_node) const;
+  // The collectives composer runs natively over Gloo, where link's are its rings of g - 1 hops (fully_shard's
+  // gathers, sequence parallelism, context parallelism's ring and allgather): an all-to-all (every pair at
+  // once: expert_parallel's dispatch, the alltoall context parallelism) and an all-reduce (replicate's
+  // buckets, tensor parallelism without sequence parallelism, the step's statistics). Measured on first use
+  // within a node where `measure` is set and the group divides the node's ranks (and cached); else link's.
+  enum class Collective { kAllToAll, kAllReduce };
+  LinkCost native(Collective kind, int64_t group_size, bool within_node);
   // One line: "rates (SOURCE): matmul ..., collectives ..., refit ...", for the output and the suggested file.
   std::string describe() const;
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> shapes;  // measured matmul rates

@@ -685,7 +685,8 @@ std::vector<std::pair<std::string, double>> StepTerms::named_ms() const {
           {"context-parallel communication", cp_s * fit * 1e3},
           {"data-parallel communication", (dp_s - hidden_s) * fit * 1e3},
           {"pipeline sends", pp_s * fit * 1e3},
-          {"expert dispatch", ep_s * fit * 1e3}};
+          {"expert dispatch", ep_s * fit * 1e3},
+          {"step statistics", stats_s * fit * 1e3}};
 }
 
 std::string explain_choice(const Candidate& best, const Candidate& next) {

@@ -35,13 +35,14 @@ struct StepTerms {
   double bubble_s = 0;       // the time it adds to the compute
   // Communication a step waits for, by what moves it: tp, cp, dp (replicate, fully_shard, HSDP), pp, ep.
   double tp_s = 0, cp_s = 0, dp_s = 0, pp_s = 0, ep_s = 0;
+  double stats_s = 0;        // the step's small collectives: the gradient norm, the loss, the metrics
   double hidden_s = 0;       // of dp_s, hidden behind compute
   // The core time data parallelism's collectives take from the compute where ranks share a CPU's cores (its
   // buckets and prefetched gathers run beside the backward and forward): the bytes sent, dp_bytes, at the
   // probe's core time per byte. 0 on a GPU.
   double dp_bytes = 0, comm_core_s = 0;
-  double comm_latency_s = 0; // of the five, the collectives' latency (the rest is their bytes)
-  // The collectives and sends the five count a step and the bytes a rank sends in them under the ring
+  double comm_latency_s = 0; // of the six, the collectives' latency (the rest is their bytes)
+  // The collectives and sends the six count a step and the bytes a rank sends in them under the ring
   // algorithms (a run's comm_calls and comm_ring_bytes in metrics.jsonl count the same).
   double calls = 0, sent_bytes = 0;
   double rate = 0;           // the matmul rate assumed at the plan's main shape, FLOP/s per rank
@@ -50,7 +51,7 @@ struct StepTerms {
   double compute_s() const {
     return (matmul_s + elementwise_s + kernels_s + optimizer_s + comm_core_s) * compute_fit + bubble_s;
   }
-  double raw_comm_s() const { return tp_s + cp_s + dp_s + pp_s + ep_s - hidden_s; }
+  double raw_comm_s() const { return tp_s + cp_s + dp_s + pp_s + ep_s + stats_s - hidden_s; }
   double comm_s() const { return comm_latency_s * latency_fit + (raw_comm_s() - comm_latency_s) * bandwidth_fit; }
   double step_s() const { return compute_s() + comm_s(); }
   // Every term by name, in ms, for --json and the explanation.

@@ -364,6 +364,31 @@ TEST(SuggestRates, KeepWhatTheyMeasuredOnFirstUse) {
   EXPECT_EQ(rates_from_json(to_json(given_rates()), "x.json").comm_core_s_per_byte, -1);  // unmeasured stays so
 }
 
+// The collectives Gloo runs itself (an all-to-all, an all-reduce) are measured for their group on first
+// use (two ranks' threads over a real Gloo group here), each kind apart, and kept; given rates, a group
+// across nodes or one that does not divide the node's ranks take the rings' figures.
+TEST(SuggestRates, MeasureGloosOwnCollectivesOnFirstUse) {
+  const auto a2a = MachineRates::Collective::kAllToAll, reduce = MachineRates::Collective::kAllReduce;
+  MachineRates r = given_rates();
+  EXPECT_EQ(r.native(a2a, 2, true).latency_s, r.link(2, true).latency_s);  // given rates measure nothing
+  r.measure = true, r.ranks = 2;
+  EXPECT_EQ(r.native(a2a, 2, false).latency_s, r.link(2, false).latency_s);
+  EXPECT_EQ(r.native(a2a, 4, true).latency_s, r.link(4, true).latency_s);  // 4 does not divide 2 ranks
+  EXPECT_TRUE(r.exchange_by_size.empty());
+  EXPECT_GT(r.native(a2a, 2, true).bytes_per_s, 0);
+  EXPECT_TRUE(r.dirty);
+  ASSERT_EQ(r.exchange_by_size.count(2), 1u);
+  EXPECT_TRUE(r.reduce_by_size.empty());  // each kind apart
+  EXPECT_GT(r.native(reduce, 2, true).bytes_per_s, 0);
+  ASSERT_EQ(r.reduce_by_size.count(2), 1u);
+  r.exchange_by_size[2] = {3e-3, 1e9}, r.reduce_by_size[2] = {4e-3, 2e9};  // kept, not measured again
+  EXPECT_EQ(r.native(a2a, 2, true).latency_s, 3e-3);
+  EXPECT_EQ(r.native(reduce, 2, true).latency_s, 4e-3);
+  const MachineRates back = rates_from_json(to_json(r), "x.json");
+  EXPECT_EQ(back.exchange_by_size.at(2).bytes_per_s, 1e9);
+  EXPECT_EQ(back.reduce_by_size.at(2).bytes_per_s, 2e9);
+}
+
 // Where ranks share the cores, data parallelism's bytes take core time from the compute; on cores of
 // their own (or a GPU) they take none.
 TEST(SuggestCost, DataParallelBytesTakeCoreTimeOnSharedCores) {
@@ -399,6 +424,38 @@ TEST(SuggestCost, ExpertParallelOverTheDataParallelDimStaysInItsNode) {
   EXPECT_DOUBLE_EQ(b.ep_s, a.ep_s);
   w.ranks_per_node = 2;  // now 4 ranks span two nodes either way
   EXPECT_GT(price(borrowed, f, c, w).ep_s, b.ep_s);
+}
+
+// replicate all-reduces each 25 MB bucket as soon as the last microbatch's backward has written it: the
+// buckets before the last run while backward goes on. A model of one bucket waits for all of it, and so
+// does a pipeline (it all-reduces after its last microbatch).
+TEST(SuggestCost, ReplicateHidesItsBucketsBehindTheLastBackward) {
+  // kMoe's experts grown to the experts benchmark's (configs/bench/suggest_moe_experts.yaml): 80 MB
+  std::string text = kMoe;
+  const std::string small_args = text.substr(text.find("{dim"), text.find('}') - text.find("{dim") + 1);
+  text.replace(text.find(small_args), small_args.size(),
+               "{dim: 256, n_layers: 2, n_heads: 8, n_kv_heads: 4, vocab_size: 1024, multiple_of: 64, max_seq_len: 64, "
+               "n_experts: 16, top_k: 2, n_shared_experts: 0, moe_hidden_dim: 768}");
+  const ExperimentConfig big = parse_config(text, "x.yaml");
+  const ModelFacts f = facts_of(big);
+  ASSERT_GT(f.param_bytes, 3 * 25.0 * 1024 * 1024);  // four buckets
+  World w = world4();
+  Shape dp4;
+  dp4.dp = 4, dp4.dp_mode = DpMode::kReplicate;
+  const StepTerms t = price(dp4, f, big, w);
+  EXPECT_GT(t.hidden_s, 0);
+  EXPECT_LT(t.hidden_s, t.dp_s);
+  EXPECT_NEAR(t.raw_comm_s(), t.dp_s - t.hidden_s + t.stats_s, 1e-12);
+  Shape accumulated = dp4;  // the last of 4 microbatches' backward: a quarter as long to hide behind
+  accumulated.microbatches = 4;
+  EXPECT_LT(price(accumulated, f, big, w).hidden_s, t.hidden_s);
+  Shape piped;
+  piped.pp = 2, piped.dp = 2, piped.dp_mode = DpMode::kReplicate, piped.microbatches = 2;
+  EXPECT_EQ(price(piped, f, big, w).hidden_s, 0);
+  const ExperimentConfig small = parse_config(kMoe, "x.yaml");
+  const ModelFacts g = facts_of(small);
+  ASSERT_LT(g.param_bytes, 25.0 * 1024 * 1024);
+  EXPECT_NEAR(price(dp4, g, small, w).hidden_s, 0, 1e-15);
 }
 
 TEST(SuggestExplain, NamesTheTermThatDecides) {
