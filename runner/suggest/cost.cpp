@@ -269,7 +269,11 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
   const double gathers = send(link, units * passes, passes * ring(g) * weights * gather_e);
   const double scatters = send(link, units, ring(g) * weights);
   t.dp_s = gathers + scatters;
-  t.hidden_s = std::min(gathers * w.overlap, t.matmul_s);
+  // Each unit's all-gather but a pass's first is issued while the unit before it computes (prefetch). On
+  // cuda NCCL's streams hide most of them (w.overlap). On cpu only the prefetched gathers' latency is hidden:
+  // their copies need the cores the compute has (and take core time from it: the collectives' core time).
+  const double prefetched_latency = units * passes * link.latency_s * (units - 1) / units;
+  t.hidden_s = std::min(w.cuda ? gathers * w.overlap : prefetched_latency, t.matmul_s);
   if (s.dp_mode == DpMode::kHsdp) {
     const double rep = static_cast<double>(s.dp / s.shard);
     t.dp_s += send(reduce_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);

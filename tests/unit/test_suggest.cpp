@@ -458,6 +458,26 @@ TEST(SuggestCost, ReplicateHidesItsBucketsBehindTheLastBackward) {
   EXPECT_NEAR(price(dp4, g, small, w).hidden_s, 0, 1e-15);
 }
 
+// fully_shard issues each unit's all-gather but a pass's first while the unit before it computes. On cpu
+// only their waiting hides (their copies need the busy cores): the hidden time follows the latency and
+// not the bandwidth.
+TEST(SuggestCost, FullyShardsPrefetchedGathersHideTheirLatencyOnCpu) {
+  const ExperimentConfig c = parse_config(kMoe, "x.yaml");
+  const ModelFacts f = facts_of(c);
+  World w = world4();
+  w.rates.matmul_flops = 1e8;  // compute long enough to hide them all
+  Shape fsdp;
+  fsdp.dp = 4, fsdp.dp_mode = DpMode::kFullyShard;
+  const StepTerms t = price(fsdp, f, c, w);
+  ASSERT_GT(t.matmul_s, 2 * t.hidden_s);
+  const double units = f.layers + 2.0, passes = 2;  // the layers, the embedding, the output; forward and backward
+  EXPECT_NEAR(t.hidden_s, (units - 1) * passes * w.rates.link(4, true).latency_s, 1e-12);
+  w.rates.intra_by_size[4].bytes_per_s /= 2;
+  EXPECT_NEAR(price(fsdp, f, c, w).hidden_s, t.hidden_s, 1e-12);
+  w.rates.intra_by_size[4].latency_s *= 2;
+  EXPECT_NEAR(price(fsdp, f, c, w).hidden_s, 2 * t.hidden_s, 1e-12);
+}
+
 TEST(SuggestExplain, NamesTheTermThatDecides) {
   Candidate a, b;
   a.name = "a", b.name = "b";
