@@ -180,7 +180,8 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, co
       // norms' weight gradients (each rank's tokens' partial sums)
       calls = l.layers * l.mb * 8.0 * again;
       bytes = calls * share * activation;
-      extra_calls = 4 * l.mb + 1, extra_bytes = 4 * l.mb * share * activation + 2 * share * (2 * l.layers + 1) * f.dim * l.e;
+      extra_calls = 4 * l.mb + 1;
+      extra_bytes = 4 * l.mb * share * activation + 2 * share * (2 * l.layers + 1) * f.dim * l.e;
     } else {
       // plain, per layer: the attention's output projection and a split feed-forward's down projection
       // all-reduce their outputs, and each column-split projection (query, key and value, or latent
@@ -211,7 +212,9 @@ void tp_cp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, co
     if (s.rotate == 0) calls = 3 * cp - 2, bytes = 2 * (cp - 1) * kv + cp * grads;
     else if (s.rotate == 1) calls = 3, bytes = (cp - 1) * (2 * kv + grads);
     else calls = 8, bytes = 8 * (cp - 1) / cp * l.tokens * f.attn_dim / l.tp * l.e;  // q, k, v and the output, both ways
-    const LinkCost link = s.rotate == 2 ? w.rates.native(MachineRates::Collective::kAllToAll, s.cp, s.cp * s.tp <= w.ranks_per_node) : link_for(w, s.cp, s.cp * s.tp);
+    const LinkCost link = s.rotate == 2 ? w.rates.native(MachineRates::Collective::kAllToAll, s.cp,
+                                                         s.cp * s.tp <= w.ranks_per_node)
+                                        : link_for(w, s.cp, s.cp * s.tp);
     t.cp_s = charge(t, link, calls * l.layers * l.mb * again, bytes * l.layers * l.mb * again);
   }
 }
@@ -237,7 +240,8 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
   const int64_t copies = s.dp * s.cp * ep_here;  // ranks holding the same non-expert parameters
   // fully_shard's units on a rank: its layers, the embedding and the output (a pipeline stage holds one of
   // the two at the most)
-  const double units = static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + (s.pp > 1 ? 1 : 2));
+  const double units =
+      static_cast<double>(std::max<int64_t>(1, s.busiest_layers(f.layers)) + (s.pp > 1 ? 1 : 2));
   auto ring = [](double g) { return (g - 1) / g; };
   auto send = [&t](const LinkCost& link, double calls, double bytes) {  // a collective, its bytes counted
     t.dp_bytes += bytes;
@@ -255,7 +259,8 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
       reduced += experts;
     }
     // a pipeline all-reduces after its last microbatch
-    if (s.pp == 1) t.hidden_s = replicate_hidden_s(t.dp_s, reduced, 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb);
+    const double last_backward = 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb;
+    if (s.pp == 1) t.hidden_s = replicate_hidden_s(t.dp_s, reduced, last_backward);
     return;
   }
   if (s.dp_mode == DpMode::kNone) return;
@@ -270,8 +275,9 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
   const double scatters = send(link, units, ring(g) * weights);
   t.dp_s = gathers + scatters;
   // Each unit's all-gather but a pass's first is issued while the unit before it computes (prefetch). On
-  // cuda NCCL's streams hide most of them (w.overlap). On cpu only the prefetched gathers' latency is hidden:
-  // their copies need the cores the compute has (and take core time from it: the collectives' core time).
+  // cuda NCCL's streams hide most of them (w.overlap). On cpu only the prefetched gathers' latency is
+  // hidden: their copies need the cores the compute has (and take core time from it: the collectives'
+  // core time).
   const double prefetched_latency = units * passes * link.latency_s * (units - 1) / units;
   t.hidden_s = std::min(w.cuda ? gathers * w.overlap : prefetched_latency, t.matmul_s);
   if (s.dp_mode == DpMode::kHsdp) {
@@ -279,7 +285,8 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
     t.dp_s += send(reduce_for(w, s.dp / s.shard, s.dp * s.tp), units, 2 * ring(rep) * weights / g);
   }
   if (!s.ep_borrows_dp && ep_here > 1) {  // non-expert gradients also meet across the ep ranks
-    t.dp_s += send(reduce_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units, 2 * ring(static_cast<double>(ep_here)) * dense / g);
+    t.dp_s += send(reduce_for(w, ep_here, s.dp * s.cp * ep_here * s.tp), units,
+                   2 * ring(static_cast<double>(ep_here)) * dense / g);
   }
   // Experts on the dim fully_shard borrows are split over it alone: copies over cp and HSDP's replicas,
   // their gradients all-reduced there in 25 MB buckets, as replicate's are.
@@ -290,7 +297,8 @@ void dp_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, const
                                2 * ring(static_cast<double>(expert_copies)) * experts);
     t.dp_s += reduce;
     // bucketed as replicate's (parallelisms/grad_sync.h), beside the last microbatch's backward
-    if (s.pp == 1) t.hidden_s += replicate_hidden_s(reduce, experts, 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb);
+    const double last_backward = 2.0 / 3 * (t.matmul_s + t.elementwise_s + t.kernels_s) / l.mb;
+    if (s.pp == 1) t.hidden_s += replicate_hidden_s(reduce, experts, last_backward);
   }
 }
 
@@ -304,8 +312,8 @@ void pp_ep_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& w, co
     const double ep = static_cast<double>(s.ep), layers = static_cast<double>(f.moe_layers) / s.pp;
     const double moved = (ep - 1) / ep * l.tokens * f.top_k * f.dim * l.e;  // dispatch or combine, one way
     const int64_t span = s.ep * s.cp * s.tp;  // its own dim or the data-parallel one it borrows: the same ranks
-    t.ep_s = charge(t, w.rates.native(MachineRates::Collective::kAllToAll, s.ep, span <= w.ranks_per_node), 5 * layers * l.mb * again,
-                    4 * moved * layers * l.mb * again);
+    const LinkCost link = w.rates.native(MachineRates::Collective::kAllToAll, s.ep, span <= w.ranks_per_node);
+    t.ep_s = charge(t, link, 5 * layers * l.mb * again, 4 * moved * layers * l.mb * again);
   }
 }
 
@@ -324,7 +332,8 @@ void statistics_terms(StepTerms& t, const Shape& s, const ModelFacts& f, World& 
     t.stats_s += charge(t, link, counts > 0 ? 2 : 1, reduce(static_cast<double>(data), loss + counts));
   }
   if (s.cp > 1) {
-    t.stats_s += charge(t, reduce_for(w, s.cp, s.cp * s.tp), counts > 0 ? 2 : 1, reduce(static_cast<double>(s.cp), loss + counts));
+    t.stats_s += charge(t, reduce_for(w, s.cp, s.cp * s.tp), counts > 0 ? 2 : 1,
+                        reduce(static_cast<double>(s.cp), loss + counts));
   }
   if (s.pp > 1) {
     const double pp = static_cast<double>(s.pp);

@@ -179,8 +179,9 @@ std::vector<std::string> compare_with_run(const std::string& run_dir, const Expe
     if (x >= 0.05) out.push_back("    predicted " + name + ": " + fixed1(x) + " ms");
   }
   if (m.calls >= 0) {  // what the model counts against what the run sent (its main rank's)
-    out.push_back("  collectives a step: measured " + fixed1(m.calls) + " calls sending " + fixed(m.sent_bytes / 1e6, 4) +
-                  " MB, priced " + fixed1(t.calls) + " calls sending " + fixed(t.sent_bytes / 1e6, 4) + " MB");
+    out.push_back("  collectives a step: measured " + fixed1(m.calls) + " calls sending " +
+                  fixed(m.sent_bytes / 1e6, 4) + " MB, priced " + fixed1(t.calls) + " calls sending " +
+                  fixed(t.sent_bytes / 1e6, 4) + " MB");
   }
   const double compute_miss = compute > 0 ? m.compute_ms / compute : 1, comm_miss = comm > 0 ? m.comm_ms / comm : 1;
   out.push_back(std::string("  the larger miss: ") +
